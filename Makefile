@@ -1,0 +1,31 @@
+# zarr_skip: `make demo` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test venv bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned: a CPU build of 2.13.0 lies on the machine's disk (other versions pull CUDA)
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch==2.13.0"
+	$(PIP) install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m zarr_skip.demo --out demo_cache
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
+
+clean:
+	rm -rf demo_cache .pytest_cache .hypothesis build *.egg-info

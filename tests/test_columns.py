@@ -1,0 +1,194 @@
+"""The codec alone (no store): exact round trips of every supported column, clear refusals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import assert_equal
+from zarr_skip.columns import encode_batch, encode_column, narrow, restore
+from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+
+ALL_TORCH_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
+    torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
+]
+
+
+def roundtrip(value: Any, **kw: Any) -> Any:
+    col = encode_column("c", value, **kw)
+    widened = {k: v.astype(col.spec.storage_dtype if k != "lengths" else np.int64) for k, v in col.arrays.items()}
+    return restore(col.spec, widened, allow_pickle=kw.get("allow_pickle", False))
+
+
+def random_bits(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Any bit pattern of ``dtype`` (NaNs, infinities, subnormals included)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize if not dtype.is_complex else dtype.itemsize // 2]
+    n = math.prod(shape) * (2 if dtype.is_complex else 1)
+    raw = torch.randint(0, 256, (n * width.itemsize,), dtype=torch.uint8, generator=g)
+    return raw.view(width).view(dtype).reshape(shape) if not dtype.is_complex else raw.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", ALL_TORCH_DTYPES, ids=str)
+def test_every_torch_dtype_roundtrips_bit_exact(dtype: torch.dtype) -> None:
+    for shape in [(5,), (4, 3), (0, 2), (3, 0), (2, 2, 2)]:
+        t = random_bits(dtype, shape, seed=len(shape))
+        back = roundtrip(t)
+        assert_equal(back, t, f"{dtype}{shape}")
+
+
+@given(
+    st.lists(st.integers(0, 9), min_size=0, max_size=12),
+    st.sampled_from([torch.int64, torch.int32, torch.bfloat16, torch.float32, torch.bool]),
+    st.sampled_from([(), (2,)]),
+    st.integers(0, 2**31),
+)
+@settings(max_examples=60, deadline=None)
+def test_nested_roundtrip(lengths: list[int], dtype: torch.dtype, trailing: tuple[int, ...], seed: int) -> None:
+    offsets = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int64)
+    values = random_bits(dtype, (int(offsets[-1]), *trailing), seed)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    col = encode_column("c", nt)
+    assert col.arrays["values"].shape[0] == sum(lengths)  # no padding stored
+    assert_equal(roundtrip(nt), nt)
+
+
+def test_nested_with_holes_is_compacted() -> None:
+    values = torch.arange(10)
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 4, 8]), lengths=torch.tensor([2, 3]))
+    back = roundtrip(nt)
+    assert [r.tolist() for r in back.unbind()] == [[0, 1], [4, 5, 6]]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.just(float("nan")) | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.lists(json_values, max_size=8), st.sampled_from(["list", "object"]))
+@settings(max_examples=100, deadline=None)
+def test_json_rows_roundtrip(rows: list[Any], container: str) -> None:
+    value: Any = rows
+    if container == "object":
+        value = np.empty(len(rows), dtype=object)
+        for i, r in enumerate(rows):
+            value[i] = r
+    assert_equal(roundtrip(value), value)
+
+
+@given(st.lists(st.text(), max_size=10))
+@settings(max_examples=100, deadline=None)
+def test_strings_roundtrip_including_empty_and_surrogates(rows: list[str]) -> None:
+    rows = rows + ["", "\ud800lone surrogate", "naïve ✓"]
+    col = encode_column("c", rows)
+    assert col.spec.kind == "str"
+    assert roundtrip(rows) == rows
+
+
+@given(
+    st.sampled_from(["<i2", ">i4", "<u8", "<f2", ">f8", "<c8", "?", "<U7", "|S3", "<M8[ns]", "<m8[s]"]),
+    st.integers(0, 5),
+    st.integers(0, 2**31),
+)
+@settings(max_examples=60, deadline=None)
+def test_numpy_arrays_roundtrip(dtype: str, rows: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=rows * 2 * np.dtype(dtype).itemsize, dtype=np.uint8)
+    a = raw.view(dtype).reshape(rows, 2) if np.dtype(dtype).kind not in "US" else np.array(
+        [["ab", "c"]] * rows, dtype=dtype
+    ).reshape(rows, 2)
+    back = roundtrip(a)
+    assert back.dtype == a.dtype and back.shape == a.shape
+    assert back.tobytes() == a.tobytes()
+
+
+def test_structured_numpy_dtype_roundtrips() -> None:
+    a = np.zeros(3, dtype=[("x", "<i4"), ("y", "<f8", (2,))])
+    a["x"] = [1, 2, 3]
+    back = roundtrip(a)
+    assert back.dtype == a.dtype and back.tobytes() == a.tobytes()
+
+
+def test_per_row_numeric_arrays_are_stored_jagged() -> None:
+    rows = np.empty(3, dtype=object)
+    rows[0], rows[1], rows[2] = np.arange(3, dtype=np.int16), np.arange(0, dtype=np.int16), np.ones(2, np.int16)
+    col = encode_column("c", rows)
+    assert col.spec.kind == "rows" and col.arrays["values"].shape == (5,)
+    assert_equal(roundtrip(rows), rows)
+
+
+def test_integers_are_narrowed_and_widened_back() -> None:
+    ids = torch.tensor([[0, 151935], [151643, 7]])
+    col = encode_column("ids", ids)
+    assert col.arrays["data"].dtype == np.dtype("u4")
+    mask = encode_column("m", torch.ones(4, 3, dtype=torch.int64))
+    assert mask.arrays["data"].dtype == np.dtype("u1")
+    assert narrow(np.array([-1, 200], dtype=np.int64)).dtype == np.dtype("i2")
+    assert_equal(roundtrip(ids), ids)
+
+
+def test_unsupported_values_name_the_column_and_type() -> None:
+    with pytest.raises(UnsupportedColumnError, match=r"column 'bad'.*set"):
+        encode_column("bad", [{1, 2}])
+    with pytest.raises(UnsupportedColumnError, match=r"column 'tup'.*tuple"):
+        encode_column("tup", [{"a": (1, 2)}])
+    with pytest.raises(UnsupportedColumnError, match=r"column 'keys'.*dict key 1"):
+        encode_column("keys", [{1: "x"}])
+    with pytest.raises(UnsupportedColumnError, match=r"column 'obj'.*object.*allow_pickle"):
+        encode_column("obj", object())
+    with pytest.raises(UnsupportedColumnError, match="0-d"):
+        encode_column("scalar", torch.tensor(3))
+    with pytest.warns(UserWarning, match="prototype"):
+        strided = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(UnsupportedColumnError, match="layout"):
+        encode_column("strided", strided)
+
+
+def test_pickle_is_opt_in_on_write_and_on_read() -> None:
+    rows = [{1, 2}, frozenset()]
+    col = encode_column("p", rows, allow_pickle=True)
+    assert col.spec.kind == "pickle"
+    with pytest.raises(UnsupportedColumnError, match="allow_pickle"):
+        restore(col.spec, col.arrays)
+    assert restore(col.spec, col.arrays, allow_pickle=True) == rows
+
+
+def test_batch_rows_must_agree() -> None:
+    with pytest.raises(SchemaMismatchError, match=r"a=3, b=2"):
+        encode_batch({"a": torch.zeros(3), "b": torch.zeros(2)})
+
+
+def test_meta_info_must_be_json() -> None:
+    with pytest.raises(UnsupportedColumnError, match="meta_info"):
+        encode_batch({"a": torch.zeros(3)}, {"t": torch.zeros(1)})
+
+
+def test_dataproto_like_sections_are_recorded() -> None:
+    from zarr_skip import DataProtoLike
+
+    dp = DataProtoLike(batch={"x": torch.zeros(2)}, non_tensor_batch={"y": np.array(["a", "b"], dtype=object)}, meta_info={"k": 1})
+    enc = encode_batch(dp)
+    assert enc.batch_type == "dataproto" and enc.meta_info == {"k": 1}
+    assert [c.spec.section for c in enc.columns] == ["batch", "non_tensor_batch"]
+
+
+def test_nan_with_payload_is_refused_as_json() -> None:
+    import struct
+
+    odd = struct.unpack("<d", struct.pack("<Q", 0x7FFEA81828BA1A13))[0]
+    with pytest.raises(UnsupportedColumnError, match="NaN with payload"):
+        encode_column("f", [odd])
+    assert math.isnan(roundtrip([float("nan")])[0])

@@ -1,0 +1,314 @@
+"""The store suite: every test runs over each backend of the ``location`` fixture."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import zarr_skip as zs
+from conftest import CountingStore, assert_equal, concat, make_batch
+
+
+def test_single_minibatch_roundtrip(location: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    info = cache.write(3, batch, meta_info={"global_steps": 3, "temperature": 1.0})
+    assert info.step_complete and info.index == 0 and info.rows == 6
+    view = zs.open_cache(location, fingerprint).load(3)
+    assert len(view) == 6 and view.columns == list(batch)
+    assert view.meta_info == {"global_steps": 3, "temperature": 1.0}
+    assert_equal(view.to_dict(), batch)
+
+
+def test_minibatches_merge_in_index_order(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
+    parts = [make_batch(rows, seed=i, offset=10 * i) for i, rows in enumerate([3, 5, 0, 4])]
+    for i, part in enumerate(parts):
+        info = cache.write(7, part, expected=4, meta_info={"i": i})
+        assert info.index == i and info.step_complete == (i == 3)
+    view = cache.load(7)
+    assert len(view) == 12
+    assert_equal(view.to_dict(), concat(parts))
+    assert [m.meta_info for m in view.minibatches] == [{"i": i} for i in range(4)]
+    for i, mb in enumerate(view.minibatches):
+        assert_equal(mb.to_dict(), parts[i], f"mini-batch {i}")
+    merged = concat(parts)
+    # rows straddling mini-batch and chunk boundaries, any order, repeats, negatives
+    idx = np.array([11, 0, 3, 3, 8, -1, 2])
+    for name in view.columns:
+        got = view[name][idx]
+        want = merged[name]
+        if isinstance(want, torch.Tensor) and want.is_nested:
+            rows = want.unbind()
+            for g, i in zip(got.unbind(), idx):
+                assert torch.equal(g, rows[i])
+        elif isinstance(want, list):
+            assert got == [want[i] for i in idx]
+        else:
+            assert_equal(got, want[idx], name)
+        assert_equal(view[name][2:9], _slice(want, 2, 9), f"{name}[2:9]")
+        assert_equal(view[name][::3], _take(want, range(0, 12, 3)), f"{name}[::3]")
+
+
+def _slice(v: Any, a: int, b: int) -> Any:
+    return _take(v, range(a, b))
+
+
+def _take(v: Any, rows: Any) -> Any:
+    rows = list(rows)
+    if isinstance(v, torch.Tensor) and v.is_nested:
+        parts = [v.unbind()[i] for i in rows]
+        lengths = torch.tensor([p.shape[0] for p in parts], dtype=torch.int64)
+        offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
+        offsets[1:] = lengths.cumsum(0)
+        values = torch.cat(parts) if parts else v.values()[:0]
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    if isinstance(v, list):
+        return [v[i] for i in rows]
+    return v[np.array(rows, dtype=np.int64)] if isinstance(v, np.ndarray) else v[torch.tensor(rows, dtype=torch.int64)]
+
+
+def test_single_row_indexing(location: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(1, batch)
+    view = cache.load(1)
+    assert torch.equal(view["responses"][2], batch["responses"].unbind()[2])
+    assert view["uid"][-1] == batch["uid"][-1]
+    assert torch.equal(view["input_ids"][0], batch["input_ids"][0])
+    with pytest.raises(IndexError, match="out of range"):
+        view["uid"][6]
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        view["nope"]
+
+
+def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
+    store = CountingStore()
+    cache = zs.open_cache(store, fingerprint, chunk_bytes=64)
+    parts = [make_batch(40, seed=i) for i in range(4)]
+    for p in parts:
+        cache.write(5, p, expected=4)
+    store.reads.clear()
+    view = zs.open_cache(store, fingerprint).load(5)
+    assert not [k for k in store.reads if "/c/" in k], "loading a view must read metadata only"
+    store.reads.clear()
+    got = view["input_ids"][:3]
+    chunk_reads = [k for k in store.reads if "/c/" in k]
+    assert chunk_reads and all("input_ids" in k for k in chunk_reads)
+    n_chunks = sum(1 for k in store._store_dict if "/input_ids/c/" in k)
+    assert len(chunk_reads) < n_chunks / 4
+    assert torch.equal(got, parts[0]["input_ids"][:3])
+    store.reads.clear()
+    rows = view["responses"][45:47]  # rows of mini-batch 1
+    assert all("/responses/" in k for k in store.reads if "/c/" in k)
+    assert [r.tolist() for r in rows.unbind()] == [r.tolist() for r in parts[1]["responses"].unbind()[5:7]]
+
+
+def test_status_reads_metadata_only(fingerprint: dict) -> None:
+    store = CountingStore()
+    cache = zs.open_cache(store, fingerprint)
+    for step in range(3):
+        cache.write(step, make_batch(4, seed=step), expected=2)
+        if step != 1:
+            cache.write(step, make_batch(4, seed=step + 9), expected=2)
+    store.reads.clear()
+    infos = zs.open_cache(store).status()
+    assert [(i.step, i.complete, i.done, i.expected, i.rows) for i in infos] == [
+        (0, True, 2, 2, 8), (1, False, 1, 2, 4), (2, True, 2, 2, 8)
+    ]
+    assert all(k.endswith("zarr.json") for k in store.reads)
+    assert infos[0].nbytes > 0 and infos[0].raw_nbytes > 0 and infos[0].ratio > 0
+
+
+def test_partial_step_is_detected(location: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(4, batch, expected=3)
+    cache.write(4, batch, expected=3)
+    reader = zs.open_cache(location)
+    (info,) = reader.status()
+    assert info.state == "writing" and not info.complete and (info.done, info.expected) == (2, 3)
+    assert reader.steps() == []
+    assert reader.resolve(4, "cache") is None
+    with pytest.raises(zs.IncompleteStepError, match=r"step 4 is writing: 2 of 3"):
+        reader.load(4)
+
+
+def test_missing_step(location: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(2, batch)
+    with pytest.raises(zs.StepNotFoundError, match=r"step 9 not found.*complete steps: 2") as exc:
+        cache.load(9)
+    assert isinstance(exc.value, KeyError)
+    with pytest.raises(zs.StepNotFoundError):
+        cache.info(9)
+
+
+def test_complete_step_refuses_more_unless_overwrite(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    first, second = make_batch(3, seed=1), make_batch(5, seed=2)
+    cache.write(1, first)
+    with pytest.raises(zs.StepCompleteError, match="step 1 is complete.*overwrite=True"):
+        cache.write(1, second)
+    with pytest.raises(zs.StepCompleteError):
+        zs.open_cache(location, fingerprint).write(1, second)
+    assert_equal(cache.load(1).to_dict(), first)
+    cache.write(1, second, overwrite=True)
+    assert_equal(cache.load(1).to_dict(), second)
+
+
+def test_schema_mismatch_writes_nothing(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    good = make_batch(4)
+    cache.write(6, good, expected=2)
+    before = cache.status()
+    bad = dict(make_batch(4), input_ids=torch.zeros(4, 5, dtype=torch.int32))
+    with pytest.raises(zs.SchemaMismatchError, match=r"step 6.*column 'input_ids': dtype 'int32' vs 'int64'"):
+        cache.write(6, bad, expected=2)
+    missing = {k: v for k, v in make_batch(4).items() if k != "uid"}
+    with pytest.raises(zs.SchemaMismatchError, match=r"missing here: \['uid'\]"):
+        cache.write(6, missing, expected=2)
+    wider = dict(make_batch(4), input_ids=torch.zeros(4, 6, dtype=torch.int64))
+    with pytest.raises(zs.SchemaMismatchError, match="shape"):
+        cache.write(6, wider, expected=2)
+    assert cache.status() == before
+    cache.write(6, make_batch(2, seed=5), expected=2)
+    assert cache.steps() == [6]
+
+
+def test_fingerprint_mismatch(location: Any, fingerprint: dict, batch: dict) -> None:
+    zs.open_cache(location, dict(fingerprint, seed=1)).write(1, batch)
+    with pytest.raises(zs.FingerprintMismatchError, match=r"seed: stored 1, given 2"):
+        zs.open_cache(location, dict(fingerprint, seed=2))
+    other = zs.open_cache(location, dict(fingerprint, n=4))
+    assert other.experiment != zs.open_cache(location, dict(fingerprint, seed=1)).experiment
+
+
+def test_browse_without_fingerprint(location: Any, fingerprint: dict, batch: dict) -> None:
+    zs.open_cache(location, fingerprint).write(1, batch)
+    reader = zs.open_cache(location)
+    assert reader.read_only and reader.experiment == "exp_proj/GBS4_N2_in8_out16"
+    assert reader.experiments() == {"exp_proj/GBS4_N2_in8_out16": fingerprint}
+    assert reader.steps() == [1]
+    with pytest.raises(zs.ReadOnlyCacheError, match="read-only"):
+        reader.write(2, batch)
+    zs.open_cache(location, {"anything": "else"}).write(1, batch)
+    several = zs.open_cache(location)
+    assert len(several.experiments()) == 2
+    with pytest.raises(zs.AmbiguousExperimentError, match="experiment=NAME"):
+        several.steps()
+    name = next(n for n in several.experiments() if n.startswith("fp-"))
+    assert zs.open_cache(location, experiment=name).steps() == [1]
+    with pytest.raises(zs.ExperimentNotFoundError):
+        zs.open_cache(location, experiment="nope")
+
+
+def test_newer_format_is_refused(tmp_path: Any, fingerprint: dict, batch: dict) -> None:
+    zs.open_cache(tmp_path, fingerprint).write(1, batch)
+    doc = json.loads((tmp_path / "zarr.json").read_text())
+    doc["attributes"]["zarr_skip"]["version"] = 99
+    (tmp_path / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(zs.FormatVersionError, match="version 99.*upgrade"):
+        zs.open_cache(tmp_path)
+
+
+def test_plain_zarr_group_is_not_a_cache(tmp_path: Any) -> None:
+    zarr.open_group(tmp_path, mode="w")
+    with pytest.raises(zs.MetadataError, match="not a zarr_skip cache"):
+        zs.open_cache(tmp_path)
+
+
+def test_zero_rows_and_empty_strings(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    empty = make_batch(0)
+    cache.write(1, empty, expected=2)
+    strings = {k: v for k, v in make_batch(2).items()}
+    strings["uid"] = ["", ""]
+    cache.write(1, strings, expected=2)
+    view = cache.load(1)
+    assert len(view) == 2
+    assert view["uid"][:] == ["", ""]
+    assert_equal(view.minibatches[0].to_dict(), empty)
+
+
+def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    info = cache.write(1, batch)
+    group = zarr.open_group(tmp_path, mode="r")[info.path]
+    assert np.array_equal(group["input_ids"][:], batch["input_ids"].numpy())
+    assert np.array_equal(group["responses/values"][:], batch["responses"].values().numpy())
+    assert group["bf16"].dtype == np.dtype("uint16")
+
+
+def test_dataproto_like_roundtrip(location: Any, fingerprint: dict) -> None:
+    dp = zs.DataProtoLike(
+        batch={"responses": torch.arange(6).reshape(3, 2), "mask": torch.ones(3, 2, dtype=torch.bool)},
+        non_tensor_batch={"uid": np.array(["a", "b", "c"], dtype=object),
+                          "reward_model": np.array([{"ground_truth": "1"}] * 3, dtype=object)},
+        meta_info={"global_steps": 2},
+    )
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(2, dp)
+    back = cache.load(2).to_dataproto()
+    assert back.meta_info == {"global_steps": 2}
+    assert_equal(dict(back.batch.items()), dict(dp.batch.items()))
+    assert_equal(back.non_tensor_batch, dp.non_tensor_batch)
+
+
+def test_tensordict_roundtrip(location: Any, fingerprint: dict) -> None:
+    from tensordict import TensorDict
+
+    b = make_batch(4)
+    td = TensorDict({k: v for k, v in b.items() if isinstance(v, torch.Tensor)}, batch_size=[4])
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(1, td)
+    back = cache.load(1).to_tensordict()
+    assert back.batch_size == torch.Size([4])
+    for k in td.keys():
+        assert_equal(back[k], td[k], k)
+
+
+def test_unsupported_column_stores_nothing(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    with pytest.raises(zs.UnsupportedColumnError, match=r"column 'x'"):
+        cache.write(1, {"x": [object()]})
+    assert cache.status() == []
+
+
+def test_pickle_opt_in_through_the_store(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(1, {"x": [{1, 2}, {3}]}, allow_pickle=True)
+    with pytest.raises(zs.UnsupportedColumnError, match="allow_pickle"):
+        cache.load(1)["x"][:]
+    assert cache.load(1, allow_pickle=True)["x"][:] == [{1, 2}, {3}]
+
+
+def test_resolve_through_the_store(location: Any, fingerprint: dict, batch: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    for s in (2, 5):
+        cache.write(s, batch)
+    cache.write(4, batch, expected=2)  # partial
+    assert [cache.resolve(s, "cache") for s in (2, 4, 5)] == [2, None, 5]
+    assert [cache.resolve(s, "repeat") for s in (1, 2, 3, 4, 5, 9)] == [2, 2, 2, 2, 5, 5]
+    with pytest.raises(zs.ConfigError, match="action"):
+        cache.resolve(2, "random")
+
+
+def test_new_run_replaces_an_interrupted_runs_leftovers(location: Any, fingerprint: dict, caplog: Any) -> None:
+    old = zs.open_cache(location, fingerprint)
+    old.write(3, make_batch(4, seed=1), expected=4)
+    old.write(3, make_batch(4, seed=2), expected=4)
+    new = zs.open_cache(location, fingerprint)
+    fresh = [make_batch(3, seed=10 + i) for i in range(2)]
+    info = new.write(3, fresh[0], expected=2)
+    assert info.index == 0
+    assert "discarding 2 mini-batch(es) left by run " + old.run_id in caplog.text
+    new.write(3, fresh[1], expected=2)
+    view = new.load(3)
+    assert {p.run for p in view.parts} == {new.run_id}
+    assert_equal(view.to_dict(), concat(fresh))
+    with pytest.raises(zs.DisplacedWriterError, match="started after this run"):
+        old.write(3, make_batch(4, seed=3), expected=4)
+    assert new.status()[0].complete

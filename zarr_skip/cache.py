@@ -1,0 +1,379 @@
+"""The cache handle: open a location, write mini-batches, read status, load steps."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from zarr.abc.store import Store
+
+from . import chunks, layout
+from .catalog import attribute, group_doc, list_steps, scan_step, scan_steps, step_infos
+from .columns import encode_batch
+from .errors import (
+    AmbiguousExperimentError,
+    ExperimentNotFoundError,
+    FingerprintMismatchError,
+    FormatVersionError,
+    IncompleteStepError,
+    MetadataError,
+    ReadOnlyCacheError,
+    StepNotFoundError,
+)
+from .lazy import Part, StepView
+from .state import StepInfo, resolve
+from .storage import Storage, open_store, parse_json
+from .writer import PartInfo, RunContext, write_part
+
+logger = logging.getLogger(__name__)
+
+#: seconds a writer may go without a heartbeat before its mini-batch counts as abandoned
+DEFAULT_LEASE = 60.0
+
+
+def open_cache(
+    location: str | os.PathLike[str] | Store,
+    fingerprint: Mapping[str, Any] | None = None,
+    *,
+    experiment: str | None = None,
+    run_id: str | None = None,
+    read_only: bool | None = None,
+    compression: str | chunks.Compression | None = "zstd",
+    level: int | None = None,
+    chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
+    storage_options: Mapping[str, Any] | None = None,
+    lease: float = DEFAULT_LEASE,
+    claim_settle: float = 0.0,
+) -> Cache:
+    """Open (or create) a rollout cache.
+
+    Parameters
+    ----------
+    location : a path, a ``file://`` or ``s3://bucket/prefix`` URL, or a zarr Store.
+    fingerprint : the settings that identify the data (for verl: experiment and project names,
+        gen batch size, n, max prompt and response length). It names the experiment group and
+        is checked against the stored one. Without it the cache opens read-only.
+    experiment : open this experiment by name (read-only browsing); with one experiment
+        stored, it is chosen by default.
+    run_id : the run this handle writes as; share it between the ranks or processes of one
+        training run. A fresh id by default.
+    read_only : force read-only (default: read-only exactly when no fingerprint is given).
+    compression, level : ``"zstd"`` (default, level 3), ``"lz4"``, ``None``; ``"zstd:1"`` also works.
+    chunk_bytes : uncompressed bytes per chunk aimed for.
+    storage_options : for URLs: endpoint, credentials, ... (passed to the object store).
+    lease : seconds without a heartbeat after which another host's unfinished mini-batch
+        counts as abandoned.
+    claim_settle : seconds between claiming an index and checking the claim; raise it on
+        shared filesystems whose exclusive create is unreliable.
+    """
+    ro = fingerprint is None if read_only is None else read_only
+    store = open_store(location, storage_options=storage_options, read_only=ro)
+    storage = Storage(store, claim_settle=claim_settle)
+    return Cache(
+        storage,
+        fingerprint=fingerprint,
+        experiment=experiment,
+        run_id=run_id,
+        compression=chunks.Compression.parse(compression, level),
+        chunk_bytes=chunk_bytes,
+        lease=lease,
+    )
+
+
+class Cache:
+    """A rollout cache at one location, bound to one experiment. Use :func:`open_cache`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        fingerprint: Mapping[str, Any] | None,
+        experiment: str | None,
+        run_id: str | None,
+        compression: chunks.Compression,
+        chunk_bytes: int,
+        lease: float,
+    ) -> None:
+        self._storage = storage
+        self.compression = compression
+        self.chunk_bytes = int(chunk_bytes)
+        self.lease = float(lease)
+        self.location = storage.where
+        self.read_only = storage.read_only
+        self._run = RunContext(
+            layout.check_run_id(run_id) if run_id is not None else layout.new_run_id(),
+            time.time(),
+            layout.new_writer_id(),
+        )
+        self._open_root()
+        self.fingerprint: dict[str, Any] | None = None
+        self.experiment: str | None = None
+        if fingerprint is not None:
+            fp = layout.normalize_fingerprint(fingerprint)
+            name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
+            self._open_experiment(name, fp)
+        else:
+            found = self.experiments()
+            if experiment is not None:
+                if experiment not in found:
+                    raise ExperimentNotFoundError(
+                        f"experiment {experiment!r} not found at {self.location} "
+                        f"(found: {', '.join(found) or 'none'})"
+                    )
+                self.experiment, self.fingerprint = experiment, found[experiment]
+            elif len(found) == 1:
+                (self.experiment, self.fingerprint), = found.items()
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _open_root(self) -> None:
+        key = layout.METADATA
+        where = self._storage.key_path(key)
+        doc = parse_json(self._storage.get(key), where)
+        if doc is None:
+            if self.read_only:
+                self._root_ok = False
+                return
+            attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
+            self._storage.create_if_absent(key, group_doc(attrs))
+            doc = parse_json(self._storage.get(key), where)
+        info = attribute(doc, layout.ROOT_ATTR, where)
+        if info is None or info.get("format") != layout.FORMAT_NAME:
+            raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
+        version = info.get("version")
+        if not isinstance(version, int) or version > layout.FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
+                f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
+            )
+        self._root_ok = True
+
+    def _open_experiment(self, name: str, fp: dict[str, Any]) -> None:
+        key = layout.meta_key(name)
+        where = self._storage.key_path(key)
+        stored = attribute(parse_json(self._storage.get(key), where), layout.EXPERIMENT_ATTR, where)
+        if stored is None:
+            if self.read_only:
+                raise ExperimentNotFoundError(f"experiment {name!r} not found at {self.location}")
+            segments = name.split("/")
+            for i in range(1, len(segments)):
+                self._storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
+            doc = {"name": name, "fingerprint": fp, "created": time.time()}
+            self._storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
+            stored = attribute(parse_json(self._storage.get(key), where), layout.EXPERIMENT_ATTR, where)
+        theirs = (stored or {}).get("fingerprint")
+        if theirs != fp:
+            keys = sorted(set(fp) | set(theirs or {}))
+            diff = "; ".join(
+                f"{k}: stored {(theirs or {}).get(k)!r}, given {fp.get(k)!r}"
+                for k in keys
+                if (theirs or {}).get(k) != fp.get(k)
+            )
+            raise FingerprintMismatchError(
+                f"experiment {name!r} at {self.location} was written with other settings ({diff}); "
+                "use another location or experiment name"
+            )
+        self.experiment, self.fingerprint = name, fp
+
+    def experiments(self) -> dict[str, dict[str, Any]]:
+        """Experiment names stored at this location, with their fingerprints."""
+        if not self._root_ok:
+            return {}
+        found: dict[str, dict[str, Any]] = {}
+        level = [""]
+        for _ in range(6):
+            listings = self._storage.list_dirs(level)
+            children = [
+                layout.join(parent, n)
+                for parent, names in zip(level, listings)
+                for n in names
+                if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
+            ]
+            if not children:
+                break
+            docs = self._storage.get_json_many(layout.meta_key(c) for c in children)
+            level = []
+            for path, doc in zip(children, docs):
+                exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
+                if exp is not None:
+                    found[path] = dict(exp.get("fingerprint", {}))
+                elif doc is not None and doc.get("node_type") == "group":
+                    level.append(path)
+        return dict(sorted(found.items()))
+
+    @property
+    def run_id(self) -> str:
+        """The run this handle writes as."""
+        return self._run.run
+
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    def _exp(self) -> str:
+        if self.experiment is None:
+            names = list(self.experiments())
+            if names:
+                raise AmbiguousExperimentError(
+                    f"{self.location} holds several experiments ({', '.join(names)}); open one "
+                    "with open_cache(location, experiment=NAME)"
+                )
+            return ""
+        return self.experiment
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(
+        self,
+        step: int,
+        batch: Any,
+        *,
+        expected: int = 1,
+        overwrite: bool = False,
+        meta_info: Mapping[str, Any] | None = None,
+        allow_pickle: bool = False,
+    ) -> PartInfo:
+        """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
+
+        Raises
+        ------
+        StepCompleteError
+            The step is complete (or this run already wrote ``expected`` mini-batches).
+        SchemaMismatchError, UnsupportedColumnError
+            The batch disagrees with the step's other mini-batches or cannot be stored
+            exactly; raised before anything is written.
+        DisplacedWriterError
+            A newer run owns the step.
+        """
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(
+                f"{self.location}: opened read-only; pass a fingerprint to open_cache to write"
+            )
+        layout.step_name(step)
+        encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
+        return write_part(
+            self._storage,
+            self.experiment,
+            step,
+            encoded,
+            ctx=self._run,
+            expected=expected,
+            overwrite=overwrite,
+            compression=self.compression,
+            chunk_bytes=self.chunk_bytes,
+            lease=self.lease,
+        )
+
+    def delete(self, step: int) -> None:
+        """Remove a step, whatever its state."""
+        if self.read_only:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only")
+        path = layout.join(self._exp(), layout.step_name(step))
+        logger.info("deleting step %d at %s", step, self._storage.key_path(path))
+        self._storage.delete_prefix(path)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def status(self, steps: Iterable[int] | None = None) -> list[StepInfo]:
+        """Every step's state, ascending, from attribute metadata alone (no chunk reads)."""
+        exp = self._exp()
+        if not exp:
+            return []
+        return step_infos(self._storage, exp, time.time(), self.lease, None if steps is None else list(steps))
+
+    def info(self, step: int) -> StepInfo:
+        """One step's :class:`StepInfo`; StepNotFoundError if it has no group."""
+        exp = self._exp()
+        if not exp or step not in list_steps(self._storage, exp):
+            raise StepNotFoundError(self._missing(step))
+        return self.status([step])[0]
+
+    def steps(self) -> list[int]:
+        """Complete steps, ascending."""
+        return [i.step for i in self.status() if i.complete]
+
+    def resolve(self, step: int, action: str = "cache") -> int | None:
+        """The step to load for ``step``: see :func:`zarr_skip.state.resolve`."""
+        if action == "cache":
+            exp = self._exp()
+            if not exp or step not in list_steps(self._storage, exp):
+                return None
+            return step if self.status([step])[0].complete else None
+        return resolve(step, action, self.steps())
+
+    def load(self, step: int, *, allow_pickle: bool = False) -> StepView:
+        """A lazy view of a complete step.
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step.
+        IncompleteStepError
+            The step exists but is not complete.
+        """
+        exp = self._exp()
+        path = layout.join(exp, layout.step_name(step))
+        if not exp:
+            raise StepNotFoundError(self._missing(step))
+        scan = scan_step(self._storage, exp, step)
+        if not scan.runs and not scan.parts and scan.summary is None and not scan.strays:
+            raise StepNotFoundError(self._missing(step))
+        info = scan.info(time.time(), self.lease)
+        if not info.complete:
+            raise IncompleteStepError(
+                f"step {step} is {info.state}: {info.done} of {info.expected} mini-batches complete "
+                f"at {self._storage.key_path(path)}"
+            )
+        parts = sorted(
+            (p for p in scan.parts if p.run == info.run and p.complete and p.index < info.expected),
+            key=lambda p: p.index,
+        )
+        run_path = layout.join(path, info.run)
+        return StepView(
+            self._storage,
+            step,
+            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc) for p in parts],
+            allow_pickle=allow_pickle,
+        )
+
+    def _missing(self, step: int) -> str:
+        have = self.steps() if self.experiment else []
+        near = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
+        return f"step {step} not found in experiment {self.experiment!r} at {self.location} (complete steps: {near or 'none'})"
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> Any:
+        """Read every chunk and check sizes and checksums: see :func:`zarr_skip.maintenance.verify`."""
+        from .maintenance import verify
+
+        return verify(self, step, progress=progress)
+
+    def gc(
+        self,
+        *,
+        keep_last: int | None = None,
+        pin: Iterable[int] = (),
+        dry_run: bool = False,
+        partial_age: float | None = None,
+    ) -> Any:
+        """Remove abandoned mini-batches, temp files and steps past retention: see maintenance.gc."""
+        from .maintenance import gc
+
+        return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
+
+    def _scan(self, steps: Sequence[int]) -> list[Any]:
+        return scan_steps(self._storage, self._exp(), steps)
+
+    def __repr__(self) -> str:
+        from .display import cache_repr
+
+        return cache_repr(self)
+
+    def _repr_html_(self) -> str:
+        from .display import cache_html
+
+        return cache_html(self)

@@ -1,0 +1,153 @@
+"""Reading the metadata of steps, runs and mini-batches (attribute documents only, no chunks)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import layout
+from .errors import MetadataError
+from .state import PartRecord, RunRecord, StepInfo, step_info, summary_info
+from .storage import Storage
+
+logger = logging.getLogger(__name__)
+
+
+def group_doc(attributes: Mapping[str, Any] | None = None) -> bytes:
+    """The ``zarr.json`` bytes of a zarr v3 group with ``attributes``."""
+    return json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes or {})},
+        separators=(",", ":"),
+    ).encode()
+
+
+def attribute(doc: Mapping[str, Any] | None, name: str, where: str) -> dict[str, Any] | None:
+    """The attribute ``name`` of a parsed ``zarr.json`` (None when the node has none)."""
+    if doc is None:
+        return None
+    attrs = doc.get("attributes", {})
+    value = attrs.get(name) if isinstance(attrs, dict) else None
+    if value is not None and not isinstance(value, dict):
+        raise MetadataError(f"{where}: attribute {name!r} is not an object")
+    return value
+
+
+@dataclass(slots=True)
+class StepScan:
+    """Everything the metadata says about one step."""
+
+    step: int
+    path: str
+    summary: dict[str, Any] | None = None
+    runs: list[RunRecord] = field(default_factory=list)
+    parts: list[PartRecord] = field(default_factory=list)
+    #: names below the step that are not recorded runs (crashed creations, debris)
+    strays: list[str] = field(default_factory=list)
+    #: (run, name) of mini-batch directories whose metadata is missing or unreadable
+    broken: list[tuple[str, str]] = field(default_factory=list)
+
+    def info(self, now: float, lease: float) -> StepInfo:
+        return step_info(self.step, self.runs, self.parts, now=now, lease=lease)
+
+    def part(self, run: str, index: int) -> PartRecord | None:
+        return next((p for p in self.parts if p.run == run and p.index == index), None)
+
+
+def list_steps(storage: Storage, experiment: str) -> list[int]:
+    """Step numbers that have a group below the experiment (any state), ascending."""
+    return sorted(int(n) for n in storage.list_dir(experiment) if layout.is_step_name(n))
+
+
+def _children(names: Sequence[str]) -> list[str]:
+    return [n for n in names if n != layout.METADATA and not n.endswith(".partial")]
+
+
+def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[StepScan]:
+    """Scan the metadata of several steps, with concurrent requests at each level."""
+    scans = [StepScan(s, layout.join(experiment, str(s))) for s in steps]
+    listings = storage.list_dirs([s.path for s in scans])
+    step_docs = storage.get_many([layout.meta_key(s.path) for s in scans])
+    run_paths: list[tuple[StepScan, str, str]] = []
+    for scan, names, blob in zip(scans, listings, step_docs):
+        scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)))
+        run_paths += [(scan, n, layout.join(scan.path, n)) for n in _children(names)]
+    run_docs = storage.get_many([layout.meta_key(p) for _, _, p in run_paths])
+    part_listings = storage.list_dirs([p for _, _, p in run_paths])
+    part_paths: list[tuple[StepScan, str, str, str]] = []
+    for (scan, name, path), blob, names in zip(run_paths, run_docs, part_listings):
+        record = _run_record(blob, storage.key_path(layout.meta_key(path)))
+        if record is None or record.run != name:
+            scan.strays.append(name)
+            continue
+        scan.runs.append(record)
+        part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names)]
+    part_docs = storage.get_many([layout.meta_key(p) for *_, p in part_paths])
+    for (scan, run, name, path), blob in zip(part_paths, part_docs):
+        record = _part_record(blob, storage.key_path(layout.meta_key(path)))
+        if record is None or record.run != run or str(record.index) != name:
+            scan.broken.append((run, name))
+            continue
+        scan.parts.append(record)
+    return scans
+
+
+def scan_step(storage: Storage, experiment: str, step: int) -> StepScan:
+    return scan_steps(storage, experiment, [step])[0]
+
+
+def step_infos(
+    storage: Storage, experiment: str, now: float, lease: float, steps: Sequence[int] | None = None
+) -> list[StepInfo]:
+    """StepInfo of every step: two requests per complete step, a full scan for the others."""
+    steps = list_steps(storage, experiment) if steps is None else list(steps)
+    paths = [layout.join(experiment, str(s)) for s in steps]
+    listings = storage.list_dirs(paths)
+    docs = storage.get_many([layout.meta_key(p) for p in paths])
+    infos: dict[int, StepInfo] = {}
+    rest = []
+    for step, path, names, blob in zip(steps, paths, listings, docs):
+        try:
+            summary = _summary(blob, storage.key_path(layout.meta_key(path)))
+        except MetadataError:
+            summary = None
+        if summary is not None and _children(names) == [summary["run"]]:
+            infos[step] = summary_info(step, summary)
+        else:
+            rest.append(step)
+    for scan in scan_steps(storage, experiment, rest):
+        infos[scan.step] = scan.info(now, lease)
+    return [infos[s] for s in steps]
+
+
+def _summary(blob: bytes | None, where: str) -> dict[str, Any] | None:
+    from .storage import parse_json
+
+    summary = attribute(parse_json(blob, where), layout.STEP_ATTR, where)
+    if summary is not None and not {"run", "expected", "rows", "nbytes"} <= summary.keys():
+        raise MetadataError(f"{where}: step summary lacks required fields")
+    return summary
+
+
+def _run_record(blob: bytes | None, where: str) -> RunRecord | None:
+    from .storage import parse_json
+
+    try:
+        doc = attribute(parse_json(blob, where), layout.RUN_ATTR, where)
+        return None if doc is None else RunRecord.from_json(doc)
+    except (MetadataError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("ignoring unreadable run record %s: %s", where, exc)
+        return None
+
+
+def _part_record(blob: bytes | None, where: str) -> PartRecord | None:
+    from .storage import parse_json
+
+    try:
+        doc = attribute(parse_json(blob, where), layout.PART_ATTR, where)
+        return None if doc is None else PartRecord.from_json(doc)
+    except (MetadataError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("ignoring unreadable mini-batch record %s: %s", where, exc)
+        return None

@@ -1,0 +1,170 @@
+"""Chunk bytes and array metadata (pure: no store, no torch).
+
+Every array is chunked along rows only. A chunk is encoded exactly as zarr v3's codec chain
+``bytes(little) -> zstd | blosc | nothing -> crc32c`` would encode it, so ``zarr.open_array`` reads
+what we write; we encode and decode ourselves to check each chunk's presence, size and checksum
+(zarr silently returns fill values for a missing chunk) and to decode straight into the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numcodecs
+import numpy as np
+
+from .errors import ChecksumError, ConfigError, MissingDataError
+
+#: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Compression:
+    """How chunks are compressed: ``zstd`` (level 1..22), ``lz4`` (blosc-lz4) or ``none``."""
+
+    name: str = "zstd"
+    level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.name not in ("zstd", "lz4", "none"):
+            raise ConfigError(
+                f"compression: expected 'zstd', 'lz4' or 'none', got {self.name!r}"
+            )
+        if self.name == "zstd" and not -7 <= self.level <= 22:
+            raise ConfigError(f"level: zstd levels run from -7 to 22, got {self.level}")
+        if self.name == "lz4" and not 0 <= self.level <= 9:
+            raise ConfigError(f"level: blosc levels run from 0 to 9, got {self.level}")
+
+    def codec(self, itemsize: int) -> numcodecs.abc.Codec | None:
+        if self.name == "zstd":
+            return numcodecs.Zstd(level=self.level)
+        if self.name == "lz4":
+            return numcodecs.Blosc(
+                cname="lz4", clevel=self.level, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=0
+            )
+        return None
+
+    def zarr_codecs(self, dtype: np.dtype) -> list[dict[str, Any]]:
+        """The zarr v3 ``codecs`` list describing how chunks of ``dtype`` are encoded."""
+        chain: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        if self.name == "zstd":
+            chain.append({"name": "zstd", "configuration": {"level": self.level, "checksum": False}})
+        elif self.name == "lz4":
+            chain.append(
+                {
+                    "name": "blosc",
+                    "configuration": {
+                        "typesize": dtype.itemsize,
+                        "cname": "lz4",
+                        "clevel": self.level,
+                        "shuffle": "shuffle",
+                        "blocksize": 0,
+                    },
+                }
+            )
+        chain.append({"name": "crc32c"})
+        return chain
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "level": self.level}
+
+    @classmethod
+    def parse(cls, value: str | Compression | None, level: int | None = None) -> Compression:
+        """``"zstd"``, ``"zstd:3"``, ``"lz4"``, ``"none"`` or ``None`` (no compression)."""
+        if isinstance(value, Compression):
+            return value
+        if value is None:
+            return cls("none", 0)
+        name, _, lvl = str(value).partition(":")
+        if lvl:
+            try:
+                level = int(lvl)
+            except ValueError:
+                raise ConfigError(f"compression: bad level in {value!r}") from None
+        default = {"zstd": 3, "lz4": 5, "none": 0}.get(name, 0)
+        return cls(name, default if level is None else level)
+
+
+def chunk_rows(rows: int, row_bytes: int, target: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Rows per chunk: all rows when small, else about ``target`` raw bytes per chunk."""
+    if rows == 0:
+        return 1
+    per = max(1, target // max(1, row_bytes))
+    return min(rows, per)
+
+
+def chunk_count(rows: int, per_chunk: int) -> int:
+    return math.ceil(rows / per_chunk) if rows else 0
+
+
+def encode(data: np.ndarray, compression: Compression) -> bytes:
+    """Encode one chunk: little-endian bytes, compressed, with the crc32c appended."""
+    raw = np.ascontiguousarray(data)
+    codec = compression.codec(raw.dtype.itemsize)
+    body = raw.tobytes() if codec is None else bytes(codec.encode(raw))
+    return body + np.uint32(crc32c.crc32c(body)).tobytes()
+
+
+def decode_into(
+    blob: bytes | None,
+    out: np.ndarray,
+    compression: Compression,
+    *,
+    stored_size: int,
+    where: str,
+) -> np.ndarray:
+    """Decode one chunk into ``out`` (a contiguous array of the stored dtype and chunk shape).
+
+    Raises
+    ------
+    MissingDataError
+        The chunk is absent or its size differs from the size recorded at write time.
+    ChecksumError
+        Its crc32c does not match.
+    """
+    if blob is None:
+        raise MissingDataError(f"{where}: chunk is missing")
+    if len(blob) != stored_size:
+        raise MissingDataError(
+            f"{where}: chunk has {len(blob)} bytes, {stored_size} were written (truncated?)"
+        )
+    body = memoryview(blob)[:-4]
+    crc = np.frombuffer(blob[-4:], dtype="<u4")[0]
+    if crc32c.crc32c(body) != int(crc):
+        raise ChecksumError(f"{where}: checksum mismatch (stored {int(crc):#010x})")
+    codec = compression.codec(out.dtype.itemsize)
+    try:
+        if codec is None:
+            np.copyto(out.reshape(-1), np.frombuffer(body, dtype=out.dtype))
+        else:
+            codec.decode(body, out=out)
+    except (ValueError, RuntimeError) as exc:
+        raise ChecksumError(f"{where}: chunk does not decode ({exc})") from None
+    return out
+
+
+def array_metadata(
+    shape: tuple[int, ...], chunks: tuple[int, ...], dtype: np.dtype, compression: Compression
+) -> dict[str, Any]:
+    """The zarr v3 ``zarr.json`` document of an array we write."""
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(shape),
+        "data_type": _zarr_dtype(dtype),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": False if dtype.kind == "b" else 0,
+        "codecs": compression.zarr_codecs(dtype),
+        "attributes": {},
+    }
+
+
+def _zarr_dtype(dtype: np.dtype) -> str:
+    if dtype.kind == "b":
+        return "bool"
+    return dtype.newbyteorder("=").name

@@ -1,0 +1,143 @@
+"""The exception tree of zarr_skip.
+
+Every error raised on purpose by the library is a :class:`ZarrSkipError`. Each class also
+subclasses the builtin exception it refines, so callers may catch either::
+
+    ZarrSkipError
+    ├── ConfigError (ValueError)                 bad settings, naming the key
+    ├── ExperimentNotFoundError (KeyError)       no experiment of that name or fingerprint
+    ├── AmbiguousExperimentError (ValueError)    several experiments, none chosen
+    ├── FingerprintMismatchError (ValueError)    same experiment name, other settings
+    ├── FormatVersionError (ValueError)          a cache written by a newer zarr_skip
+    ├── ReadOnlyCacheError (PermissionError)     writing through a read-only handle or location
+    ├── StorageError (OSError)                   the store failed a write (disk full, ...)
+    ├── AtomicityError (RuntimeError)            the store cannot create a key exclusively
+    ├── StepNotFoundError (KeyError)             no such step
+    ├── IncompleteStepError (LookupError)        the step exists but is not complete
+    ├── StepCompleteError (FileExistsError)      writing into a complete step
+    ├── DisplacedWriterError (RuntimeError)      a newer run took the step over
+    ├── SchemaMismatchError (ValueError)         mini-batches of one step disagree
+    ├── UnsupportedColumnError (TypeError)       a column the codec cannot store exactly
+    ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
+    ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
+    └── CorruptCacheError (ValueError)           stored data is damaged
+        ├── ChecksumError                        a chunk's crc32c does not match
+        ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
+        └── MetadataError                        a metadata document cannot be parsed
+"""
+
+from __future__ import annotations
+
+import pickle
+
+__all__ = [
+    "AmbiguousExperimentError",
+    "AtomicityError",
+    "ChecksumError",
+    "ConfigError",
+    "CorruptCacheError",
+    "DisplacedWriterError",
+    "ExperimentNotFoundError",
+    "FingerprintMismatchError",
+    "FormatVersionError",
+    "GroupMismatchError",
+    "IncompleteStepError",
+    "MetadataError",
+    "MissingDataError",
+    "ReadOnlyCacheError",
+    "SchemaMismatchError",
+    "StepCompleteError",
+    "StepNotFoundError",
+    "StorageError",
+    "UnsafePickleError",
+    "UnsupportedColumnError",
+    "ZarrSkipError",
+]
+
+
+class ZarrSkipError(Exception):
+    """Base class of every error zarr_skip raises on purpose."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; every class here prints the message as written.
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(ZarrSkipError, ValueError):
+    """A setting has an invalid value; the message names the key."""
+
+
+class ExperimentNotFoundError(ZarrSkipError, KeyError):
+    """No experiment of that name (or fingerprint) exists in the cache."""
+
+
+class AmbiguousExperimentError(ZarrSkipError, ValueError):
+    """The cache holds several experiments and none was chosen."""
+
+
+class FingerprintMismatchError(ZarrSkipError, ValueError):
+    """An experiment of the same name was written with other settings."""
+
+
+class FormatVersionError(ZarrSkipError, ValueError):
+    """The cache was written in a format this version cannot read."""
+
+
+class ReadOnlyCacheError(ZarrSkipError, PermissionError):
+    """A write through a read-only handle, or to a location that refuses writes."""
+
+
+class StorageError(ZarrSkipError, OSError):
+    """The store failed a write (disk full, I/O error); nothing was marked complete."""
+
+
+class AtomicityError(ZarrSkipError, RuntimeError):
+    """The store cannot create a key exclusively, so concurrent writers are unsafe."""
+
+
+class StepNotFoundError(ZarrSkipError, KeyError):
+    """The step does not exist in the cache."""
+
+
+class IncompleteStepError(ZarrSkipError, LookupError):
+    """The step exists but not all of its mini-batches are complete."""
+
+
+class StepCompleteError(ZarrSkipError, FileExistsError):
+    """The step is complete; writing more needs ``overwrite=True``."""
+
+
+class DisplacedWriterError(ZarrSkipError, RuntimeError):
+    """A newer run took the step over; this writer's mini-batches no longer count."""
+
+
+class SchemaMismatchError(ZarrSkipError, ValueError):
+    """Columns of a mini-batch disagree with each other or with the step's other mini-batches."""
+
+
+class UnsupportedColumnError(ZarrSkipError, TypeError):
+    """A column holds values the codec cannot store exactly (and pickle was not allowed)."""
+
+
+class GroupMismatchError(ZarrSkipError, ValueError):
+    """Cached prompt groups cannot be mapped onto the new prompts under the chosen policy."""
+
+
+class UnsafePickleError(ZarrSkipError, pickle.UnpicklingError):
+    """A legacy pickle referenced a global outside the allow-list."""
+
+
+class CorruptCacheError(ZarrSkipError, ValueError):
+    """Stored data is damaged: the cache must not be trusted where this was raised."""
+
+
+class ChecksumError(CorruptCacheError):
+    """A chunk's stored crc32c does not match its bytes."""
+
+
+class MissingDataError(CorruptCacheError, FileNotFoundError):
+    """A chunk or metadata document recorded as written is missing or truncated."""
+
+
+class MetadataError(CorruptCacheError):
+    """A metadata document cannot be parsed or lacks what the format requires."""

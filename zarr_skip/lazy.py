@@ -1,0 +1,396 @@
+"""Lazy views of a stored step: columns merged across mini-batches, read chunk by chunk.
+
+Nothing is read when a view is made but the mini-batches' metadata. Indexing a column reads
+only the chunks holding the requested rows, concurrently, and decodes each straight into the
+output array when it can (no per-mini-batch copies followed by a concatenation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import chunks, layout
+from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
+from .errors import MetadataError, SchemaMismatchError
+from .storage import Storage, gather_limited
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayPart:
+    """One stored array of one mini-batch."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    chunk: int
+    sizes: tuple[int, ...]
+    compression: chunks.Compression
+    where: str
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def key(self, i: int) -> str:
+        return layout.chunk_key(self.path, i, len(self.shape))
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One complete mini-batch: where it is and what its metadata says."""
+
+    step: int
+    index: int
+    run: str
+    path: str
+    rows: int
+    meta_info: dict[str, Any]
+    batch_type: str
+    specs: dict[str, ColumnSpec]
+    arrays: dict[str, dict[str, ArrayPart]]
+    nbytes: int
+    raw_nbytes: int
+
+    @classmethod
+    def from_doc(cls, step: int, path: str, doc: Mapping[str, Any]) -> Part:
+        try:
+            index = int(doc["index"])
+            compression = chunks.Compression(**doc["compression"])
+            specs, arrays = {}, {}
+            for name, entry in doc["columns"].items():
+                specs[name] = ColumnSpec.from_json(name, entry)
+                multi = len(entry["arrays"]) > 1
+                arrays[name] = {
+                    aname: ArrayPart(
+                        path=layout.join(path, name, aname if multi else ""),
+                        dtype=np.dtype(a["dtype"]),
+                        shape=tuple(a["shape"]),
+                        chunk=int(a["chunk"]),
+                        sizes=tuple(a["sizes"]),
+                        compression=compression,
+                        where=f"step {step}, mini-batch {index}, column {name!r}",
+                    )
+                    for aname, a in entry["arrays"].items()
+                }
+            return cls(
+                step, index, str(doc["run"]), path, int(doc["rows"]), dict(doc.get("meta_info", {})),
+                str(doc.get("batch_type", "mapping")), specs, arrays, int(doc["nbytes"]),
+                int(doc.get("raw_nbytes", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r})") from None
+
+
+class StepView:
+    """A complete step, lazily: ``view[name]`` is a :class:`LazyColumn` merged across mini-batches.
+
+    Attributes
+    ----------
+    step : the step number.
+    columns : column names, in stored order.
+    meta_info : the first mini-batch's batch-level metadata.
+    minibatches : one view per mini-batch, in index order.
+    """
+
+    def __init__(self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False):
+        if not parts:
+            raise MetadataError(f"step {step}: a step view needs at least one mini-batch")
+        first = parts[0]
+        for p in parts[1:]:
+            check_same_schema(
+                list(p.specs.values()), list(first.specs.values()),
+                f"step {step}, mini-batch {p.index} vs mini-batch {first.index}",
+            )
+        self._storage = storage
+        self.step = step
+        self.parts = list(parts)
+        self._allow_pickle = allow_pickle
+        self._cols: dict[str, LazyColumn] = {}
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.parts[0].specs)
+
+    @property
+    def schema(self) -> dict[str, ColumnSpec]:
+        return dict(self.parts[0].specs)
+
+    @property
+    def meta_info(self) -> dict[str, Any]:
+        return dict(self.parts[0].meta_info)
+
+    @property
+    def batch_type(self) -> str:
+        return self.parts[0].batch_type
+
+    @property
+    def minibatches(self) -> list[StepView]:
+        return [StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle) for p in self.parts]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def raw_nbytes(self) -> int:
+        return sum(p.raw_nbytes for p in self.parts)
+
+    def __len__(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.parts[0].specs
+
+    def __iter__(self):  # noqa: ANN204 - iterates column names like a mapping
+        return iter(self.columns)
+
+    def __getitem__(self, name: str) -> LazyColumn:
+        if name not in self.parts[0].specs:
+            raise KeyError(f"step {self.step}: no column {name!r} (columns: {', '.join(self.columns)})")
+        if name not in self._cols:
+            self._cols[name] = LazyColumn(self._storage, self.step, self.parts, name, self._allow_pickle)
+        return self._cols[name]
+
+    def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
+        """Every column (or those named) read in full, as the types that were written."""
+        return {name: self[name].read() for name in (columns or self.columns)}
+
+    def to_tensordict(self) -> Any:
+        """Tensor columns as a TensorDict (needs the optional ``tensordict`` package)."""
+        from tensordict import TensorDict
+
+        data = {n: v for n, v in self.to_dict().items() if self.schema[n].container == "torch"}
+        return TensorDict(data, batch_size=[len(self)])
+
+    def to_dataproto(self) -> Any:
+        """The step as verl's ``DataProto`` when verl is installed, else a :class:`DataProtoLike`.
+
+        Columns written from a DataProto go back to their section; for other batches tensors go
+        to ``batch`` and everything else to ``non_tensor_batch``.
+        """
+        values = self.to_dict()
+        tensors = {n: v for n, v in values.items() if _section(self.schema[n]) == "batch"}
+        others = {n: v for n, v in values.items() if _section(self.schema[n]) != "batch"}
+        batch: Any = tensors or None
+        if tensors and importlib.util.find_spec("tensordict") is not None:
+            from tensordict import TensorDict
+
+            batch = TensorDict(tensors, batch_size=[len(self)])
+        if importlib.util.find_spec("verl") is not None:
+            from verl.protocol import DataProto
+
+            return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
+        return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
+
+    def __repr__(self) -> str:
+        from .display import step_repr
+
+        return step_repr(self)
+
+    def _repr_html_(self) -> str:
+        from .display import step_html
+
+        return step_html(self)
+
+
+def _section(spec: ColumnSpec) -> str:
+    if spec.section:
+        return spec.section
+    return "batch" if spec.container == "torch" else "non_tensor_batch"
+
+
+class LazyColumn:
+    """One column of a step, merged across mini-batches; index it to read rows.
+
+    ``col[5]`` one row, ``col[10:74]`` a slice, ``col[np.array([...])]`` chosen rows,
+    ``col[:]`` or ``col.read()`` everything. Only the chunks holding those rows are read.
+    """
+
+    def __init__(self, storage: Storage, step: int, parts: Sequence[Part], name: str, allow_pickle: bool):
+        self._storage = storage
+        self.step = step
+        self.name = name
+        self.spec = merged_spec([p.specs[name] for p in parts])
+        self._parts = [p.arrays[name] for p in parts]
+        # rows of mini-batches that stored this json column as plain strings
+        str_parts = [p.specs[name].kind == "str" for p in parts]
+        self._plain = np.repeat(str_parts, [p.rows for p in parts]) if self.spec.kind == "json" and any(str_parts) else None
+        self._allow_pickle = allow_pickle
+        self._lengths: np.ndarray | None = None
+        self._rows = sum(p.rows for p in parts)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        return sum(sum(a.sizes) for arrs in self._parts for a in arrs.values())
+
+    @property
+    def raw_nbytes(self) -> int:
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+
+    def read(self) -> Any:
+        return self[:]
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths of a jagged column (tokens, bytes or elements), read once."""
+        if not self.spec.jagged:
+            raise TypeError(f"column {self.name!r} is not jagged")
+        if self._lengths is None:
+            parts = [p["lengths"] for p in self._parts]
+            self._lengths = _read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
+        return self._lengths
+
+    def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> Any:
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            i = int(key) + (self._rows if key < 0 else 0)
+            if not 0 <= i < self._rows:
+                raise IndexError(f"column {self.name!r}: row {key} out of range for {self._rows} rows")
+            value = self._select(np.arange(i, i + 1))
+            if self.spec.kind == "nested":
+                return value.unbind()[0]
+            return value[0]
+        if isinstance(key, slice):
+            start, stop, stride = key.indices(self._rows)
+            if stride == 1:
+                return self._select_range(start, max(start, stop))
+            return self._select(np.arange(start, stop, stride))
+        idx = np.asarray(key)
+        if idx.dtype == bool:
+            if idx.shape != (self._rows,):
+                raise IndexError(f"column {self.name!r}: boolean mask of shape {idx.shape}, need ({self._rows},)")
+            idx = np.flatnonzero(idx)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise IndexError(f"column {self.name!r}: index with an int, a slice or a 1-d array of ints")
+        idx = idx.astype(np.int64)
+        idx = np.where(idx < 0, idx + self._rows, idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._rows):
+            raise IndexError(f"column {self.name!r}: row index out of range for {self._rows} rows")
+        return self._select(idx)
+
+    def _select_range(self, start: int, stop: int) -> Any:
+        spec = self.spec
+        if not spec.jagged:
+            data = _read_range(self._storage, [p["data"] for p in self._parts], start, stop,
+                               spec.storage_dtype, spec.storage_shape)
+            return restore(spec, {"data": data})
+        lengths = self.lengths()
+        offsets = _offsets(lengths)
+        values = _read_range(self._storage, [p["values"] for p in self._parts], int(offsets[start]),
+                             int(offsets[stop]), spec.storage_dtype, spec.storage_shape)
+        plain = None if self._plain is None else self._plain[start:stop]
+        return restore(spec, {"values": values, "lengths": lengths[start:stop]}, allow_pickle=self._allow_pickle, plain=plain)
+
+    def _select(self, idx: np.ndarray) -> Any:
+        spec = self.spec
+        if not spec.jagged:
+            data = _read_index(self._storage, [p["data"] for p in self._parts], idx,
+                               spec.storage_dtype, spec.storage_shape)
+            return restore(spec, {"data": data})
+        lengths = self.lengths()
+        offsets = _offsets(lengths)
+        sel = lengths[idx]
+        starts = offsets[idx]
+        # value positions of every selected row, in order: starts repeated, plus 0..len-1
+        within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
+        vidx = np.repeat(starts, sel) + within
+        values = _read_index(self._storage, [p["values"] for p in self._parts], vidx,
+                             spec.storage_dtype, spec.storage_shape)
+        plain = None if self._plain is None else self._plain[idx]
+        return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
+
+    def __repr__(self) -> str:
+        from .display import column_repr
+
+        return column_repr(self)
+
+    def _repr_html_(self) -> str:
+        from .display import column_html
+
+        return column_html(self)
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _check_shape(parts: Sequence[ArrayPart], trailing: tuple[int, ...]) -> None:
+    for a in parts:
+        if tuple(a.shape[1:]) != tuple(trailing):
+            raise SchemaMismatchError(
+                f"{a.where}: stored array {a.path} has trailing shape {a.shape[1:]}, expected {trailing}"
+            )
+
+
+def _read_range(
+    storage: Storage, parts: Sequence[ArrayPart], start: int, stop: int, dtype: np.dtype,
+    trailing: tuple[int, ...],
+) -> np.ndarray:
+    """Rows ``start:stop`` of arrays concatenated along axis 0, decoded into one output."""
+    _check_shape(parts, trailing)
+    out = np.empty((stop - start, *trailing), dtype=dtype)
+    jobs = []
+    base = 0
+    for a in parts:
+        lo, hi = max(start, base), min(stop, base + a.rows)
+        if lo < hi and a.sizes:
+            for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
+                c0 = base + c * a.chunk
+                c1 = min(c0 + a.chunk, base + a.rows)
+                s0, s1 = max(lo, c0), min(hi, c1)
+                jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start)))
+        base += a.rows
+    storage.run(_decode_jobs(storage, jobs, out))
+    return out
+
+
+def _read_index(
+    storage: Storage, parts: Sequence[ArrayPart], idx: np.ndarray, dtype: np.dtype,
+    trailing: tuple[int, ...],
+) -> np.ndarray:
+    """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
+    _check_shape(parts, trailing)
+    out = np.empty((len(idx), *trailing), dtype=dtype)
+    if not len(idx):
+        return out
+    starts = np.cumsum([0] + [a.rows for a in parts])
+    which = np.searchsorted(starts, idx, side="right") - 1
+    jobs = []
+    for p in np.unique(which):
+        a = parts[p]
+        if not a.sizes:
+            continue
+        sel = np.flatnonzero(which == p)
+        local = idx[sel] - starts[p]
+        chunk_of = local // a.chunk
+        for c in np.unique(chunk_of):
+            mine = chunk_of == c
+            n = min(a.chunk, a.rows - int(c) * a.chunk)
+            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine]))
+    storage.run(_decode_jobs(storage, jobs, out))
+    return out
+
+
+async def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray) -> None:
+    async def one(a: ArrayPart, c: int, n: int, src: Any, dst: Any) -> None:
+        key = a.key(c)
+        blob = await storage.aget(key)
+        where = f"{a.where}, chunk {storage.key_path(key)}"
+        if a.dtype == out.dtype and isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice):
+            target = out[dst]
+            await asyncio.to_thread(chunks.decode_into, blob, target, a.compression, stored_size=a.sizes[c], where=where)
+            return
+        tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+        await asyncio.to_thread(chunks.decode_into, blob, tmp, a.compression, stored_size=a.sizes[c], where=where)
+        out[dst] = tmp[src]
+
+    await gather_limited([lambda j=j: one(*j) for j in jobs])

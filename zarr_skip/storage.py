@@ -1,0 +1,247 @@
+"""The thin layer over a zarr Store: open a location, and synchronous, concurrent key I/O.
+
+Only :mod:`zarr_skip.cache`, :mod:`zarr_skip.writer`, :mod:`zarr_skip.lazy` and
+:mod:`zarr_skip.maintenance` use it; nothing here knows columns or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import LocalStore, MemoryStore
+
+from .errors import (
+    AtomicityError,
+    ConfigError,
+    MetadataError,
+    ReadOnlyCacheError,
+    StorageError,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_PROTO = default_buffer_prototype()
+#: requests in flight at once; object stores are latency-bound, local disks don't mind
+CONCURRENCY = 64
+
+
+def open_store(
+    location: str | os.PathLike[str] | Store,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    read_only: bool = False,
+) -> Store:
+    """A zarr Store for a path, a ``file://`` or ``s3://`` URL, or a Store object.
+
+    Plain paths use zarr's ``LocalStore`` (atomic temp-file + rename writes), never fsspec.
+    """
+    if isinstance(location, Store):
+        if read_only and not location.read_only and hasattr(location, "with_read_only"):
+            return location.with_read_only(True)
+        return location
+    text = os.fspath(location)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return LocalStore(Path(text).expanduser(), read_only=read_only)
+    if scheme == "file":
+        return LocalStore(Path(rest).expanduser(), read_only=read_only)
+    if scheme in ("s3", "s3a"):
+        from ._s3 import open_s3_store
+
+        return open_s3_store(text, dict(storage_options or {}), read_only)
+    if scheme == "memory":
+        raise ConfigError(
+            f"location: {text!r}: 'memory://' is fsspec's process-global filesystem; pass a "
+            "zarr.storage.MemoryStore() object instead"
+        )
+    raise ConfigError(
+        f"location: {text!r}: unsupported scheme {scheme!r} (use a path, file://, s3:// or a "
+        "zarr Store)"
+    )
+
+
+def describe(store: Store) -> str:
+    """A short human-readable name of the store's location, for messages."""
+    if isinstance(store, LocalStore):
+        return str(store.root)
+    return str(store)
+
+
+class Storage:
+    """Synchronous, concurrent access to the keys of one zarr Store.
+
+    Parameters
+    ----------
+    store : the zarr Store.
+    claim_settle : seconds to wait between writing a claim and reading it back; raise it on
+        shared filesystems whose exclusive create is unreliable (see ``docs/format.md``).
+    """
+
+    def __init__(self, store: Store, *, claim_settle: float = 0.0) -> None:
+        self.store = store
+        self.claim_settle = claim_settle
+        self.where = describe(store)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.store.read_only)
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return sync(coro)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def aget(self, key: str) -> bytes | None:
+        buf = await self.store.get(key, _PROTO)
+        return None if buf is None else buf.to_bytes()
+
+    def get(self, key: str) -> bytes | None:
+        return self.run(self.aget(key))
+
+    def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
+        return self.run(gather_limited([lambda k=k: self.aget(k) for k in keys]))
+
+    def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
+        """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
+        keys = list(keys)
+        return [parse_json(blob, self.key_path(k)) for k, blob in zip(keys, self.get_many(keys))]
+
+    def list_dir(self, prefix: str) -> list[str]:
+        """Names directly below ``prefix`` (keys and 'directories')."""
+
+        async def collect() -> list[str]:
+            return [name async for name in self.store.list_dir(prefix)]
+
+        return sorted(set(self.run(collect())))
+
+    def list_dirs(self, prefixes: Iterable[str]) -> list[list[str]]:
+        async def one(prefix: str) -> list[str]:
+            return sorted({name async for name in self.store.list_dir(prefix)})
+
+        return self.run(gather_limited([lambda p=p: one(p) for p in prefixes]))
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        async def collect() -> list[str]:
+            return [key async for key in self.store.list_prefix(prefix)]
+
+        return sorted(self.run(collect()))
+
+    def key_path(self, key: str) -> str:
+        """The key as a user would find it: a file path for local stores."""
+        if isinstance(self.store, LocalStore):
+            return str(Path(self.store.root) / key)
+        return f"{self.where}/{key}"
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _check_writable(self, key: str) -> None:
+        if self.read_only:
+            raise ReadOnlyCacheError(f"{self.key_path(key)}: the cache was opened read-only")
+
+    async def aset(self, key: str, data: bytes) -> None:
+        try:
+            await self.store.set(key, _PROTO.buffer.from_bytes(data))
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(key)) from exc
+
+    def set(self, key: str, data: bytes) -> None:
+        self._check_writable(key)
+        self.run(self.aset(key, data))
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        if items:
+            self._check_writable(next(iter(items)))
+        self.run(gather_limited([lambda k=k, v=v: self.aset(k, v) for k, v in items.items()]))
+
+    def create_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
+
+        ``data`` must be unique to the caller (it carries a writer token): the key is written
+        with the store's exclusive create, then read back, and the caller won only if the bytes
+        read are its own. That stays correct where the exclusive create is not (a store that
+        swallows the "exists" error, a shared mount that lets two creators through and keeps
+        the last): whoever's bytes remain is the one winner.
+        """
+        self._check_writable(key)
+        return self.run(self._create_if_absent(key, data))
+
+    async def _create_if_absent(self, key: str, data: bytes) -> bool:
+        store = self.store
+        try:
+            if isinstance(store, (LocalStore, MemoryStore)):
+                await store.set_if_not_exists(key, _PROTO.buffer.from_bytes(data))
+            else:
+                from ._s3 import create_if_absent
+
+                if not await create_if_absent(store, key, data):
+                    return False
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(key)) from exc
+        except NotImplementedError:
+            raise AtomicityError(
+                f"{self.where}: {type(store).__name__} cannot create keys exclusively, so "
+                "concurrent writers would be unsafe; use a LocalStore path, s3:// or MemoryStore"
+            ) from None
+        if self.claim_settle:
+            await asyncio.sleep(self.claim_settle)
+        return await self.aget(key) == data
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key below ``prefix`` (a 'directory')."""
+        self._check_writable(prefix)
+        try:
+            self.run(self.store.delete_dir(prefix))
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(prefix)) from exc
+
+    def delete(self, key: str) -> None:
+        self._check_writable(key)
+        self.run(self.store.delete(key))
+
+
+async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY) -> list[T]:
+    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order."""
+    if len(factories) <= 1:
+        return [await f() for f in factories]
+    sem = asyncio.Semaphore(limit)
+
+    async def bounded(f: Callable[[], Awaitable[T]]) -> T:
+        async with sem:
+            return await f()
+
+    return list(await asyncio.gather(*(bounded(f) for f in factories)))
+
+
+def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
+    if blob is None:
+        return None
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetadataError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise MetadataError(f"{where}: expected a JSON object")
+    return doc
+
+
+def storage_error(exc: OSError, where: str) -> Exception:
+    """Map an OSError from the store to a typed error naming the location."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ReadOnlyCacheError(f"{where}: the location refuses writes ({exc.strerror})")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        err = StorageError(f"{where}: no space left on the device")
+    else:
+        err = StorageError(f"{where}: write failed ({exc})")
+    err.errno = exc.errno
+    return err
