@@ -1,0 +1,111 @@
+"""Crash safety with real processes: writers killed with SIGKILL at random moments."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zarr_skip as zs
+from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch
+
+KILLS = 50
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Any:
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "zarr", "zarr_skip", "_workers"])
+    return context
+
+
+def test_sigkill_at_random_points_never_yields_a_wrong_complete_step(
+    ctx: Any, tmp_path: Path, fingerprint: dict
+) -> None:
+    location = str(tmp_path / "cache")
+    rng = random.Random(1234)
+    mid_step = 0
+    for kill in range(KILLS):
+        ready = ctx.Event()
+        run = f"run{kill:03d}"
+        proc = ctx.Process(target=crash_writer, args=(location, fingerprint, run, STEPS, ready), daemon=True)
+        proc.start()
+        assert ready.wait(60), "writer did not start"
+        time.sleep(rng.uniform(0.0, 0.25))
+        proc.kill()
+        proc.join(10)
+        assert proc.exitcode == -9
+        complete, incomplete = check_complete_steps(location, fingerprint)
+        mid_step += incomplete > 0
+        if complete == STEPS:  # start over so every kill lands during writes
+            zs.open_cache(location, fingerprint).gc(keep_last=0)
+    assert mid_step >= KILLS * 0.6, f"only {mid_step} of {KILLS} kills landed while a step was being written"
+    # a new run completes whatever the killed ones left behind
+    cache = zs.open_cache(location, fingerprint, run_id="final")
+    for step in range(STEPS):
+        if step not in cache.steps():
+            for _ in range(expected_of(step)):
+                cache.write(step, minibatch("final", step, "x"), expected=expected_of(step))
+    assert cache.steps() == list(range(STEPS))
+    assert check_complete_steps(location, fingerprint) == (STEPS, 0)
+
+
+@pytest.mark.parametrize("writers", [4])
+def test_concurrent_writers_of_one_run_fill_each_step_exactly(
+    ctx: Any, tmp_path: Path, fingerprint: dict, writers: int
+) -> None:
+    location, steps, expected = str(tmp_path / "cache"), 6, 5
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=append_writer, args=(location, fingerprint, "shared-run", steps, expected, out))
+        for _ in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    written = [item for _ in procs for item in out.get(timeout=120)]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    cache = zs.open_cache(location, fingerprint, read_only=True)
+    assert cache.steps() == list(range(steps))
+    assert len(written) == steps * expected
+    for step in range(steps):
+        view = cache.load(step)
+        stored = [(step, mb.parts[0].index, mb["token"][0]) for mb in view.minibatches]
+        assert sorted(stored) == sorted(w for w in written if w[0] == step)
+        assert [s[1] for s in stored] == list(range(expected))
+    assert len({(w[0], w[2]) for w in written}) == len(written)  # no mini-batch written twice
+
+
+def test_interrupted_run_then_new_run_holds_only_the_new_runs_data(
+    ctx: Any, tmp_path: Path, fingerprint: dict
+) -> None:
+    """verl's review case: 4 mini-batches expected, the run dies after 2, a new run redoes it."""
+    location = str(tmp_path / "cache")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_write_two_then_hang, args=(location, fingerprint, ready))
+    proc.start()
+    assert ready.wait(60)
+    proc.kill()
+    proc.join(10)
+    cache = zs.open_cache(location, fingerprint, run_id="second")
+    (info,) = cache.status()
+    assert info.state == "abandoned" and info.done == 2
+    for _ in range(4):
+        cache.write(3, minibatch("second", 3, "x"), expected=4)
+    view = cache.load(3)
+    assert {p.run for p in view.parts} == {"second"} and len(view.parts) == 4
+    assert set(view["run"][:]) == {"second"}
+
+
+def _write_two_then_hang(location: str, fingerprint: dict, ready: Any) -> None:
+    cache = zs.open_cache(location, fingerprint, run_id="first")
+    for _ in range(2):
+        cache.write(3, minibatch("first", 3, "x"), expected=4)
+    ready.set()
+    time.sleep(600)
