@@ -20,6 +20,7 @@ from .errors import (
     FormatVersionError,
     IncompleteStepError,
     MetadataError,
+    MissingDataError,
     ReadOnlyCacheError,
     StepNotFoundError,
 )
@@ -322,6 +323,16 @@ class Cache:
         if not scan.runs and not scan.parts and scan.summary is None and not scan.strays:
             raise StepNotFoundError(self._missing(step))
         info = scan.info(time.time(), self.lease)
+        if not info.complete and scan.summary is not None and scan.summary.get("run") == info.run:
+            lost = [
+                self._storage.key_path(layout.meta_key(layout.join(path, run, name)))
+                for run, name in scan.broken
+                if run == info.run
+            ]
+            raise MissingDataError(
+                f"step {step} was recorded complete but {info.expected - info.done} mini-batch(es) "
+                f"lost their metadata: {', '.join(lost) or 'deleted'}"
+            )
         if not info.complete:
             raise IncompleteStepError(
                 f"step {step} is {info.state}: {info.done} of {info.expected} mini-batches complete "

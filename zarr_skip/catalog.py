@@ -11,7 +11,7 @@ from typing import Any
 from . import layout
 from .errors import MetadataError
 from .state import PartRecord, RunRecord, StepInfo, step_info, summary_info
-from .storage import Storage
+from .storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +72,16 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     step_docs = storage.get_many([layout.meta_key(s.path) for s in scans])
     run_paths: list[tuple[StepScan, str, str]] = []
     for scan, names, blob in zip(scans, listings, step_docs):
-        scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)))
+        try:
+            scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)))
+        except MetadataError as exc:  # only a cache for fast status: the parts decide
+            logger.warning("ignoring a damaged step summary: %s", exc)
         run_paths += [(scan, n, layout.join(scan.path, n)) for n in _children(names)]
     run_docs = storage.get_many([layout.meta_key(p) for _, _, p in run_paths])
     part_listings = storage.list_dirs([p for _, _, p in run_paths])
     part_paths: list[tuple[StepScan, str, str, str]] = []
     for (scan, name, path), blob, names in zip(run_paths, run_docs, part_listings):
-        record = _run_record(blob, storage.key_path(layout.meta_key(path)))
+        record = run_record(blob, storage.key_path(layout.meta_key(path)))
         if record is None or record.run != name:
             scan.strays.append(name)
             continue
@@ -123,17 +126,13 @@ def step_infos(
 
 
 def _summary(blob: bytes | None, where: str) -> dict[str, Any] | None:
-    from .storage import parse_json
-
     summary = attribute(parse_json(blob, where), layout.STEP_ATTR, where)
     if summary is not None and not {"run", "expected", "rows", "nbytes"} <= summary.keys():
         raise MetadataError(f"{where}: step summary lacks required fields")
     return summary
 
 
-def _run_record(blob: bytes | None, where: str) -> RunRecord | None:
-    from .storage import parse_json
-
+def run_record(blob: bytes | None, where: str) -> RunRecord | None:
     try:
         doc = attribute(parse_json(blob, where), layout.RUN_ATTR, where)
         return None if doc is None else RunRecord.from_json(doc)
@@ -143,8 +142,6 @@ def _run_record(blob: bytes | None, where: str) -> RunRecord | None:
 
 
 def _part_record(blob: bytes | None, where: str) -> PartRecord | None:
-    from .storage import parse_json
-
     try:
         doc = attribute(parse_json(blob, where), layout.PART_ATTR, where)
         return None if doc is None else PartRecord.from_json(doc)

@@ -90,6 +90,15 @@ def canonical_json(value: Any) -> str:
         raise ConfigError(f"fingerprint: values must be JSON-able ({exc})") from None
 
 
+def doc_checksum(doc: Mapping[str, Any]) -> str:
+    """crc32c of a metadata document's canonical JSON, its own ``checksum`` field left out."""
+    import crc32c
+
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return f"{crc32c.crc32c(text.encode()):08x}"
+
+
 def normalize_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint as stored: a plain JSON round trip, so comparisons are exact."""
     return json.loads(canonical_json(dict(fingerprint)))

@@ -59,6 +59,11 @@ class Part:
 
     @classmethod
     def from_doc(cls, step: int, path: str, doc: Mapping[str, Any]) -> Part:
+        if doc.get("checksum") != layout.doc_checksum(doc):
+            raise MetadataError(
+                f"step {step}, mini-batch {doc.get('index')}: metadata checksum mismatch at {path} "
+                "(the zarr.json was altered after it was written)"
+            )
         try:
             index = int(doc["index"])
             compression = chunks.Compression(**doc["compression"])

@@ -162,7 +162,9 @@ def gc(
     steps = list_steps(storage, exp) if exp else []
     scans = scan_steps(storage, exp, steps) if exp else []
     complete = [s.step for s in scans if s.info(now, cache.lease).complete]
-    retired = set(complete[:-keep_last] if keep_last else complete) - pinned if keep_last is not None else set()
+    retired: set[int] = set()
+    if keep_last is not None:
+        retired = set(complete[: len(complete) - keep_last]) - pinned
     for scan in scans:
         info = scan.info(now, cache.lease)
         if scan.step in retired:

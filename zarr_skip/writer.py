@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import chunks, layout
-from .catalog import StepScan, group_doc, scan_step
+from .catalog import StepScan, group_doc, run_record, scan_step
 from .columns import ColumnSpec, EncodedBatch, check_same_schema
 from .errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from .state import HOST, RunRecord, owner
@@ -133,6 +133,7 @@ def write_part(
             compression=compression.to_json(),
             columns=manifest,
         )
+        done["checksum"] = layout.doc_checksum(done)
         storage.set(layout.meta_key(part_path), group_doc({layout.PART_ATTR: done}))
     except BaseException:
         _discard(storage, part_path)
@@ -299,16 +300,13 @@ async def _put_all(
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
     """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
-    from .catalog import _run_record  # noqa: PLC0415 - one reader of run records
-    from .storage import parse_json  # noqa: F401
-
     names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
     if ctx.run not in names:
         raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
     others = [n for n in names if n != ctx.run]
     blobs = storage.get_many([layout.meta_key(layout.join(step_path, n)) for n in others])
     for name, blob in zip(others, blobs):
-        rec = _run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
+        rec = run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
         if rec is not None and (rec.started, rec.run) > (ctx.started, ctx.run):
             raise DisplacedWriterError(
                 f"{where}: run {rec.run} took the step over while this run ({ctx.run}) was writing"

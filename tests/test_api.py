@@ -1,0 +1,48 @@
+"""The public surface: a sorted, pinned ``__all__`` and an exception tree that refines builtins."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import zarr_skip
+from zarr_skip import errors
+
+PUBLIC = [
+    "AmbiguousExperimentError", "AtomicityError", "Cache", "ChecksumError", "ColumnSpec",
+    "Compression", "ConfigError", "CorruptCacheError", "DataProtoLike", "DisplacedWriterError",
+    "ExperimentNotFoundError", "FingerprintMismatchError", "FormatVersionError",
+    "GroupMismatchError", "IncompleteStepError", "LazyColumn", "MetadataError", "MissingDataError",
+    "PartInfo", "ReadOnlyCacheError", "SchemaMismatchError", "StepCompleteError", "StepInfo",
+    "StepNotFoundError", "StepView", "StorageError", "UnsafePickleError", "UnsupportedColumnError",
+    "ZarrSkipError", "__version__", "errors", "open_cache",
+]
+
+
+def test_all_is_sorted_and_pinned() -> None:
+    assert zarr_skip.__all__ == sorted(zarr_skip.__all__)
+    assert zarr_skip.__all__ == PUBLIC
+    for name in zarr_skip.__all__:
+        assert hasattr(zarr_skip, name)
+
+
+def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
+    pairs = {
+        errors.StepNotFoundError: KeyError, errors.SchemaMismatchError: ValueError,
+        errors.UnsupportedColumnError: TypeError, errors.ReadOnlyCacheError: PermissionError,
+        errors.StorageError: OSError, errors.MissingDataError: FileNotFoundError,
+        errors.StepCompleteError: FileExistsError, errors.UnsafePickleError: pickle.UnpicklingError,
+        errors.IncompleteStepError: LookupError, errors.ChecksumError: ValueError,
+    }
+    for cls, builtin in pairs.items():
+        assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.ZarrSkipError)
+    assert str(errors.StepNotFoundError("step 3 not found")) == "step 3 not found"  # no KeyError quotes
+
+
+def test_importing_zarr_skip_imports_no_optional_heavyweights() -> None:
+    code = "import sys, zarr_skip; print(sorted(m for m in ('verl', 'tensordict', 'matplotlib', 's3fs', 'obstore', 'ray', 'transfer_queue') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,115 @@
+"""Damaged caches give typed errors naming what and where, never wrong data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zarr_skip as zs
+from conftest import make_batch
+
+
+@pytest.fixture
+def written(tmp_path: Path, fingerprint: dict) -> tuple[Path, zs.Cache, Any]:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(5, make_batch(6, seed=1), expected=2)
+    info = cache.write(5, make_batch(6, seed=2), expected=2)
+    cache.write(6, make_batch(3, seed=3))
+    return tmp_path, cache, info
+
+
+def chunk_file(root: Path, info: Any, column: str) -> Path:
+    files = sorted(p for p in (root / info.path / column).rglob("c/*") if p.is_file())
+    files = files or sorted(p for p in (root / info.path / column).rglob("*") if p.is_file() and "/c/" in str(p))
+    assert files
+    return files[0]
+
+
+def test_flipped_byte_raises_checksum_error_naming_everything(written: Any) -> None:
+    root, cache, info = written
+    path = chunk_file(root, info, "input_ids")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    view = cache.load(5)
+    with pytest.raises(zs.ChecksumError) as exc:
+        view["input_ids"][:]
+    msg = str(exc.value)
+    assert "step 5" in msg and "mini-batch 1" in msg and "'input_ids'" in msg and str(path) in msg
+    assert view["uid"][:]  # other columns still read
+    report = cache.verify()
+    assert not report.ok and report.steps == (5, 6)
+    (problem,) = report.problems
+    assert (problem.step, problem.minibatch, problem.column, problem.path) == (5, 1, "input_ids", str(path))
+    assert problem.kind == "ChecksumError"
+
+
+def test_every_single_bit_flip_in_a_chunk_is_caught(written: Any) -> None:
+    root, cache, info = written
+    path = chunk_file(root, info, "responses/values")
+    good = path.read_bytes()
+    for pos in range(0, len(good), max(1, len(good) // 40)):
+        bad = bytearray(good)
+        bad[pos] ^= 0x80
+        path.write_bytes(bytes(bad))
+        with pytest.raises(zs.CorruptCacheError):
+            cache.load(5)["responses"][:]
+    path.write_bytes(good)
+    cache.load(5)["responses"][:]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "empty"])
+def test_missing_or_truncated_chunk(written: Any, damage: str) -> None:
+    root, cache, info = written
+    path = chunk_file(root, info, "old_log_probs")
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-7])
+    elif damage == "delete":
+        path.unlink()
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(zs.MissingDataError, match=r"step 5, mini-batch 1, column 'old_log_probs'") as exc:
+        cache.load(5)["old_log_probs"][:]
+    assert isinstance(exc.value, FileNotFoundError)
+    assert [p.kind for p in cache.verify(5).problems] == ["MissingDataError"]
+
+
+def test_deleted_minibatch_metadata(written: Any) -> None:
+    root, cache, info = written
+    (root / info.path / "zarr.json").unlink()
+    with pytest.raises(zs.MissingDataError, match=r"step 5 was recorded complete"):
+        cache.load(5)
+    assert cache.load(6)["uid"][:]  # the rest still loads
+
+
+def test_garbage_minibatch_metadata(written: Any) -> None:
+    root, cache, info = written
+    (root / info.path / "zarr.json").write_bytes(b"\x00garbage{")
+    with pytest.raises(zs.MissingDataError):
+        cache.load(5)
+    problems = cache.verify(5).problems
+    assert problems and problems[0].kind == "metadata"
+
+
+def test_altered_minibatch_metadata_fails_its_checksum(written: Any) -> None:
+    root, cache, info = written
+    meta = root / info.path / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["zarr_skip.part"]["columns"]["input_ids"]["arrays"]["data"]["shape"][0] = 5
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(zs.MetadataError, match="checksum mismatch"):
+        cache.load(5)
+
+
+def test_garbage_step_and_root_metadata(written: Any) -> None:
+    root, cache, info = written
+    step_meta = root / "exp_proj/GBS4_N2_in8_out16/5/zarr.json"
+    step_meta.write_text("not json")
+    assert len(cache.load(5)) == 12  # the summary is only a cache: the mini-batches decide
+    assert [i.complete for i in cache.status()] == [True, True]
+    (root / "zarr.json").write_text("{{{")
+    with pytest.raises(zs.MetadataError, match=r"zarr.json: not valid JSON"):
+        zs.open_cache(root)

@@ -1,0 +1,92 @@
+"""A full disk and a read-only location: clear errors, nothing marked complete, old data intact."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from zarr.storage import LocalStore
+
+import zarr_skip as zs
+from conftest import assert_equal, make_batch
+
+
+def _mount_tmpfs(path: Path, size: str) -> str | None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip() or "mount failed")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    reason = _mount_tmpfs(mnt, "1m")
+    if reason is not None:
+        pytest.skip(f"cannot mount a tmpfs here ({reason}); the ENOSPC store wrapper test covers this")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def big_batch() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {"noise": torch.randint(0, 2**62, (512, 512), generator=g)}  # ~2 MiB, incompressible
+
+
+def test_disk_full_on_a_real_tmpfs(small_disk: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(small_disk, fingerprint)
+    small = make_batch(4)
+    cache.write(1, small)
+    with pytest.raises(zs.StorageError, match="no space left") as exc:
+        cache.write(2, big_batch())
+    assert exc.value.errno == errno.ENOSPC
+    reader = zs.open_cache(small_disk)
+    assert reader.steps() == [1]
+    assert all(i.step == 1 or not i.complete for i in reader.status())
+    assert_equal(reader.load(1).to_dict(), small)
+
+
+class FullStore(LocalStore):
+    """A LocalStore whose chunk writes fail with ENOSPC once armed."""
+
+    armed = False
+
+    async def set(self, key: str, value: Any) -> None:
+        if self.armed and "/c/" in key:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await super().set(key, value)
+
+
+def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) -> None:
+    store = FullStore(tmp_path)
+    cache = zs.open_cache(store, fingerprint)
+    cache.write(1, make_batch(4))
+    store.armed = True
+    with pytest.raises(zs.StorageError, match="no space left"):
+        cache.write(2, make_batch(4), expected=2)
+    store.armed = False
+    assert cache.steps() == [1]
+    assert not (tmp_path / cache.experiment / "2" / cache.run_id / "0").exists()  # no debris
+
+
+def test_read_only_location(tmp_path: Path, fingerprint: dict) -> None:
+    mnt = tmp_path / "ro"
+    reason = _mount_tmpfs(mnt, "4m")
+    if reason is not None:
+        pytest.skip(f"cannot mount a tmpfs here ({reason})")
+    try:
+        zs.open_cache(mnt, fingerprint).write(1, make_batch(4))
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with pytest.raises(zs.ReadOnlyCacheError, match="refuses writes"):
+            zs.open_cache(mnt, fingerprint).write(2, make_batch(4))
+        with pytest.raises(zs.ReadOnlyCacheError):
+            zs.open_cache(mnt, dict(fingerprint, n=3))
+        assert zs.open_cache(mnt).steps() == [1]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

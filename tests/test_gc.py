@@ -1,0 +1,104 @@
+"""gc: dead data goes, live writers and complete steps (outside retention) stay."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import zarr_skip as zs
+from conftest import make_batch
+
+
+def age_records(root: Path, seconds: float) -> None:
+    """Make every writer record look like another host's, silent for ``seconds``."""
+    for meta in root.rglob("zarr.json"):
+        doc = json.loads(meta.read_text())
+        attrs = doc.get("attributes", {})
+        for key in ("zarr_skip.part", "zarr_skip.run"):
+            if key in attrs:
+                rec = attrs[key]
+                rec["host"] = "elsewhere"
+                for field in ("heartbeat", "created"):
+                    if field in rec:
+                        rec[field] -= seconds
+                rec.pop("checksum", None)
+                if key == "zarr_skip.part" and rec.get("state") == "complete":
+                    from zarr_skip.layout import doc_checksum
+
+                    rec["checksum"] = doc_checksum(rec)
+        meta.write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, fingerprint: dict) -> zs.Cache:
+    c = zs.open_cache(tmp_path, fingerprint, lease=30)
+    for step in (1, 2, 3, 4):
+        c.write(step, make_batch(3, seed=step))
+    c.write(5, make_batch(3), expected=3)  # left partial
+    return c
+
+
+def test_abandoned_vs_writing(cache: zs.Cache, tmp_path: Path) -> None:
+    assert cache.status()[-1].state == "writing"  # this process is alive
+    age_records(tmp_path, 10)
+    assert cache.status()[-1].state == "writing"  # heartbeat within the lease
+    age_records(tmp_path, 60)
+    assert cache.status()[-1].state == "abandoned"
+
+
+def test_gc_dry_run_then_real(cache: zs.Cache, tmp_path: Path) -> None:
+    age_records(tmp_path, 120)
+    partial = tmp_path / cache.experiment / "2" / "zarr.0123abcd.partial"
+    partial.write_bytes(b"x")
+    old = time.time() - 3600
+    os.utime(partial, (old, old))
+    report = cache.gc(dry_run=True)
+    assert report.dry_run
+    assert sorted(r.reason.split(":")[0] for r in report.removed) == ["abandoned", "temp file of a killed writer"]
+    assert partial.exists() and [i.step for i in cache.status()] == [1, 2, 3, 4, 5]
+    report = cache.gc()
+    assert not partial.exists()
+    assert [i.step for i in cache.status()] == [1, 2, 3, 4]
+
+
+def test_gc_keeps_live_writers_and_fresh_temp_files(cache: zs.Cache, tmp_path: Path) -> None:
+    fresh = tmp_path / cache.experiment / "5" / "zarr.feedbeef.partial"
+    fresh.write_bytes(b"x")
+    report = cache.gc()
+    assert report.removed == () and report.kept_writing == (5,)
+    assert fresh.exists()
+
+
+def test_retention_keep_last_and_pin(cache: zs.Cache) -> None:
+    report = cache.gc(keep_last=2, pin=[1], dry_run=True)
+    assert sorted(r.step for r in report.removed) == [2]
+    cache.gc(keep_last=2, pin=[1])
+    assert cache.steps() == [1, 3, 4]
+    with pytest.raises(zs.ConfigError, match="keep_last"):
+        cache.gc(keep_last=-1)
+
+
+def test_gc_removes_displaced_runs_leftovers(tmp_path: Path, fingerprint: dict) -> None:
+    old = zs.open_cache(tmp_path, fingerprint)
+    new = zs.open_cache(tmp_path, fingerprint)
+    new.write(7, make_batch(2), expected=2)
+    # a displaced writer that kept going leaves a mini-batch the owner does not count
+    run_dir = tmp_path / new.experiment / "7" / old.run_id
+    (run_dir / "0").mkdir(parents=True)
+    (run_dir / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {
+        "zarr_skip.run": {"run": old.run_id, "started": 1.0, "created": 1.0, "expected": 2, "host": "elsewhere", "pid": 1}}}))
+    info = new.status()[0]
+    assert info.stale_runs == (old.run_id,) and info.run == new.run_id
+    report = new.gc()
+    assert [r.path.rsplit("/", 1)[-1] for r in report.removed] == [old.run_id]
+    assert not run_dir.exists()
+
+
+def test_gc_needs_a_writable_handle(cache: zs.Cache, tmp_path: Path) -> None:
+    with pytest.raises(zs.ReadOnlyCacheError):
+        zs.open_cache(tmp_path).gc()
+    assert zs.open_cache(tmp_path).gc(dry_run=True).dry_run
