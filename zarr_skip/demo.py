@@ -1,0 +1,142 @@
+"""The main job end to end: write a realistic rollout cache, crash a writer, reload, report.
+
+``python -m zarr_skip.demo --out demo_cache`` (what ``make demo`` runs):
+
+1. writes steps 1..5 of synthetic GRPO rollouts (jagged responses, log-probs, tags, keys), each
+   as 4 mini-batches, the way a separate-async trainer samples them;
+2. starts a second writer process for step 6 and kills it (SIGKILL) after 2 of its 4
+   mini-batches, leaving a partial step as a crashed run would;
+3. reopens the cache read-only, prints the status table and a summary of one step, and checks
+   a few values against what was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import open_cache
+from .display import human_bytes
+from .synthetic import Preset, as_mapping, jagged_payload
+
+FINGERPRINT = {
+    "experiment_name": "demo",
+    "project_name": "zarr_skip",
+    "gen_batch_size": 64,
+    "n": 8,
+    "max_prompt_length": 512,
+    "max_response_length": 2048,
+    "role": "rollout_tq",
+}
+PRESET = Preset(rows=128, max_prompt=512, max_response=2048, n=8)
+MINIBATCHES = 4
+
+
+def minibatches(step: int) -> list[dict[str, Any]]:
+    """One step's 4 mini-batches (a separate-async trainer samples them one by one)."""
+    payload = as_mapping(jagged_payload(PRESET, seed=0, step=step, non_tensor=True))
+    rows = len(payload["keys"])
+    cuts = np.linspace(0, rows, MINIBATCHES + 1).astype(int)
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        mb = {}
+        for name, value in payload.items():
+            if hasattr(value, "is_nested") and value.is_nested:
+                off = value.offsets()
+                mb[name] = torch.nested.nested_tensor_from_jagged(
+                    value.values()[int(off[a]) : int(off[b])].clone(), offsets=off[a : b + 1] - off[a]
+                )
+            else:
+                mb[name] = value[a:b]
+        out.append(mb)
+    return out
+
+
+def write_steps(location: Path, steps: range) -> None:
+    cache = open_cache(location, FINGERPRINT)
+    for step in steps:
+        for mb in minibatches(step):
+            cache.write(step, mb, expected=MINIBATCHES, meta_info={"global_steps": step})
+
+
+def crashed_writer(location: Path, step: int) -> None:
+    """Child process: write 2 of 4 mini-batches of ``step``, then wait to be killed."""
+    cache = open_cache(location, FINGERPRINT)
+    for mb in minibatches(step)[:2]:
+        cache.write(step, mb, expected=MINIBATCHES, meta_info={"global_steps": step})
+    print("ready", flush=True)
+    time.sleep(600)
+
+
+def status_table(location: Path) -> str:
+    cache = open_cache(location)
+    lines = [f"{'step':>5} {'state':<10} {'minibatches':>11} {'rows':>6} {'stored':>10} {'ratio':>6}"]
+    for i in cache.status():
+        lines.append(
+            f"{i.step:>5} {i.state:<10} {f'{i.done}/{i.expected}':>11} {i.rows:>6} "
+            f"{human_bytes(i.nbytes):>10} {i.ratio:>5.1f}x"
+        )
+    return "\n".join(lines)
+
+
+def step_summary(location: Path, step: int) -> str:
+    view = open_cache(location).load(step)
+    lines = [f"step {step}: {len(view)} rows in {len(view.parts)} mini-batches, "
+             f"{human_bytes(view.nbytes)} stored ({human_bytes(view.raw_nbytes)} raw)"]
+    for name, spec in view.schema.items():
+        col = view[name]
+        lines.append(f"  {name:<15} {spec.kind:<7} {spec.dtype:<8} {human_bytes(col.nbytes):>10}")
+    lengths = view["responses"].lengths()
+    lines.append(f"  response length: median {int(np.median(lengths))}, max {int(lengths.max())}, "
+                 f"{(lengths == PRESET.max_response).mean():.0%} hit the maximum")
+    lines.append(f"  first key: {view['keys'][0]}  tag: {view['tags'][0]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("demo_cache"))
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        crashed_writer(args.out, args.child)
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    shutil.rmtree(args.out, ignore_errors=True)
+    t0 = time.perf_counter()
+    write_steps(args.out, range(1, 6))
+    print(f"wrote steps 1-5 ({MINIBATCHES} mini-batches each) in {time.perf_counter() - t0:.1f} s")
+    child = subprocess.Popen([sys.executable, "-m", "zarr_skip.demo", "--out", str(args.out), "--child", "6"],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        raise SystemExit("the writer of step 6 did not start")
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    print("killed the writer of step 6 after 2 of 4 mini-batches\n")
+    print(status_table(args.out), "\n")
+    print(step_summary(args.out, 3), "\n")
+    cache = open_cache(args.out)
+    assert cache.steps() == [1, 2, 3, 4, 5], cache.steps()
+    assert cache.status()[-1].state == "abandoned"
+    want = minibatches(3)[1]
+    got = cache.load(3).minibatches[1]
+    assert got["keys"][:] == want["keys"] and (got["responses"][5] == want["responses"].unbind()[5]).all()
+    print(f"cache.resolve(6, 'repeat') -> {cache.resolve(6, 'repeat')}  (step 6 is partial)")
+    print(f"ok: {args.out} holds 5 complete steps and one abandoned step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
