@@ -236,7 +236,10 @@ def test_zero_rows_and_empty_strings(location: Any, fingerprint: dict) -> None:
 def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, batch: dict) -> None:
     cache = zs.open_cache(tmp_path, fingerprint)
     info = cache.write(1, batch)
-    group = zarr.open_group(tmp_path, mode="r")[info.path]
+    part = zarr.open_group(tmp_path, mode="r")[info.path]
+    (data_name,) = list(part.group_keys())  # the writer's own data group
+    assert data_name == part.attrs["zarr_skip.part"]["data"]
+    group = part[data_name]
     assert np.array_equal(group["input_ids"][:], batch["input_ids"].numpy())
     assert np.array_equal(group["responses/values"][:], batch["responses"].values().numpy())
     assert group["bf16"].dtype == np.dtype("uint16")

@@ -67,13 +67,14 @@ class Part:
         try:
             index = int(doc["index"])
             compression = chunks.Compression(**doc["compression"])
+            data = layout.join(path, str(doc["data"]))
             specs, arrays = {}, {}
             for name, entry in doc["columns"].items():
                 specs[name] = ColumnSpec.from_json(name, entry)
                 multi = len(entry["arrays"]) > 1
                 arrays[name] = {
                     aname: ArrayPart(
-                        path=layout.join(path, name, aname if multi else ""),
+                        path=layout.join(data, name, aname if multi else ""),
                         dtype=np.dtype(a["dtype"]),
                         shape=tuple(a["shape"]),
                         chunk=int(a["chunk"]),

@@ -34,7 +34,7 @@ from .catalog import StepScan, group_doc, run_record, scan_step
 from .columns import ColumnSpec, EncodedBatch, check_same_schema
 from .errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from .state import HOST, RunRecord, owner
-from .storage import Storage, gather_limited
+from .storage import Storage, gather_limited, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,9 @@ class _Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
+            if not _holds(self._storage, self._key, self._doc):
+                logger.warning("heartbeat of %s stopped: the record names another writer", self._key)
+                return
             doc = dict(self._doc, heartbeat=time.time())
             try:
                 self._storage.set(self._key, group_doc({layout.PART_ATTR: doc}))
@@ -113,34 +116,57 @@ def write_part(
             [c.spec for c in batch.columns], theirs, f"step {step}, new mini-batch vs mini-batch {first.index}"
         )
     run_path = layout.join(step_path, ctx.run)
-    index, claim = _claim(storage, step, run_path, scan, ctx, expected)
-    part_path = layout.join(run_path, str(index))
-    where = f"step {step}, mini-batch {index}"
-    try:
-        with _Heartbeat(storage, layout.meta_key(part_path), claim, max(lease / 4, 0.05)):
-            manifest, nbytes, raw = _write_arrays(storage, part_path, batch, compression, chunk_bytes)
-        _check_owner(storage, step_path, ctx, where)
-        done = dict(
-            claim,
-            state="complete",
-            heartbeat=time.time(),
-            completed=time.time(),
-            rows=batch.rows,
-            nbytes=nbytes,
-            raw_nbytes=raw,
-            batch_type=batch.batch_type,
-            meta_info=batch.meta_info,
-            compression=compression.to_json(),
-            columns=manifest,
-        )
-        done["checksum"] = layout.doc_checksum(done)
-        storage.set(layout.meta_key(part_path), group_doc({layout.PART_ATTR: done}))
-    except BaseException:
-        _discard(storage, part_path)
-        raise
+    taken = {p.index for p in scan.parts if p.run == ctx.run}
+    taken |= {int(name) for run, name in scan.broken if run == ctx.run and name.isdigit()}
+    while True:
+        index, claim = _claim(storage, step, run_path, taken, ctx, expected)
+        taken.add(index)
+        part_path = layout.join(run_path, str(index))
+        record_key = layout.meta_key(part_path)
+        data_path = layout.join(part_path, claim["data"])
+        where = f"step {step}, mini-batch {index}"
+        try:
+            with _Heartbeat(storage, record_key, claim, max(lease / 4, 0.05)):
+                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, compression, chunk_bytes)
+            _check_owner(storage, step_path, ctx, where)
+            if not _holds(storage, record_key, claim):
+                # two writers both "won" the exclusive create (seen on shared FUSE mounts);
+                # the record names the other one: give the index up, our data is our own
+                logger.warning("%s: claimed by another writer at the same time; retrying", where)
+                _discard(storage, data_path)
+                continue
+            done = dict(
+                claim,
+                state="complete",
+                heartbeat=time.time(),
+                completed=time.time(),
+                rows=batch.rows,
+                nbytes=nbytes,
+                raw_nbytes=raw,
+                batch_type=batch.batch_type,
+                meta_info=batch.meta_info,
+                compression=compression.to_json(),
+                columns=manifest,
+            )
+            done["checksum"] = layout.doc_checksum(done)
+            storage.set(record_key, group_doc({layout.PART_ATTR: done}))
+        except BaseException:
+            _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
+            raise
+        break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx)
     return PartInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+
+
+def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
+    """Whether the record at ``key`` is still this writer's claim."""
+    try:
+        doc = parse_json(storage.get(key), key)
+    except (OSError, ZarrSkipError):
+        return False
+    rec = (doc or {}).get("attributes", {}).get(layout.PART_ATTR) or {}
+    return rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"]
 
 
 def _take_over(
@@ -206,10 +232,8 @@ def _take_over(
 
 
 def _claim(
-    storage: Storage, step: int, run_path: str, scan: StepScan, ctx: RunContext, expected: int
+    storage: Storage, step: int, run_path: str, taken: set[int], ctx: RunContext, expected: int
 ) -> tuple[int, dict[str, Any]]:
-    taken = {p.index for p in scan.parts if p.run == ctx.run}
-    taken |= {int(name) for run, name in scan.broken if run == ctx.run and name.isdigit()}
     for index in range(expected):
         if index in taken:
             continue
@@ -218,6 +242,7 @@ def _claim(
             "run": ctx.run,
             "index": index,
             "writer": ctx.writer,
+            "data": f"w-{ctx.writer}",
             "host": HOST,
             "pid": os.getpid(),
             "started": now,
@@ -243,7 +268,7 @@ def _write_arrays(
 ) -> tuple[dict[str, Any], int, int]:
     """Write every array's metadata and chunks concurrently; return the manifest and sizes."""
     manifest: dict[str, Any] = {}
-    docs: dict[str, bytes] = {}
+    docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
     jobs: list[tuple[str, Any]] = []
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
