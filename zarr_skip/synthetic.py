@@ -1,4 +1,4 @@
-"""Seeded generator of realistic LLM RL rollout steps (verl shapes) for benchmarks and tests.
+"""Seeded generator of realistic LLM RL rollout steps (verl shapes) for the demo, notebooks, tests and benchmarks.
 
 Two shapes of the same data are produced from one seed:
 
