@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +46,30 @@ class CountingStore(MemoryStore):
         return other
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server (SeaweedFS) on loopback for the whole session."""
+    from _s3server import seaweedfs_fixture_server
+
+    with seaweedfs_fixture_server(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """Where a cache lives: a zarr MemoryStore, a local directory (and S3 when it is up)."""
+    """Where a cache lives: a zarr MemoryStore, a local directory, an s3:// URL on SeaweedFS.
+
+    Tests open it as users do: ``zs.open_cache(location, ...)``; for S3 the location is a
+    store object built from the URL and the server's credentials.
+    """
     if request.param == "memory":
         return CountingStore()
-    return tmp_path / "cache"
+    if request.param == "local":
+        return tmp_path / "cache"
+    server = request.getfixturevalue("s3_server")
+    from zarr_skip._s3 import open_s3_store
+
+    return open_s3_store(server.s3_url(f"t-{uuid.uuid4().hex[:12]}"), server.storage_options)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from . import chunks, layout
-from .catalog import attribute, group_doc, list_steps, scan_step, scan_steps, step_infos
+from .catalog import attribute, group_doc, scan_step, scan_steps, step_infos
 from .columns import encode_batch
 from .errors import (
     AmbiguousExperimentError,
@@ -288,9 +288,10 @@ class Cache:
     def info(self, step: int) -> StepInfo:
         """One step's :class:`StepInfo`; StepNotFoundError if it has no group."""
         exp = self._exp()
-        if not exp or step not in list_steps(self._storage, exp):
+        found = self.status([step]) if exp else []
+        if not found:
             raise StepNotFoundError(self._missing(step))
-        return self.status([step])[0]
+        return found[0]
 
     def steps(self) -> list[int]:
         """Complete steps, ascending."""
@@ -299,10 +300,8 @@ class Cache:
     def resolve(self, step: int, action: str = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.state.resolve`."""
         if action == "cache":
-            exp = self._exp()
-            if not exp or step not in list_steps(self._storage, exp):
-                return None
-            return step if self.status([step])[0].complete else None
+            found = self.status([step]) if self._exp() else []
+            return step if found and found[0].complete else None
         return resolve(step, action, self.steps())
 
     def load(self, step: int, *, allow_pickle: bool = False) -> StepView:
@@ -320,7 +319,7 @@ class Cache:
         if not exp:
             raise StepNotFoundError(self._missing(step))
         scan = scan_step(self._storage, exp, step)
-        if not scan.runs and not scan.parts and scan.summary is None and not scan.strays:
+        if not scan.exists:
             raise StepNotFoundError(self._missing(step))
         info = scan.info(time.time(), self.lease)
         if not info.complete and scan.summary is not None and scan.summary.get("run") == info.run:

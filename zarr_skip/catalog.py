@@ -49,6 +49,11 @@ class StepScan:
     #: (run, name) of mini-batch directories whose metadata is missing or unreadable
     broken: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def exists(self) -> bool:
+        """Whether a run ever recorded itself here (object stores list deleted 'directories')."""
+        return bool(self.runs) or self.summary is not None
+
     def info(self, now: float, lease: float) -> StepInfo:
         return step_info(self.step, self.runs, self.parts, now=now, lease=lease)
 
@@ -121,8 +126,9 @@ def step_infos(
         else:
             rest.append(step)
     for scan in scan_steps(storage, experiment, rest):
-        infos[scan.step] = scan.info(now, lease)
-    return [infos[s] for s in steps]
+        if scan.exists:
+            infos[scan.step] = scan.info(now, lease)
+    return [infos[s] for s in steps if s in infos]
 
 
 def _summary(blob: bytes | None, where: str) -> dict[str, Any] | None:

@@ -116,8 +116,8 @@ def write_part(
             [c.spec for c in batch.columns], theirs, f"step {step}, new mini-batch vs mini-batch {first.index}"
         )
     run_path = layout.join(step_path, ctx.run)
+    # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
-    taken |= {int(name) for run, name in scan.broken if run == ctx.run and name.isdigit()}
     while True:
         index, claim = _claim(storage, step, run_path, taken, ctx, expected)
         taken.add(index)
