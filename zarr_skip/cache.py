@@ -42,7 +42,7 @@ def open_cache(
     experiment: str | None = None,
     run_id: str | None = None,
     read_only: bool | None = None,
-    compression: str | chunks.Compression | None = "zstd",
+    compression: str | chunks.Compression | None = "auto",
     level: int | None = None,
     chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES,
     storage_options: Mapping[str, Any] | None = None,
@@ -62,7 +62,8 @@ def open_cache(
     run_id : the run this handle writes as; share it between the ranks or processes of one
         training run. A fresh id by default.
     read_only : force read-only (default: read-only exactly when no fingerprint is given).
-    compression, level : ``"zstd"`` (default, level 3), ``"lz4"``, ``None``; ``"zstd:1"`` also works.
+    compression, level : ``"auto"`` (default: zstd-1 for integers, blosc-lz4 with bit-shuffle
+        for floats), ``"zstd"`` (level 3), ``"lz4"``, ``None``; ``"zstd:1"`` also works.
     chunk_bytes : uncompressed bytes per chunk aimed for.
     storage_options : for URLs: endpoint, credentials, ... (passed to the object store).
     lease : seconds without a heartbeat after which another host's unfinished mini-batch

@@ -19,34 +19,56 @@ import numpy as np
 from .errors import ChecksumError, ConfigError, MissingDataError
 
 #: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch
-DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_CHUNK_BYTES = 2 << 20
+
+
+_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
 @dataclass(frozen=True, slots=True)
 class Compression:
-    """How chunks are compressed: ``zstd`` (level 1..22), ``lz4`` (blosc-lz4) or ``none``."""
+    """How chunks are compressed.
 
-    name: str = "zstd"
-    level: int = 3
+    ``auto`` (the default) picks per array: integers and booleans (token ids, masks) get
+    ``zstd`` level 1, floats (log-probs) blosc-``lz4`` with bit-shuffling, which we measured as the
+    best speed/size trade-off for rollouts (see ``benchmarks/README.md``). Explicit choices:
+    ``zstd`` (level -7..22), ``lz4`` (blosc-lz4, level 0..9, with ``shuffle``) or ``none``.
+    """
+
+    name: str = "auto"
+    level: int = 1
+    shuffle: str = "shuffle"
 
     def __post_init__(self) -> None:
-        if self.name not in ("zstd", "lz4", "none"):
+        if self.name not in ("auto", "zstd", "lz4", "none"):
             raise ConfigError(
-                f"compression: expected 'zstd', 'lz4' or 'none', got {self.name!r}"
+                f"compression: expected 'auto', 'zstd', 'lz4' or 'none', got {self.name!r}"
             )
         if self.name == "zstd" and not -7 <= self.level <= 22:
             raise ConfigError(f"level: zstd levels run from -7 to 22, got {self.level}")
         if self.name == "lz4" and not 0 <= self.level <= 9:
             raise ConfigError(f"level: blosc levels run from 0 to 9, got {self.level}")
+        if self.shuffle not in _SHUFFLES:
+            raise ConfigError(f"shuffle: expected one of {sorted(_SHUFFLES)}, got {self.shuffle!r}")
 
-    def codec(self, itemsize: int) -> numcodecs.abc.Codec | None:
+    def for_dtype(self, dtype: np.dtype) -> Compression:
+        """The concrete codec for an array of ``dtype`` (resolves ``auto``)."""
+        if self.name != "auto":
+            return self
+        if dtype.kind in "fc":
+            return Compression("lz4", 5, "bitshuffle")
+        return Compression("zstd", self.level)
+
+    def codec(self) -> numcodecs.abc.Codec | None:
         if self.name == "zstd":
             return numcodecs.Zstd(level=self.level)
         if self.name == "lz4":
             return numcodecs.Blosc(
-                cname="lz4", clevel=self.level, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=0
+                cname="lz4", clevel=self.level, shuffle=_SHUFFLES[self.shuffle], blocksize=0
             )
-        return None
+        if self.name == "none":
+            return None
+        raise ConfigError("compression: resolve 'auto' with for_dtype() first")
 
     def zarr_codecs(self, dtype: np.dtype) -> list[dict[str, Any]]:
         """The zarr v3 ``codecs`` list describing how chunks of ``dtype`` are encoded."""
@@ -61,7 +83,7 @@ class Compression:
                         "typesize": dtype.itemsize,
                         "cname": "lz4",
                         "clevel": self.level,
-                        "shuffle": "shuffle",
+                        "shuffle": self.shuffle,
                         "blocksize": 0,
                     },
                 }
@@ -70,11 +92,11 @@ class Compression:
         return chain
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level}
+        return {"name": self.name, "level": self.level, "shuffle": self.shuffle}
 
     @classmethod
     def parse(cls, value: str | Compression | None, level: int | None = None) -> Compression:
-        """``"zstd"``, ``"zstd:3"``, ``"lz4"``, ``"none"`` or ``None`` (no compression)."""
+        """``"auto"``, ``"zstd"``, ``"zstd:3"``, ``"lz4"``, ``"none"`` or ``None`` (no compression)."""
         if isinstance(value, Compression):
             return value
         if value is None:
@@ -85,7 +107,7 @@ class Compression:
                 level = int(lvl)
             except ValueError:
                 raise ConfigError(f"compression: bad level in {value!r}") from None
-        default = {"zstd": 3, "lz4": 5, "none": 0}.get(name, 0)
+        default = {"auto": 1, "zstd": 3, "lz4": 5, "none": 0}.get(name, 0)
         return cls(name, default if level is None else level)
 
 
@@ -104,7 +126,7 @@ def chunk_count(rows: int, per_chunk: int) -> int:
 def encode(data: np.ndarray, compression: Compression) -> bytes:
     """Encode one chunk: little-endian bytes, compressed, with the crc32c appended."""
     raw = np.ascontiguousarray(data)
-    codec = compression.codec(raw.dtype.itemsize)
+    codec = compression.codec()
     body = raw.tobytes() if codec is None else bytes(codec.encode(raw))
     return body + np.uint32(crc32c.crc32c(body)).tobytes()
 
@@ -136,7 +158,7 @@ def decode_into(
     crc = np.frombuffer(blob[-4:], dtype="<u4")[0]
     if crc32c.crc32c(body) != int(crc):
         raise ChecksumError(f"{where}: checksum mismatch (stored {int(crc):#010x})")
-    codec = compression.codec(out.dtype.itemsize)
+    codec = compression.codec()
     try:
         if codec is None:
             np.copyto(out.reshape(-1), np.frombuffer(body, dtype=out.dtype))

@@ -363,7 +363,10 @@ def _encode_objects(
         raise UnsupportedColumnError(
             f"column {name!r}: object arrays must be 1-d (one object per row), got shape {rows.shape}"
         )
-    kinds = {_row_kind(r) for r in rows}
+    types = set(map(type, rows))
+    kinds = {"str"} if types == {str} else {_KIND_OF_TYPE.get(t) or "" for t in types}
+    if "" in kinds:
+        kinds = {_row_kind(r) for r in rows}
     if kinds == {"str"}:
         blobs = [r.encode("utf-8", "surrogatepass") for r in rows]
         return _bytes_column(ColumnSpec(name, "str", "str", (), container, section), blobs)
@@ -371,16 +374,8 @@ def _encode_objects(
         return _encode_rows(name, rows, container, section)
     bad = None
     if kinds <= {"str", "json"}:
-        for i, r in enumerate(rows):
-            bad = _json_problem(r)
-            if bad is not None:
-                bad = f"row {i}: {bad}"
-                break
-        else:
-            blobs = [
-                json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-                for r in rows
-            ]
+        blobs, bad = _json_rows(rows)
+        if bad is None:
             return _bytes_column(ColumnSpec(name, "json", "json", (), container, section), blobs)
     if allow_pickle:
         blobs = [pickle.dumps(r, protocol=5) for r in rows]
@@ -392,6 +387,39 @@ def _encode_objects(
         f"column {name!r}: cannot store {bad} exactly (rows must be str, JSON-able objects or "
         "numeric numpy arrays); pass allow_pickle=True to pickle them"
     )
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
+    """Each row as UTF-8 JSON, or the first row's problem.
+
+    Rows that are the same object (verl repeats a prompt's dicts for its ``n`` samples) are
+    checked and encoded once.
+    """
+    seen: dict[int, bytes] = {}
+    blobs = []
+    for i, r in enumerate(rows):
+        blob = seen.get(id(r))
+        if blob is None:
+            try:
+                text = _JSON.encode(r)
+                # a C-speed round trip catches tuples, non-str keys and the like; the slow walk
+                # below only runs when it fails (NaNs compare unequal, bad types raise)
+                exact = json.loads(text) == r
+            except (TypeError, ValueError):
+                exact = False
+            if not exact:
+                problem = _json_problem(r)
+                if problem is not None:
+                    return [], f"row {i}: {problem}"
+            blob = seen[id(r)] = text.encode("utf-8", "surrogatepass")
+        blobs.append(blob)
+    return blobs, None
+
+
+_KIND_OF_TYPE = {str: "str", type(None): "json", bool: "json", int: "json", float: "json", dict: "json", list: "json"}
 
 
 def _row_kind(row: Any) -> str:

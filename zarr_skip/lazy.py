@@ -7,7 +7,6 @@ output array when it can (no per-mini-batch copies followed by a concatenation).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import numpy as np
 from . import chunks, layout
 from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
 from .errors import MetadataError, SchemaMismatchError
-from .storage import Storage, gather_limited
+from .storage import Storage
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +65,7 @@ class Part:
             )
         try:
             index = int(doc["index"])
-            compression = chunks.Compression(**doc["compression"])
+            default = chunks.Compression(**doc["compression"])
             data = layout.join(path, str(doc["data"]))
             specs, arrays = {}, {}
             for name, entry in doc["columns"].items():
@@ -79,7 +78,7 @@ class Part:
                         shape=tuple(a["shape"]),
                         chunk=int(a["chunk"]),
                         sizes=tuple(a["sizes"]),
-                        compression=compression,
+                        compression=chunks.Compression(**a["codec"]) if "codec" in a else default,
                         where=f"step {step}, mini-batch {index}, column {name!r}",
                     )
                     for aname, a in entry["arrays"].items()
@@ -355,7 +354,7 @@ def _read_range(
                 s0, s1 = max(lo, c0), min(hi, c1)
                 jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start)))
         base += a.rows
-    storage.run(_decode_jobs(storage, jobs, out))
+    _decode_jobs(storage, jobs, out)
     return out
 
 
@@ -382,21 +381,21 @@ def _read_index(
             mine = chunk_of == c
             n = min(a.chunk, a.rows - int(c) * a.chunk)
             jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine]))
-    storage.run(_decode_jobs(storage, jobs, out))
+    _decode_jobs(storage, jobs, out)
     return out
 
 
-async def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray) -> None:
-    async def one(a: ArrayPart, c: int, n: int, src: Any, dst: Any) -> None:
-        key = a.key(c)
-        blob = await storage.aget(key)
-        where = f"{a.where}, chunk {storage.key_path(key)}"
+def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray) -> None:
+    """Fetch and decode chunks concurrently, each straight into ``out`` when it can."""
+
+    def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
+        a, c, n, src, dst = job
+        where = f"{a.where}, chunk {storage.key_path(a.key(c))}"
         if a.dtype == out.dtype and isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice):
-            target = out[dst]
-            await asyncio.to_thread(chunks.decode_into, blob, target, a.compression, stored_size=a.sizes[c], where=where)
+            chunks.decode_into(blob, out[dst], a.compression, stored_size=a.sizes[c], where=where)
             return
         tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-        await asyncio.to_thread(chunks.decode_into, blob, tmp, a.compression, stored_size=a.sizes[c], where=where)
+        chunks.decode_into(blob, tmp, a.compression, stored_size=a.sizes[c], where=where)
         out[dst] = tmp[src]
 
-    await gather_limited([lambda j=j: one(*j) for j in jobs])
+    storage.map_get(jobs, lambda job: job[0].key(job[1]), decode)

@@ -11,7 +11,8 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore
 
+from . import _localfs
 from .errors import (
     AtomicityError,
     ConfigError,
@@ -92,6 +94,8 @@ class Storage:
         self.store = store
         self.claim_settle = claim_settle
         self.where = describe(store)
+        #: the directory of a LocalStore: its keys are read and written directly (_localfs)
+        self.root: Path | None = Path(store.root) if type(store) is LocalStore else None
 
     @property
     def read_only(self) -> bool:
@@ -107,10 +111,45 @@ class Storage:
         return None if buf is None else buf.to_bytes()
 
     def get(self, key: str) -> bytes | None:
+        if self.root is not None:
+            return _localfs.read(self.root / key)
         return self.run(self.aget(key))
 
     def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
+        keys = list(keys)
+        if self.root is not None:
+            return [_localfs.read(self.root / k) for k in keys]
+        if not keys:
+            return []
         return self.run(gather_limited([lambda k=k: self.aget(k) for k in keys]))
+
+    def map_get(self, items: Sequence[T], key: Callable[[T], str], fn: Callable[[T, bytes | None], Any]) -> list[Any]:
+        """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied concurrently."""
+        if self.root is not None:
+            root = self.root
+            return _localfs.parallel(lambda it: fn(it, _localfs.read(root / key(it))), items)
+        blobs = self.get_many([key(it) for it in items])
+        return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs)))
+
+    def put_many(self, items: Sequence[tuple[str, Callable[[], bytes]]]) -> dict[str, int]:
+        """Make (e.g. encode) and store values concurrently; the stored size of every key."""
+        if items:
+            self._check_writable(items[0][0])
+        if self.root is not None:
+            root = self.root
+
+            def put(item: tuple[str, Callable[[], bytes]]) -> tuple[str, int]:
+                key, make = item
+                try:
+                    return key, _localfs.write(root / key, make())
+                except OSError as exc:
+                    raise storage_error(exc, self.key_path(key)) from exc
+
+            return dict(_localfs.parallel(put, items))
+        values = _localfs.parallel(lambda item: item[1](), items)
+        data = {key: value for (key, _), value in zip(items, values)}
+        self.set_many(data)
+        return {key: len(value) for key, value in data.items()}
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
@@ -119,6 +158,8 @@ class Storage:
 
     def list_dir(self, prefix: str) -> list[str]:
         """Names directly below ``prefix`` (keys and 'directories')."""
+        if self.root is not None:
+            return _localfs.list_dir(self.root / prefix)
 
         async def collect() -> list[str]:
             return [name async for name in self.store.list_dir(prefix)]
@@ -126,12 +167,20 @@ class Storage:
         return sorted(set(self.run(collect())))
 
     def list_dirs(self, prefixes: Iterable[str]) -> list[list[str]]:
+        prefixes = list(prefixes)
+        if self.root is not None:
+            return [_localfs.list_dir(self.root / p) for p in prefixes]
+        if not prefixes:
+            return []
+
         async def one(prefix: str) -> list[str]:
             return sorted({name async for name in self.store.list_dir(prefix)})
 
         return self.run(gather_limited([lambda p=p: one(p) for p in prefixes]))
 
     def list_prefix(self, prefix: str) -> list[str]:
+        if self.root is not None:
+            return _localfs.list_files(self.root / prefix, self.root)
         async def collect() -> list[str]:
             return [key async for key in self.store.list_prefix(prefix)]
 
@@ -157,6 +206,12 @@ class Storage:
 
     def set(self, key: str, data: bytes) -> None:
         self._check_writable(key)
+        if self.root is not None:
+            try:
+                _localfs.write(self.root / key, data)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+            return
         self.run(self.aset(key, data))
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
@@ -174,6 +229,14 @@ class Storage:
         the last): whoever's bytes remain is the one winner.
         """
         self._check_writable(key)
+        if self.root is not None:
+            try:
+                _localfs.create(self.root / key, data)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+            if self.claim_settle:
+                time.sleep(self.claim_settle)
+            return _localfs.read(self.root / key) == data
         return self.run(self._create_if_absent(key, data))
 
     async def _create_if_absent(self, key: str, data: bytes) -> bool:
@@ -201,12 +264,18 @@ class Storage:
         """Delete every key below ``prefix`` (a 'directory')."""
         self._check_writable(prefix)
         try:
+            if self.root is not None:
+                _localfs.delete_tree(self.root / prefix)
+                return
             self.run(self.store.delete_dir(prefix))
         except OSError as exc:
             raise storage_error(exc, self.key_path(prefix)) from exc
 
     def delete(self, key: str) -> None:
         self._check_writable(key)
+        if self.root is not None:
+            (self.root / key).unlink(missing_ok=True)
+            return
         self.run(self.store.delete(key))
 
 

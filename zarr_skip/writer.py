@@ -20,7 +20,6 @@ The protocol (``docs/format.md`` has the long version):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from .catalog import StepScan, group_doc, run_record, scan_step
 from .columns import ColumnSpec, EncodedBatch, check_same_schema
 from .errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from .state import HOST, RunRecord, owner
-from .storage import Storage, gather_limited, parse_json
+from .storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -280,13 +279,14 @@ def _write_arrays(
             row_bytes = arr.dtype.itemsize * int(_prod(arr.shape[1:]))
             per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
-            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, compression)
+            codec = compression.for_dtype(arr.dtype)
+            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec)
             docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
             keys = []
             if arr.size:
                 for i in range(chunks.chunk_count(arr.shape[0], per)):
                     key = layout.chunk_key(apath, i, arr.ndim)
-                    jobs.append((key, arr[i * per : (i + 1) * per]))
+                    jobs.append((key, arr[i * per : (i + 1) * per], codec))
                     keys.append(key)
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
@@ -294,9 +294,12 @@ def _write_arrays(
                 "chunk": per,
                 "keys": keys,
                 "raw": int(arr.nbytes),
+                "codec": codec.to_json(),
             }
         manifest[col.spec.name] = entry
-    sizes = storage.run(_put_all(storage, docs, jobs, compression))
+    items: list[tuple[str, Any]] = [(k, lambda d=d: d) for k, d in docs.items()]
+    items += [(k, lambda a=a, c=c: chunks.encode(a, c)) for k, a, c in jobs]
+    sizes = storage.put_many(items)
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
@@ -304,23 +307,6 @@ def _write_arrays(
             nbytes += sum(arr["sizes"])
             raw += arr["raw"]
     return manifest, nbytes, raw
-
-
-async def _put_all(
-    storage: Storage, docs: dict[str, bytes], jobs: list[tuple[str, Any]], compression: chunks.Compression
-) -> dict[str, int]:
-    async def put_doc(key: str, data: bytes) -> tuple[str, int]:
-        await storage.aset(key, data)
-        return key, len(data)
-
-    async def put_chunk(key: str, arr: Any) -> tuple[str, int]:
-        data = await asyncio.to_thread(chunks.encode, arr, compression)
-        await storage.aset(key, data)
-        return key, len(data)
-
-    factories = [lambda k=k, d=d: put_doc(k, d) for k, d in docs.items()]
-    factories += [lambda k=k, a=a: put_chunk(k, a) for k, a in jobs]
-    return dict(await gather_limited(factories))
 
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:

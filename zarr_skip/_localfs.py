@@ -1,0 +1,106 @@
+"""Direct file I/O for caches on a local or mounted filesystem (the fast path of storage.py).
+
+Same semantics as zarr's ``LocalStore`` (every write is a temp file renamed into place, so a
+reader never sees half a file; an exclusive create is a hard link, which fails if the target
+exists), without an event-loop round trip and a thread hop per key: metadata operations run
+in the caller's thread, chunk batches in a small thread pool.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
+
+
+def pool() -> ThreadPoolExecutor:
+    """The shared I/O and codec pool (made anew in a forked child)."""
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(8, 2 * (os.cpu_count() or 2))), thread_name_prefix="zarr-skip")
+        _POOL_PID = os.getpid()
+    return _POOL
+
+
+def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
+    """``[fn(x) for x in items]`` on the pool (in the caller's thread when there is one item)."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    return list(pool().map(fn, items))
+
+
+def read(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def _temp(path: Path) -> Path:
+    return path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+
+
+def write(path: Path, data: bytes) -> int:
+    """Write ``data`` to ``path`` atomically (temp file, then rename)."""
+    try:
+        tmp = _temp(path)
+        f = open(tmp, "wb")  # noqa: SIM115 - closed below, before the rename
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temp(path)
+        f = open(tmp, "wb")  # noqa: SIM115
+    try:
+        with f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+def create(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data`` unless it exists (hard link of a complete temp file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def list_dir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def list_files(path: Path, root: Path) -> list[str]:
+    """Every file below ``path``, as keys relative to ``root``."""
+    out = []
+    for dirpath, _, files in os.walk(path):
+        rel = os.path.relpath(dirpath, root)
+        out += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files]
+    return sorted(out)
+
+
+def delete_tree(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=False)
+    else:
+        path.unlink(missing_ok=True)
