@@ -10,7 +10,7 @@ import zarr_skip
 from zarr_skip import errors
 
 PUBLIC = [
-    "AmbiguousExperimentError", "AtomicityError", "Cache", "ChecksumError", "ColumnSpec",
+    "AmbiguousExperimentError", "AtomicityError", "Cache", "CacheNotFoundError", "ChecksumError", "ColumnSpec",
     "Compression", "ConfigError", "CorruptCacheError", "DataProtoLike", "DisplacedWriterError",
     "ExperimentNotFoundError", "FingerprintMismatchError", "FormatVersionError",
     "GroupMismatchError", "IncompleteStepError", "LazyColumn", "MetadataError", "MissingDataError",

@@ -470,3 +470,11 @@ def test_hostile_pt_refused_and_trust_lifts_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a pickled verl DataProto"):
         read_minibatch(evil_dp, trust_pickle=True)
     assert marker.exists()
+
+
+def test_writing_lives_in_legacy_write_and_is_reexported() -> None:
+    from zarr_skip import legacy, legacy_write
+
+    for name in ("DP_FILE", "META_FILE", "TQ_FILE", "legacy_experiment_dir", "write_legacy_dp", "write_legacy_tq"):
+        assert getattr(legacy, name) is getattr(legacy_write, name) and name in legacy.__all__
+    assert legacy_write.canonical_int("12") == 12 and legacy_write.canonical_int("012") is None

@@ -15,6 +15,7 @@ from .columns import ColumnSpec, DataProtoLike
 from .errors import (
     AmbiguousExperimentError,
     AtomicityError,
+    CacheNotFoundError,
     ChecksumError,
     ConfigError,
     CorruptCacheError,
@@ -45,6 +46,7 @@ __all__ = [
     "AmbiguousExperimentError",
     "AtomicityError",
     "Cache",
+    "CacheNotFoundError",
     "ChecksumError",
     "ColumnSpec",
     "Compression",

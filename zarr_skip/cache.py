@@ -15,6 +15,7 @@ from .catalog import attribute, group_doc, scan_step, scan_steps, step_infos
 from .columns import encode_batch
 from .errors import (
     AmbiguousExperimentError,
+    CacheNotFoundError,
     ExperimentNotFoundError,
     FingerprintMismatchError,
     FormatVersionError,
@@ -137,8 +138,10 @@ class Cache:
         doc = parse_json(self._storage.get(key), where)
         if doc is None:
             if self.read_only:
-                self._root_ok = False
-                return
+                raise CacheNotFoundError(
+                    f"{self.location}: no zarr_skip cache here (the location does not exist or "
+                    "holds no cache); open it with a fingerprint to create one"
+                )
             attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
             self._storage.create_if_absent(key, group_doc(attrs))
             doc = parse_json(self._storage.get(key), where)
@@ -151,7 +154,6 @@ class Cache:
                 f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
                 f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
             )
-        self._root_ok = True
 
     def _open_experiment(self, name: str, fp: dict[str, Any]) -> None:
         key = layout.meta_key(name)
@@ -182,8 +184,6 @@ class Cache:
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
-        if not self._root_ok:
-            return {}
         found: dict[str, dict[str, Any]] = {}
         level = [""]
         for _ in range(6):
@@ -202,8 +202,8 @@ class Cache:
                 exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
                 if exp is not None:
                     found[path] = dict(exp.get("fingerprint", {}))
-                elif doc is not None and doc.get("node_type") == "group":
-                    level.append(path)
+                if doc is not None and doc.get("node_type") == "group":
+                    level.append(path)  # experiments may nest (a role below its verl name)
         return dict(sorted(found.items()))
 
     @property

@@ -5,6 +5,7 @@ subclasses the builtin exception it refines, so callers may catch either::
 
     ZarrSkipError
     ├── ConfigError (ValueError)                 bad settings, naming the key
+    ├── CacheNotFoundError (FileNotFoundError)   no cache at the location (read-only open)
     ├── ExperimentNotFoundError (KeyError)       no experiment of that name or fingerprint
     ├── AmbiguousExperimentError (ValueError)    several experiments, none chosen
     ├── FingerprintMismatchError (ValueError)    same experiment name, other settings
@@ -33,6 +34,7 @@ import pickle
 __all__ = [
     "AmbiguousExperimentError",
     "AtomicityError",
+    "CacheNotFoundError",
     "ChecksumError",
     "ConfigError",
     "CorruptCacheError",
@@ -65,6 +67,10 @@ class ZarrSkipError(Exception):
 
 class ConfigError(ZarrSkipError, ValueError):
     """A setting has an invalid value; the message names the key."""
+
+
+class CacheNotFoundError(ZarrSkipError, FileNotFoundError):
+    """No zarr_skip cache exists at the location (opening read-only never creates one)."""
 
 
 class ExperimentNotFoundError(ZarrSkipError, KeyError):

@@ -187,11 +187,11 @@ class StepView:
             from tensordict import TensorDict
 
             batch = TensorDict(tensors, batch_size=[len(self)])
-        if importlib.util.find_spec("verl") is not None:
+        try:
             from verl.protocol import DataProto
-
-            return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
-        return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
+        except ImportError:
+            return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
+        return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
     def __repr__(self) -> str:
         from .display import step_repr
