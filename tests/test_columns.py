@@ -192,3 +192,22 @@ def test_nan_with_payload_is_refused_as_json() -> None:
     with pytest.raises(UnsupportedColumnError, match="NaN with payload"):
         encode_column("f", [odd])
     assert math.isnan(roundtrip([float("nan")])[0])
+
+
+def test_numpy_scalars_in_json_rows_and_meta_info_roundtrip_exactly() -> None:
+    odd_nan = np.frombuffer(bytes.fromhex("0100807f"), dtype="<f4")[0]
+    rows = [{"t": np.float64(0.1), "n": np.int64(3), "b": np.bool_(True)}, np.float32(2.5), [odd_nan]]
+    back = roundtrip(rows)
+    # np.float64 subclasses float, so JSON writes it as a float: same value, plain float back
+    assert type(back[0]["t"]) is float and back[0]["t"] == 0.1 and type(back[0]["n"]) is np.int64
+    assert type(back[0]["b"]) is np.bool_
+    assert type(back[1]) is np.float32 and back[2][0].tobytes() == odd_nan.tobytes()
+    enc = encode_batch({"a": torch.zeros(1)}, {"timing": {"gen": np.float64(1.25)}})
+    from zarr_skip.columns import from_json_value
+
+    meta = from_json_value(enc.meta_info)
+    assert meta["timing"]["gen"] == 1.25
+    enc = encode_batch({"a": torch.zeros(1)}, {"timing": {"gen": np.float32(1.25)}})
+    assert type(from_json_value(enc.meta_info)["timing"]["gen"]) is np.float32
+    with pytest.raises(UnsupportedColumnError, match="reserved"):
+        encode_column("r", [{"$numpy": "<f8", "hex": "00"}])

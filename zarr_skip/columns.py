@@ -242,7 +242,7 @@ def encode_batch(
         counts = ", ".join(f"{c.spec.name}={c.rows}" for c in columns)
         raise SchemaMismatchError(f"batch: columns disagree on their number of rows ({counts})")
     check_json(meta, "meta_info")
-    return EncodedBatch(columns, rows.pop(), json.loads(json.dumps(meta)), batch_type)
+    return EncodedBatch(columns, rows.pop(), to_json_value(meta), batch_type)
 
 
 def _keys(container: Any) -> list[str]:
@@ -389,7 +389,46 @@ def _encode_objects(
     )
 
 
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+NUMPY_TAG = "$numpy"
+
+
+def _tag_numpy(value: Any) -> Any:
+    """JSON stand-in for a numpy scalar: its dtype and exact bytes (verl's timings are np.float64)."""
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return {NUMPY_TAG: value.dtype.str, "hex": value.tobytes().hex()}
+    raise TypeError(f"{type(value).__qualname__} is not JSON-able")
+
+
+def _untag_numpy(obj: dict[str, Any]) -> Any:
+    if NUMPY_TAG in obj and len(obj) == 2 and "hex" in obj:
+        return np.frombuffer(bytes.fromhex(obj["hex"]), dtype=np.dtype(obj[NUMPY_TAG]))[0]
+    return obj
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_tag_numpy)
+
+
+def json_loads(text: str | bytes) -> Any:
+    """Parse JSON written by this codec (numpy scalars come back as numpy scalars)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogatepass")
+    if NUMPY_TAG not in text:
+        return json.loads(text)
+    return json.loads(text, object_hook=_untag_numpy)
+
+
+def to_json_value(value: Any) -> Any:
+    """``value`` as plain JSON data (numpy scalars tagged), for metadata attributes."""
+    return json.loads(_JSON.encode(value))
+
+
+def from_json_value(value: Any) -> Any:
+    """Inverse of :func:`to_json_value`."""
+    if isinstance(value, dict):
+        return _untag_numpy({k: from_json_value(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [from_json_value(v) for v in value]
+    return value
 
 
 def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
@@ -407,7 +446,7 @@ def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
                 text = _JSON.encode(r)
                 # a C-speed round trip catches tuples, non-str keys and the like; the slow walk
                 # below only runs when it fails (NaNs compare unequal, bad types raise)
-                exact = json.loads(text) == r
+                exact = json_loads(text) == r
             except (TypeError, ValueError):
                 exact = False
             if not exact:
@@ -427,7 +466,9 @@ def _row_kind(row: Any) -> str:
         return "str"
     if isinstance(row, np.ndarray) and row.dtype.kind in "biufc" and row.ndim >= 1:
         return "array"
-    if row is None or isinstance(row, (bool, int, float, dict, list)):
+    if row is None or isinstance(row, (bool, int, float, dict, list)) or (
+        isinstance(row, np.generic) and row.dtype.kind in "biufc"
+    ):
         return "json"
     return "other"
 
@@ -440,6 +481,8 @@ def _json_problem(value: Any) -> str | None:
         t = type(v)
         if v is None or t in (bool, int, str):
             continue
+        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
+            continue
         if t is float:
             if v != v and struct.pack("<d", v) != _CANONICAL_NAN:
                 return f"a NaN with payload bits {struct.pack('<d', v).hex()} (JSON keeps only plain NaN)"
@@ -447,6 +490,8 @@ def _json_problem(value: Any) -> str | None:
         if t is list:
             stack.extend(v)
         elif t is dict:
+            if NUMPY_TAG in v:
+                return f"dict key {NUMPY_TAG!r} (reserved for numpy scalars)"
             for k, item in v.items():
                 if type(k) is not str:
                     return f"dict key {k!r} ({type(k).__qualname__}, JSON keys must be str)"
@@ -575,7 +620,7 @@ def restore(
     elif kind == "json":
         flags = plain if plain is not None else np.zeros(len(texts), dtype=bool)
         rows = [
-            t.decode("utf-8", "surrogatepass") if is_str else json.loads(t.decode("utf-8", "surrogatepass"))
+            t.decode("utf-8", "surrogatepass") if is_str else json_loads(t)
             for t, is_str in zip(texts, flags.tolist())
         ]
     elif kind == "pickle":

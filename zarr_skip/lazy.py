@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import chunks, layout
-from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
+from .columns import ColumnSpec, DataProtoLike, check_same_schema, from_json_value, merged_spec, restore
 from .errors import MetadataError, SchemaMismatchError
 from .storage import Storage
 
@@ -84,7 +84,7 @@ class Part:
                     for aname, a in entry["arrays"].items()
                 }
             return cls(
-                step, index, str(doc["run"]), path, int(doc["rows"]), dict(doc.get("meta_info", {})),
+                step, index, str(doc["run"]), path, int(doc["rows"]), from_json_value(doc.get("meta_info", {})),
                 str(doc.get("batch_type", "mapping")), specs, arrays, int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
             )
