@@ -1,0 +1,88 @@
+"""Every notebook runs headless from top to bottom; its figures are saved as PNG files.
+
+The figures go to ``$ZARR_SKIP_FIGURES`` (default ``notebooks/figures/``), one file per image
+output, named ``{notebook}-cell{NN}-{k}.png``, so they can be looked at after a test run.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FIGURES = Path(os.environ.get("ZARR_SKIP_FIGURES") or ROOT / "notebooks" / "figures")
+#: image outputs a notebook must produce (a figure that silently disappears fails the test)
+EXPECTED_FIGURES = {"browse_cache": 6}
+#: text its HTML outputs must hold (the objects' _repr_html_ was used, not their text repr)
+EXPECTED_HTML = {
+    "browse_cache": [">complete</span>", ">abandoned</span>", ">writing</span>", "meta_info",
+                     "column &#x27;responses&#x27; of step 3"],
+}
+#: the last cell, added here: proves the kernel runs the interpreter running the tests
+WHICH_PYTHON = "import sys; print(sys.prefix, end='')"
+
+
+def outputs(nb: Any, kind: str) -> list[tuple[int, int, Any]]:
+    return [
+        (i, j, out)
+        for i, cell in enumerate(nb.cells)
+        for j, out in enumerate(cell.get("outputs", []))
+        if out.get("output_type") == kind or kind in out.get("data", {})
+    ]
+
+
+def save_figures(nb: Any, stem: str) -> list[Path]:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    for old in FIGURES.glob(f"{stem}-cell*.png"):
+        old.unlink()
+    saved = []
+    for i, j, out in outputs(nb, "image/png"):
+        path = FIGURES / f"{stem}-cell{i:02d}-{j}.png"
+        path.write_bytes(base64.b64decode(out["data"]["image/png"]))
+        saved.append(path)
+    return saved
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the kernel (and the processes it starts) import zarr_skip from this checkout
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(WHICH_PYTHON))
+    # "python3" is the kernel ipykernel provides to the interpreter running this test; jupyter_client
+    # starts it with sys.executable, checked by the last cell
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+
+    which = nb.cells.pop()
+    assert "".join(o.get("text", "") for o in which.outputs) == sys.prefix
+    stderr = [out["text"] for _, _, out in outputs(nb, "stream") if out.get("name") == "stderr"]
+    assert not stderr, f"{path.name} wrote to stderr:\n" + "\n".join(stderr)
+    page = "".join(out["data"]["text/html"] for _, _, out in outputs(nb, "text/html"))
+    for text in EXPECTED_HTML.get(path.stem, []):
+        assert text in page, text
+    saved = save_figures(nb, path.stem)
+    if path.stem in EXPECTED_FIGURES:
+        assert len(saved) == EXPECTED_FIGURES[path.stem], [p.name for p in saved]
+    for png in saved:
+        assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000, png
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebooks_are_stored_without_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
