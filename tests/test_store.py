@@ -104,6 +104,8 @@ def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
     store.reads.clear()
     rows = view["responses"][45:47]  # rows of mini-batch 1
     assert all("/responses/" in k for k in store.reads if "/c/" in k)
+    touched = {k.split("/w-")[0].rsplit("/", 1)[-1] for k in store.reads if "/c/" in k}
+    assert touched == {"1"}, f"read mini-batches {touched} for rows of mini-batch 1"
     assert [r.tolist() for r in rows.unbind()] == [r.tolist() for r in parts[1]["responses"].unbind()[5:7]]
 
 

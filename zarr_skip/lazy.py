@@ -286,12 +286,28 @@ class LazyColumn:
             data = _read_range(self._storage, [p["data"] for p in self._parts], start, stop,
                                spec.storage_dtype, spec.storage_shape)
             return restore(spec, {"data": data})
-        lengths = self.lengths()
-        offsets = _offsets(lengths)
-        values = _read_range(self._storage, [p["values"] for p in self._parts], int(offsets[start]),
-                             int(offsets[stop]), spec.storage_dtype, spec.storage_shape)
+        lengths, vstart = self._lengths_range(start, stop)
+        values = _read_range(self._storage, [p["values"] for p in self._parts], vstart,
+                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape)
         plain = None if self._plain is None else self._plain[start:stop]
-        return restore(spec, {"values": values, "lengths": lengths[start:stop]}, allow_pickle=self._allow_pickle, plain=plain)
+        return restore(spec, {"values": values, "lengths": lengths}, allow_pickle=self._allow_pickle, plain=plain)
+
+    def _lengths_range(self, start: int, stop: int) -> tuple[np.ndarray, int]:
+        """Lengths of rows ``start:stop`` and the position of row ``start``'s first value.
+
+        Reads only the lengths of the mini-batches holding those rows: each mini-batch's value
+        count is in its metadata.
+        """
+        if self._lengths is not None:
+            offsets = _offsets(self._lengths)
+            return self._lengths[start:stop], int(offsets[start])
+        row_starts = np.cumsum([0] + [p["lengths"].rows for p in self._parts])
+        value_starts = np.cumsum([0] + [p["values"].rows for p in self._parts])
+        first = max(0, int(np.searchsorted(row_starts, start, side="right")) - 1)
+        lens = _read_range(self._storage, [p["lengths"] for p in self._parts], int(row_starts[first]),
+                           stop, np.dtype(np.int64), ())
+        before = start - int(row_starts[first])
+        return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
 
     def _select(self, idx: np.ndarray) -> Any:
         spec = self.spec
