@@ -376,15 +376,18 @@ class SkipManager:
     def _inject(cls, rt: _Role, step: int, source: int, uids: list[str]) -> None:
         """Put the cached step ``source`` into TransferQueue under the new prompt ``uids``."""
         with rt.lock:
-            columns = rt.cache().load(source).to_dict()
-        if "keys" not in columns or "tags" not in columns:
-            raise RemapError(f"rollout_tq: cached step {source} lacks the 'keys'/'tags' columns of a TQ batch")
-        old_keys = [str(k) for k in columns.pop("keys")]
-        old_tags = list(columns.pop("tags"))
-        plan = remap(old_keys, old_tags, uids, rt.n, step, rt.cfg.on_group_mismatch, source_step=source)
+            view = rt.cache().load(source)
+            if "keys" not in view or "tags" not in view:
+                raise RemapError(f"rollout_tq: cached step {source} lacks the 'keys'/'tags' columns of a TQ batch")
+            old_keys = [str(k) for k in view["keys"][:]]
+            old_tags = list(view["tags"][:])
+            plan = remap(old_keys, old_tags, uids, rt.n, step, rt.cfg.on_group_mismatch, source_step=source)
+            # the chosen rows (repeats allowed) straight from storage: each chunk read once,
+            # jagged columns rebuilt without unbinding
+            idx = np.asarray(plan.indices, dtype=np.int64)
+            rows = {name: view[name][idx] for name in view.columns if name not in ("keys", "tags")} if plan.keys else {}
         tq = cls._transfer_queue()
         if plan.keys:
-            rows = {name: take_rows(value, plan.indices, name) for name, value in columns.items()}
             fields = build_fields(rows, len(plan.indices))
             tq.kv_batch_put(keys=list(plan.keys), fields=fields, tags=list(plan.tags), partition_id="train")
         tq.kv_batch_put(keys=list(plan.prompt_keys), partition_id="train", tags=list(plan.prompt_tags))
