@@ -124,7 +124,7 @@ def assert_equal(a: Any, b: Any, where: str = "") -> None:
                 assert_equal(x, y, f"{where}[{i}]")
         else:
             assert a.tobytes() == b.tobytes(), where
-    elif isinstance(a, list):
+    elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
             assert_equal(x, y, f"{where}[{i}]")
@@ -132,6 +132,8 @@ def assert_equal(a: Any, b: Any, where: str = "") -> None:
         assert list(a) == list(b), where
         for k in a:
             assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
     elif isinstance(a, float):
         assert np.float64(a).tobytes() == np.float64(b).tobytes(), where
     else:

@@ -241,7 +241,6 @@ def encode_batch(
     if len(rows) != 1:
         counts = ", ".join(f"{c.spec.name}={c.rows}" for c in columns)
         raise SchemaMismatchError(f"batch: columns disagree on their number of rows ({counts})")
-    check_json(meta, "meta_info")
     return EncodedBatch(columns, rows.pop(), to_json_value(meta), batch_type)
 
 
@@ -389,43 +388,85 @@ def _encode_objects(
     )
 
 
-NUMPY_TAG = "$numpy"
+NUMPY_TAG, TUPLE_TAG, FLOAT_TAG = "$numpy", "$tuple", "$float"
+_TAGS = (NUMPY_TAG, TUPLE_TAG, FLOAT_TAG)
+
+
+class _NotJSON(Exception):
+    """A value :func:`_tagged` cannot represent; the message says what and where."""
 
 
 def _tag_numpy(value: Any) -> Any:
-    """JSON stand-in for a numpy scalar: its dtype and exact bytes (verl's timings are np.float64)."""
+    """JSON stand-in for a numpy scalar: its dtype and exact bytes (verl's timings are numpy)."""
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return {NUMPY_TAG: value.dtype.str, "hex": value.tobytes().hex()}
     raise TypeError(f"{type(value).__qualname__} is not JSON-able")
 
 
-def _untag_numpy(obj: dict[str, Any]) -> Any:
-    if NUMPY_TAG in obj and len(obj) == 2 and "hex" in obj:
-        return np.frombuffer(bytes.fromhex(obj["hex"]), dtype=np.dtype(obj[NUMPY_TAG]))[0]
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 2 and "hex" in obj:
+        if NUMPY_TAG in obj:
+            return np.frombuffer(bytes.fromhex(obj["hex"]), dtype=np.dtype(obj[NUMPY_TAG]))[0]
+        if FLOAT_TAG in obj:
+            return struct.unpack("<d", bytes.fromhex(obj["hex"]))[0]
+    if len(obj) == 1 and TUPLE_TAG in obj:
+        return tuple(obj[TUPLE_TAG])
     return obj
+
+
+def _tagged(value: Any) -> Any:
+    """``value`` as exact JSON data: tuples, numpy scalars and NaN payloads tagged.
+
+    Raises :class:`_NotJSON` naming the first value that cannot be represented.
+    """
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return value
+    if t is float:
+        if value != value and struct.pack("<d", value) != _CANONICAL_NAN:
+            return {FLOAT_TAG: "<f8", "hex": struct.pack("<d", value).hex()}
+        return value
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return _tag_numpy(value)
+    if t is list or t is tuple:
+        items = [_tagged(v) for v in value]
+        return items if t is list else {TUPLE_TAG: items}
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _NotJSON(f"dict key {k!r} ({type(k).__qualname__}, JSON keys must be str)")
+            if k in _TAGS:
+                raise _NotJSON(f"dict key {k!r} (reserved by zarr_skip's JSON encoding)")
+            out[k] = _tagged(v)
+        return out
+    raise _NotJSON(f"{t.__qualname__} value {value!r:.60}")
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_tag_numpy)
 
 
 def json_loads(text: str | bytes) -> Any:
-    """Parse JSON written by this codec (numpy scalars come back as numpy scalars)."""
+    """Parse JSON written by this codec (tagged values come back as what they were)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogatepass")
-    if NUMPY_TAG not in text:
+    if '"$' not in text:
         return json.loads(text)
-    return json.loads(text, object_hook=_untag_numpy)
+    return json.loads(text, object_hook=_untag)
 
 
 def to_json_value(value: Any) -> Any:
-    """``value`` as plain JSON data (numpy scalars tagged), for metadata attributes."""
-    return json.loads(_JSON.encode(value))
+    """``value`` as plain, exact JSON data, for metadata attributes (raises UnsupportedColumnError)."""
+    try:
+        return _tagged(value)
+    except _NotJSON as exc:
+        raise UnsupportedColumnError(f"meta_info: cannot store {exc}; it must be JSON-able") from None
 
 
 def from_json_value(value: Any) -> Any:
     """Inverse of :func:`to_json_value`."""
     if isinstance(value, dict):
-        return _untag_numpy({k: from_json_value(v) for k, v in value.items()})
+        return _untag({k: from_json_value(v) for k, v in value.items()})
     if isinstance(value, list):
         return [from_json_value(v) for v in value]
     return value
@@ -435,7 +476,7 @@ def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
     """Each row as UTF-8 JSON, or the first row's problem.
 
     Rows that are the same object (verl repeats a prompt's dicts for its ``n`` samples) are
-    checked and encoded once.
+    encoded once.
     """
     seen: dict[int, bytes] = {}
     blobs = []
@@ -444,15 +485,16 @@ def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
         if blob is None:
             try:
                 text = _JSON.encode(r)
-                # a C-speed round trip catches tuples, non-str keys and the like; the slow walk
-                # below only runs when it fails (NaNs compare unequal, bad types raise)
+                # a C-speed round trip catches tuples, non-str keys, reserved keys and the like;
+                # the exact (slower) walk runs only when it fails
                 exact = json_loads(text) == r
             except (TypeError, ValueError):
                 exact = False
             if not exact:
-                problem = _json_problem(r)
-                if problem is not None:
-                    return [], f"row {i}: {problem}"
+                try:
+                    text = _JSON.encode(_tagged(r))
+                except _NotJSON as exc:
+                    return [], f"row {i}: {exc}"
             blob = seen[id(r)] = text.encode("utf-8", "surrogatepass")
         blobs.append(blob)
     return blobs, None
@@ -466,45 +508,11 @@ def _row_kind(row: Any) -> str:
         return "str"
     if isinstance(row, np.ndarray) and row.dtype.kind in "biufc" and row.ndim >= 1:
         return "array"
-    if row is None or isinstance(row, (bool, int, float, dict, list)) or (
+    if row is None or isinstance(row, (bool, int, float, dict, list, tuple)) or (
         isinstance(row, np.generic) and row.dtype.kind in "biufc"
     ):
         return "json"
     return "other"
-
-
-def _json_problem(value: Any) -> str | None:
-    """Why ``value`` would not survive a JSON round trip unchanged (None when it would)."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        if v is None or t in (bool, int, str):
-            continue
-        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
-            continue
-        if t is float:
-            if v != v and struct.pack("<d", v) != _CANONICAL_NAN:
-                return f"a NaN with payload bits {struct.pack('<d', v).hex()} (JSON keeps only plain NaN)"
-            continue
-        if t is list:
-            stack.extend(v)
-        elif t is dict:
-            if NUMPY_TAG in v:
-                return f"dict key {NUMPY_TAG!r} (reserved for numpy scalars)"
-            for k, item in v.items():
-                if type(k) is not str:
-                    return f"dict key {k!r} ({type(k).__qualname__}, JSON keys must be str)"
-                stack.append(item)
-        else:
-            return f"{t.__qualname__} value {v!r:.60}"
-    return None
-
-
-def check_json(value: Any, where: str) -> None:
-    problem = _json_problem(value)
-    if problem is not None:
-        raise UnsupportedColumnError(f"{where}: cannot store {problem}; it must be JSON-able")
 
 
 def _bytes_column(spec: ColumnSpec, blobs: list[bytes]) -> EncodedColumn:
