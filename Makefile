@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test venv bench clean
 
+include verl.mk
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
@@ -21,8 +23,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m zarr_skip.demo --out demo_cache
 
+# the main suite, then the verl integration suite in its own environment (.venv-verl)
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(MAKE) test-verl
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
