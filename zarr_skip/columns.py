@@ -478,25 +478,29 @@ def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
     Rows that are the same object (verl repeats a prompt's dicts for its ``n`` samples) are
     encoded once.
     """
-    seen: dict[int, bytes] = {}
+    rows = list(rows)
+    try:
+        seen: dict[int, bytes] = {}
+        blobs = [seen.get(id(r)) or seen.setdefault(id(r), _JSON.encode(r).encode("utf-8", "surrogatepass")) for r in rows]
+        # one C-speed round trip of the whole column catches tuples, non-str keys, reserved
+        # keys, NaN payloads and the like; the exact (slower) row-by-row path runs only then
+        if json_loads(b"[" + b",".join(blobs) + b"]") == rows:
+            return blobs, None
+    except (TypeError, ValueError):
+        pass
     blobs = []
     for i, r in enumerate(rows):
-        blob = seen.get(id(r))
-        if blob is None:
+        try:
+            text = _JSON.encode(r)
+            exact = json_loads(text) == r
+        except (TypeError, ValueError):
+            exact = False
+        if not exact:
             try:
-                text = _JSON.encode(r)
-                # a C-speed round trip catches tuples, non-str keys, reserved keys and the like;
-                # the exact (slower) walk runs only when it fails
-                exact = json_loads(text) == r
-            except (TypeError, ValueError):
-                exact = False
-            if not exact:
-                try:
-                    text = _JSON.encode(_tagged(r))
-                except _NotJSON as exc:
-                    return [], f"row {i}: {exc}"
-            blob = seen[id(r)] = text.encode("utf-8", "surrogatepass")
-        blobs.append(blob)
+                text = _JSON.encode(_tagged(r))
+            except _NotJSON as exc:
+                return [], f"row {i}: {exc}"
+        blobs.append(text.encode("utf-8", "surrogatepass"))
     return blobs, None
 
 
@@ -625,11 +629,12 @@ def restore(
     texts = [raw[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     if kind == "str":
         rows = [t.decode("utf-8", "surrogatepass") for t in texts]
+    elif kind == "json" and (plain is None or not plain.any()):
+        rows = json_loads(b"[" + b",".join(texts) + b"]")  # one parse for the whole column
     elif kind == "json":
-        flags = plain if plain is not None else np.zeros(len(texts), dtype=bool)
         rows = [
             t.decode("utf-8", "surrogatepass") if is_str else json_loads(t)
-            for t, is_str in zip(texts, flags.tolist())
+            for t, is_str in zip(texts, plain.tolist())
         ]
     elif kind == "pickle":
         if not allow_pickle:

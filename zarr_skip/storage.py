@@ -118,7 +118,8 @@ class Storage:
     def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
         keys = list(keys)
         if self.root is not None:
-            return [_localfs.read(self.root / k) for k in keys]
+            root = self.root  # concurrent: cold metadata reads overlap their disk latency
+            return _localfs.parallel(lambda k: _localfs.read(root / k), keys)
         if not keys:
             return []
         return self.run(gather_limited([lambda k=k: self.aget(k) for k in keys]))
