@@ -90,3 +90,34 @@ def test_read_only_location(tmp_path: Path, fingerprint: dict) -> None:
         assert zs.open_cache(mnt).steps() == [1]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_store_without_exclusive_create_is_refused_clearly(fingerprint: dict) -> None:
+    """fsspec's stores check existence, then write: two writers could both win a claim."""
+    import fsspec
+    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+    from zarr.storage import FsspecStore
+
+    fs = AsyncFileSystemWrapper(fsspec.filesystem("memory"), asynchronous=True)
+    store = FsspecStore(fs, path=f"/zs-{id(fs)}")
+    with pytest.raises(zs.AtomicityError, match="cannot create keys exclusively"):
+        zs.open_cache(store, fingerprint)
+
+
+def test_a_server_ignoring_conditional_puts_is_detected(
+    s3_server: Any, fingerprint: dict, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    from zarr_skip import _s3_claims
+
+    async def ignores(store: Any, prefix: str) -> bool:
+        return False
+
+    monkeypatch.setattr(_s3_claims, "probe_conditional_put", ignores)
+    url = s3_server.s3_url(f"t-{uuid.uuid4().hex[:12]}")
+    cache = zs.open_cache(url, fingerprint, storage_options=s3_server.storage_options)
+    assert "ignores conditional creates" in caplog.text
+    assert cache.storage.claim_settle == 0.5
+    cache.write(1, make_batch(2))
+    assert cache.steps() == [1]

@@ -25,16 +25,9 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zarr_skip._s3 import (
-    Backend,
-    ForkCheckedObjectStore,
-    aclose_store,
-    create_if_absent,
-    open_s3_store,
-    parse_s3_url,
-    probe_conditional_put,
-    s3_config_from_storage_options,
-)
+from zarr_skip._s3 import Backend, ForkCheckedObjectStore, aclose_store, open_s3_store
+from zarr_skip._s3_claims import create_if_absent, probe_conditional_put
+from zarr_skip._s3_config import parse_s3_url, s3_config_from_storage_options
 from zarr_skip.errors import ConfigError, ReadOnlyCacheError, StorageError
 
 try:
@@ -210,7 +203,8 @@ _RACE_WORKER = textwrap.dedent(
     pkg.__path__ = [os.environ["RACE_PKG"]]
     sys.modules["zarr_skip"] = pkg
     from zarr.core.sync import sync
-    from zarr_skip._s3 import aclose_store, create_if_absent, open_s3_store
+    from zarr_skip._s3 import aclose_store, open_s3_store
+    from zarr_skip._s3_claims import create_if_absent
 
     store = open_s3_store(os.environ["RACE_URL"], json.loads(os.environ["RACE_OPTS"]),
                           False, backend=os.environ["RACE_BACKEND"])

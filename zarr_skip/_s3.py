@@ -342,5 +342,3 @@ async def aclose_store(store: Store) -> None:
     except Exception as exc:  # noqa: BLE001
         logger.debug("closing store failed: %s", exc)
 
-
-from ._s3_claims import create_if_absent, probe_conditional_put  # noqa: E402  re-exported

@@ -112,6 +112,8 @@ class Cache:
             layout.new_writer_id(),
         )
         self._open_root()
+        if not self.read_only:
+            storage.check_exclusive_create("")
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
         if fingerprint is not None:

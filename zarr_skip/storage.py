@@ -246,13 +246,13 @@ class Storage:
             if isinstance(store, (LocalStore, MemoryStore)):
                 await store.set_if_not_exists(key, _PROTO.buffer.from_bytes(data))
             else:
-                from ._s3 import create_if_absent
+                from ._s3_claims import create_if_absent
 
                 if not await create_if_absent(store, key, data):
                     return False
         except OSError as exc:
             raise storage_error(exc, self.key_path(key)) from exc
-        except NotImplementedError:
+        except (NotImplementedError, TypeError):
             raise AtomicityError(
                 f"{self.where}: {type(store).__name__} cannot create keys exclusively, so "
                 "concurrent writers would be unsafe; use a LocalStore path, s3:// or MemoryStore"
@@ -260,6 +260,29 @@ class Storage:
         if self.claim_settle:
             await asyncio.sleep(self.claim_settle)
         return await self.aget(key) == data
+
+    def check_exclusive_create(self, prefix: str) -> bool:
+        """Whether an object store really refuses a second conditional create (probed once).
+
+        Local and in-memory stores always do. When a server ignores ``If-None-Match``, the
+        claim protocol stays correct through writer-unique data groups and the claim re-check
+        (docs/format.md), and a claim settle time is added so that races resolve early.
+        """
+        if isinstance(self.store, (LocalStore, MemoryStore)) or self.read_only:
+            return True
+        from ._s3_claims import probe_conditional_put
+
+        try:
+            enforced = self.run(probe_conditional_put(self.store, prefix))
+        except (TypeError, NotImplementedError):
+            enforced = False
+        if not enforced:
+            logger.warning(
+                "%s ignores conditional creates (If-None-Match): concurrent writers stay correct "
+                "but slower (claims now wait %.1f s before checking)", self.where, max(self.claim_settle, 0.5),
+            )
+            self.claim_settle = max(self.claim_settle, 0.5)
+        return enforced
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key below ``prefix`` (a 'directory')."""
