@@ -10,6 +10,7 @@ from typing import Any, Self, TextIO
 
 from .display import human_bytes
 
+
 __all__ = ["Bar", "age", "clip", "human_bytes", "render_rows", "table"]
 
 WIDTH = 100  # characters of one rendered value
@@ -36,10 +37,6 @@ def age(updated: float, now: float | None = None) -> str:
         if s >= size:
             return f"{s / size:.0f}{unit}"
     return f"{s:.0f}s"
-
-
-def ratio(raw: int, stored: int) -> str:
-    return f"{raw / stored:.1f}x" if stored and raw else "-"
 
 
 def clip(text: str, width: int = WIDTH) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._cli_format import age, clip, human_bytes, ratio, render_rows, table
+from ._cli_format import age, clip, human_bytes, render_rows, table
+from .display import ratio_text as ratio
 
 if TYPE_CHECKING:
     from .cli import Context

@@ -51,11 +51,9 @@ __all__ = [
     "ForkCheckedObjectStore",
     "S3Location",
     "aclose_store",
-    "create_if_absent",
     "is_s3_url",
     "open_s3_store",
     "parse_s3_url",
-    "probe_conditional_put",
     "s3_config_from_storage_options",
 ]
 

@@ -82,7 +82,8 @@ def human_age(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _ratio(raw: int, stored: int) -> str:
+def ratio_text(raw: int, stored: int) -> str:
+    """Compression ratio as ``'3.2x'`` (``'-'`` when nothing is stored)."""
     return f"{raw / stored:.1f}x" if stored and raw else "-"
 
 
@@ -169,7 +170,7 @@ def _step_row(info: StepInfo, now: float) -> list[Any]:
     age = human_age(now - info.updated) if info.updated else "-"
     return [
         info.step, info.state, f"{info.done}/{info.expected}", info.rows,
-        human_bytes(info.nbytes), _ratio(info.raw_nbytes, info.nbytes), age,
+        human_bytes(info.nbytes), ratio_text(info.raw_nbytes, info.nbytes), age,
     ]
 
 
@@ -258,7 +259,7 @@ def _column_rows(view: StepView) -> list[list[Any]]:
     for name, spec in view.schema.items():
         col = view[name]  # metadata only: nothing is read until it is indexed
         out.append([name, spec.kind, spec.dtype, row_shape(spec), human_bytes(col.nbytes),
-                    human_bytes(col.raw_nbytes), _ratio(col.raw_nbytes, col.nbytes)])
+                    human_bytes(col.raw_nbytes), ratio_text(col.raw_nbytes, col.nbytes)])
     return out
 
 
@@ -277,7 +278,7 @@ def _part_rows(view: StepView) -> list[list[Any]]:
 def _step_title(view: StepView) -> str:
     return (f"step {view.step}: {len(view)} rows in {len(view.parts)} mini-batch"
             f"{'es' if len(view.parts) != 1 else ''}, {human_bytes(view.nbytes)} stored "
-            f"({human_bytes(view.raw_nbytes)} raw, {_ratio(view.raw_nbytes, view.nbytes)}), "
+            f"({human_bytes(view.raw_nbytes)} raw, {ratio_text(view.raw_nbytes, view.nbytes)}), "
             f"batch type {view.batch_type}")
 
 
