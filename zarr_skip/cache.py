@@ -11,7 +11,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from . import chunks, layout
-from .catalog import attribute, group_doc, scan_step, scan_steps, step_infos
+from .catalog import attribute, group_doc, scan_step, step_infos
 from .columns import encode_batch
 from .errors import (
     AmbiguousExperimentError,
@@ -377,9 +377,6 @@ class Cache:
         from .maintenance import gc
 
         return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
-
-    def _scan(self, steps: Sequence[int]) -> list[Any]:
-        return scan_steps(self._storage, self._exp(), steps)
 
     def __repr__(self) -> str:
         from .display import cache_repr

@@ -57,9 +57,6 @@ class StepScan:
     def info(self, now: float, lease: float) -> StepInfo:
         return step_info(self.step, self.runs, self.parts, now=now, lease=lease)
 
-    def part(self, run: str, index: int) -> PartRecord | None:
-        return next((p for p in self.parts if p.run == run and p.index == index), None)
-
 
 def list_steps(storage: Storage, experiment: str) -> list[int]:
     """Step numbers that have a group below the experiment (any state), ascending."""
