@@ -102,3 +102,16 @@ def test_gc_needs_a_writable_handle(cache: zs.Cache, tmp_path: Path) -> None:
     with pytest.raises(zs.ReadOnlyCacheError):
         zs.open_cache(tmp_path).gc()
     assert zs.open_cache(tmp_path).gc(dry_run=True).dry_run
+
+
+def test_gc_never_deletes_a_step_whose_records_it_cannot_read(cache: zs.Cache, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Through a stale shared-filesystem mount a complete step can look damaged: keep it."""
+    age_records(tmp_path, 120)
+    record = next((tmp_path / cache.experiment / "2").glob("*/0/zarr.json"))
+    good = record.read_bytes()
+    record.write_bytes(good[: len(good) // 2])  # what a stale FUSE view returned
+    report = cache.gc()
+    assert all(r.step != 2 for r in report.removed)
+    assert "step 2 has unreadable records; nothing of it is removed" in caplog.text
+    record.write_bytes(good)
+    assert 2 in cache.steps()

@@ -363,3 +363,22 @@ def test_fuse_mounts_share_one_filer(
         assert sync(create_if_absent(store, "g.txt", b"via s3")) is True
         assert (b / prefix / "g.txt").read_bytes() == b"via s3"
     assert not os.path.ismount(a) and not os.path.ismount(b)
+
+
+def test_list_dir_of_an_emptied_directory(open_store: Opener, prefix: str) -> None:
+    """SeaweedFS lists an emptied directory as an object named like the directory itself."""
+    store = open_store(prefix)
+    sync(store.set("d/x/k", default_buffer_prototype().buffer.from_bytes(b"1")))
+    sync(store.delete("d/x/k"))
+
+    async def names(p: str) -> list[str]:
+        return [n async for n in store.list_dir(p)]
+
+    assert sync(names("d/x")) == []
+    sync(names("d"))  # may still list a ghost "x": it must not raise
+
+    async def zarr_names(p: str) -> list[str]:  # what zarr's own ObjectStore.list_dir does
+        return [n async for n in zarr.storage.ObjectStore.list_dir(store, p)]
+
+    with pytest.raises(ValueError, match="does not start with"):
+        sync(zarr_names("d/x"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from zarr.storage import ObjectStore
@@ -144,7 +145,23 @@ class ForkCheckedObjectStore(ObjectStore):  # type: ignore[type-arg]
 
     def list_dir(self, prefix: str) -> AsyncGenerator[str, None]:
         _obstore_guard()
-        return super().list_dir(prefix)
+        return self._list_dir(prefix)
+
+    async def _list_dir(self, prefix: str) -> AsyncGenerator[str, None]:
+        """Names below ``prefix``; unlike zarr's, survives a listing that names the prefix itself.
+
+        SeaweedFS lists an emptied directory (and S3 "folder" markers list themselves) as an
+        object with the directory's own name, which zarr's ``list_dir`` rejects.
+        """
+        import obstore as obs
+
+        prefix = prefix.rstrip("/")
+        res = await obs.list_with_delimiter_async(self.store, prefix or None)
+        for path in chain(res["common_prefixes"], (o["path"] for o in res["objects"])):
+            path = path.rstrip("/")
+            if path == prefix:
+                continue
+            yield path.removeprefix(prefix + "/") if prefix else path
 
     async def getsize(self, key: str) -> int:
         _obstore_guard()

@@ -146,7 +146,7 @@ class Cache:
                 )
             attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
             self._storage.create_if_absent(key, group_doc(attrs))
-            doc = parse_json(self._storage.get(key), where)
+            doc = self._read_created(key, where)
         info = attribute(doc, layout.ROOT_ATTR, where)
         if info is None or info.get("format") != layout.FORMAT_NAME:
             raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
@@ -156,6 +156,15 @@ class Cache:
                 f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
                 f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
             )
+
+    def _read_created(self, key: str, where: str) -> dict[str, Any]:
+        """Read a document another writer may have just created (shared mounts lag a little)."""
+        for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
+            time.sleep(delay)
+            doc = parse_json(self._storage.get(key), where)
+            if doc is not None:
+                return doc
+        raise MetadataError(f"{where}: created by another writer but not readable here yet; retry")
 
     def _open_experiment(self, name: str, fp: dict[str, Any]) -> None:
         key = layout.meta_key(name)
@@ -169,7 +178,7 @@ class Cache:
                 self._storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
             doc = {"name": name, "fingerprint": fp, "created": time.time()}
             self._storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
-            stored = attribute(parse_json(self._storage.get(key), where), layout.EXPERIMENT_ATTR, where)
+            stored = attribute(self._read_created(key, where), layout.EXPERIMENT_ATTR, where)
         theirs = (stored or {}).get("fingerprint")
         if theirs != fp:
             keys = sorted(set(fp) | set(theirs or {}))
@@ -328,7 +337,7 @@ class Cache:
         if not info.complete and scan.summary is not None and scan.summary.get("run") == info.run:
             lost = [
                 self._storage.key_path(layout.meta_key(layout.join(path, run, name)))
-                for run, name in scan.broken
+                for run, name in scan.broken + scan.missing
                 if run == info.run
             ]
             raise MissingDataError(

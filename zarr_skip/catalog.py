@@ -44,10 +44,20 @@ class StepScan:
     summary: dict[str, Any] | None = None
     runs: list[RunRecord] = field(default_factory=list)
     parts: list[PartRecord] = field(default_factory=list)
-    #: names below the step that are not recorded runs (crashed creations, debris)
+    #: names below the step without a run record (crashed creations, debris, object-store ghosts)
     strays: list[str] = field(default_factory=list)
-    #: (run, name) of mini-batch directories whose metadata is missing or unreadable
+    #: names below the step whose run record exists but cannot be read (damage, or a stale
+    #: view through a shared-filesystem mount): never deleted on that evidence
+    unreadable: list[str] = field(default_factory=list)
+    #: (run, name) of mini-batch directories whose record exists but cannot be read
     broken: list[tuple[str, str]] = field(default_factory=list)
+    #: (run, name) of mini-batch directories without a record (a crash before the claim landed)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether some record of this step cannot be read (so nothing here may be deleted)."""
+        return bool(self.unreadable or self.broken)
 
     @property
     def exists(self) -> bool:
@@ -85,7 +95,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     for (scan, name, path), blob, names in zip(run_paths, run_docs, part_listings):
         record = run_record(blob, storage.key_path(layout.meta_key(path)))
         if record is None or record.run != name:
-            scan.strays.append(name)
+            (scan.strays if blob is None else scan.unreadable).append(name)
             continue
         scan.runs.append(record)
         part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names)]
@@ -93,7 +103,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     for (scan, run, name, path), blob in zip(part_paths, part_docs):
         record = _part_record(blob, storage.key_path(layout.meta_key(path)))
         if record is None or record.run != run or str(record.index) != name:
-            scan.broken.append((run, name))
+            (scan.missing if blob is None else scan.broken).append((run, name))
             continue
         scan.parts.append(record)
     return scans

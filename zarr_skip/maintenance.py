@@ -94,7 +94,8 @@ def verify(
         if scan.step not in all_steps:
             problems.append(Problem(scan.step, None, None, exp, "no such step", "missing"))
             continue
-        for run, name in scan.broken:
+        lost = scan.missing if scan.summary is not None and not info.complete else []
+        for run, name in scan.broken + lost:
             if run == info.run:
                 path = storage.key_path(layout.meta_key(layout.join(scan.path, run, name)))
                 problems.append(Problem(scan.step, _int(name), None, path, "metadata missing or unreadable", "metadata"))
@@ -167,6 +168,11 @@ def gc(
         retired = set(complete[: len(complete) - keep_last]) - pinned
     for scan in scans:
         info = scan.info(now, cache.lease)
+        if scan.damaged and scan.step not in retired:
+            # an unreadable record may be a stale view through a shared mount of a complete
+            # step: keep everything and let verify() tell what is wrong
+            logger.warning("gc: step %d has unreadable records; nothing of it is removed", scan.step)
+            continue
         if scan.step in retired:
             removals.append(Removal(scan.path, f"retention: keep_last={keep_last}", scan.step))
             continue
@@ -183,7 +189,9 @@ def gc(
                 if not live:
                     removals.append(Removal(layout.join(scan.path, rec.run), f"leftovers of run {rec.run}, displaced by {own.run}", scan.step))
         for stray in scan.strays:
-            removals.append(Removal(layout.join(scan.path, stray), "not a recorded run (crashed creation)", scan.step))
+            path = layout.join(scan.path, stray)
+            if _mtime_age(cache, path, now) >= age:  # a brand-new run's record may not be visible yet
+                removals.append(Removal(path, "not a recorded run (crashed creation)", scan.step))
         if info.state == COMPLETE and own is not None:
             for p in scan.parts:
                 if p.run == own.run and (p.index >= info.expected or not p.complete):

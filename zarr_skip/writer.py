@@ -32,7 +32,7 @@ from . import chunks, layout
 from .catalog import StepScan, group_doc, run_record, scan_step
 from .columns import ColumnSpec, EncodedBatch, check_same_schema
 from .errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
-from .state import HOST, RunRecord, owner
+from .state import HOST, owner
 from .storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -216,9 +216,9 @@ def _take_over(
             f"expected: step {step} was started by this run with expected={mine.expected}, "
             f"this write says expected={expected}"
         )
-    for stale in [r for r in scan.runs if r.run != ctx.run] + [
-        RunRecord(s, 0.0, 0.0, 0) for s in scan.strays if s != ctx.run
-    ]:
+    # only recorded, older runs are removed: a directory without a readable record may be a
+    # run being created right now, or a stale view through a shared mount (gc handles debris)
+    for stale in [r for r in scan.runs if r.run != ctx.run]:
         n_parts = sum(1 for p in scan.parts if p.run == stale.run)
         logger.warning(
             "step %d: discarding %d mini-batch(es) left by run %s at %s",

