@@ -68,6 +68,23 @@ def write(path: Path, data: bytes) -> int:
     return len(data)
 
 
+def write_fresh(path: Path, data: bytes) -> int:
+    """Write a file in a directory only this writer uses and nobody reads before it says so.
+
+    No temp file and rename: a writer's data group is read only after its completion record
+    names every chunk with its size and checksum, so a torn write is caught, never trusted.
+    """
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def make_dirs(paths: Sequence[Path]) -> None:
+    """Create the directories of ``paths`` (parents first), once each."""
+    for d in sorted({p.parent for p in paths}, key=lambda d: len(d.parts)):
+        d.mkdir(parents=True, exist_ok=True)
+
+
 def create(path: Path, data: bytes) -> None:
     """Create ``path`` holding ``data`` unless it exists (hard link of a complete temp file)."""
     path.parent.mkdir(parents=True, exist_ok=True)

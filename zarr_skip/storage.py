@@ -132,17 +132,27 @@ class Storage:
         blobs = self.get_many([key(it) for it in items])
         return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs)))
 
-    def put_many(self, items: Sequence[tuple[str, Callable[[], bytes]]]) -> dict[str, int]:
-        """Make (e.g. encode) and store values concurrently; the stored size of every key."""
+    def put_many(self, items: Sequence[tuple[str, Callable[[], bytes]]], *, fresh: bool = False) -> dict[str, int]:
+        """Make (e.g. encode) and store values concurrently; the stored size of every key.
+
+        ``fresh``: the keys are new and unread until a later record names them (a writer's
+        own data group), so local files are written in place, without temp file and rename.
+        """
         if items:
             self._check_writable(items[0][0])
         if self.root is not None:
             root = self.root
+            write = _localfs.write_fresh if fresh else _localfs.write
+            try:
+                if fresh:
+                    _localfs.make_dirs([root / key for key, _ in items])
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(items[0][0])) from exc
 
             def put(item: tuple[str, Callable[[], bytes]]) -> tuple[str, int]:
                 key, make = item
                 try:
-                    return key, _localfs.write(root / key, make())
+                    return key, write(root / key, make())
                 except OSError as exc:
                     raise storage_error(exc, self.key_path(key)) from exc
 

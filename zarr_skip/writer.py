@@ -299,7 +299,7 @@ def _write_arrays(
         manifest[col.spec.name] = entry
     items: list[tuple[str, Any]] = [(k, lambda d=d: d) for k, d in docs.items()]
     items += [(k, lambda a=a, c=c: chunks.encode(a, c)) for k, a, c in jobs]
-    sizes = storage.put_many(items)
+    sizes = storage.put_many(items, fresh=True)
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
