@@ -50,8 +50,9 @@ def crash_writer(location: str, fingerprint: dict, run: str, steps: int, ready: 
     cache = zs.open_cache(location, fingerprint, run_id=run, chunk_bytes=32 << 10)
     ready.set()
     while True:
+        done = set(cache.steps())  # once a round: between steps the writer should be writing
         for step in range(steps):
-            if step in cache.steps():
+            if step in done:
                 continue
             n = expected_of(step)
             for _ in range(n):
