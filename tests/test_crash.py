@@ -14,7 +14,7 @@ import zarr_skip as zs
 from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch
 
 KILLS = 50
-STEPS = 12
+STEPS = 40  # more than a writer finishes before its kill: kills land mid-step
 
 
 @pytest.fixture(scope="module")
