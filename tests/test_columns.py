@@ -207,7 +207,7 @@ def test_numpy_scalars_in_json_rows_and_meta_info_roundtrip_exactly() -> None:
     assert type(back[0]["b"]) is np.bool_
     assert type(back[1]) is np.float32 and back[2][0].tobytes() == odd_nan.tobytes()
     enc = encode_batch({"a": torch.zeros(1)}, {"timing": {"gen": np.float64(1.25)}})
-    from zarr_skip.columns import from_json_value
+    from zarr_skip.jsonvalues import from_json_value
 
     meta = from_json_value(enc.meta_info)
     assert meta["timing"]["gen"] == 1.25

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from .errors import SchemaMismatchError, UnsupportedColumnError
+from .jsonvalues import json_loads, json_rows, to_json_value
 
 JAGGED_KINDS = frozenset({"nested", "rows", "str", "json", "pickle"})
 BYTES_KINDS = frozenset({"str", "json", "pickle"})
@@ -54,7 +54,6 @@ _TORCH_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.complex128: np.dtype(np.complex128),
 }
 _UINT_OF_SIZE = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
-_CANONICAL_NAN = struct.pack("<d", float("nan"))
 _NARROW_ORDER = [np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8")]
 
 
@@ -373,7 +372,7 @@ def _encode_objects(
         return _encode_rows(name, rows, container, section)
     bad = None
     if kinds <= {"str", "json"}:
-        blobs, bad = _json_rows(rows)
+        blobs, bad = json_rows(rows)
         if bad is None:
             return _bytes_column(ColumnSpec(name, "json", "json", (), container, section), blobs)
     if allow_pickle:
@@ -386,122 +385,6 @@ def _encode_objects(
         f"column {name!r}: cannot store {bad} exactly (rows must be str, JSON-able objects or "
         "numeric numpy arrays); pass allow_pickle=True to pickle them"
     )
-
-
-NUMPY_TAG, TUPLE_TAG, FLOAT_TAG = "$numpy", "$tuple", "$float"
-_TAGS = (NUMPY_TAG, TUPLE_TAG, FLOAT_TAG)
-
-
-class _NotJSON(Exception):
-    """A value :func:`_tagged` cannot represent; the message says what and where."""
-
-
-def _tag_numpy(value: Any) -> Any:
-    """JSON stand-in for a numpy scalar: its dtype and exact bytes (verl's timings are numpy)."""
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        return {NUMPY_TAG: value.dtype.str, "hex": value.tobytes().hex()}
-    raise TypeError(f"{type(value).__qualname__} is not JSON-able")
-
-
-def _untag(obj: dict[str, Any]) -> Any:
-    if len(obj) == 2 and "hex" in obj:
-        if NUMPY_TAG in obj:
-            return np.frombuffer(bytes.fromhex(obj["hex"]), dtype=np.dtype(obj[NUMPY_TAG]))[0]
-        if FLOAT_TAG in obj:
-            return struct.unpack("<d", bytes.fromhex(obj["hex"]))[0]
-    if len(obj) == 1 and TUPLE_TAG in obj:
-        return tuple(obj[TUPLE_TAG])
-    return obj
-
-
-def _tagged(value: Any) -> Any:
-    """``value`` as exact JSON data: tuples, numpy scalars and NaN payloads tagged.
-
-    Raises :class:`_NotJSON` naming the first value that cannot be represented.
-    """
-    t = type(value)
-    if value is None or t in (bool, int, str):
-        return value
-    if t is float:
-        if value != value and struct.pack("<d", value) != _CANONICAL_NAN:
-            return {FLOAT_TAG: "<f8", "hex": struct.pack("<d", value).hex()}
-        return value
-    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
-        return _tag_numpy(value)
-    if t is list or t is tuple:
-        items = [_tagged(v) for v in value]
-        return items if t is list else {TUPLE_TAG: items}
-    if t is dict:
-        out = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                raise _NotJSON(f"dict key {k!r} ({type(k).__qualname__}, JSON keys must be str)")
-            if k in _TAGS:
-                raise _NotJSON(f"dict key {k!r} (reserved by zarr_skip's JSON encoding)")
-            out[k] = _tagged(v)
-        return out
-    raise _NotJSON(f"{t.__qualname__} value {value!r:.60}")
-
-
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_tag_numpy)
-
-
-def json_loads(text: str | bytes) -> Any:
-    """Parse JSON written by this codec (tagged values come back as what they were)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "surrogatepass")
-    if '"$' not in text:
-        return json.loads(text)
-    return json.loads(text, object_hook=_untag)
-
-
-def to_json_value(value: Any) -> Any:
-    """``value`` as plain, exact JSON data, for metadata attributes (raises UnsupportedColumnError)."""
-    try:
-        return _tagged(value)
-    except _NotJSON as exc:
-        raise UnsupportedColumnError(f"meta_info: cannot store {exc}; it must be JSON-able") from None
-
-
-def from_json_value(value: Any) -> Any:
-    """Inverse of :func:`to_json_value`."""
-    if isinstance(value, dict):
-        return _untag({k: from_json_value(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return [from_json_value(v) for v in value]
-    return value
-
-
-def _json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
-    """Each row as UTF-8 JSON, or the first row's problem.
-
-    Rows that are the same object (verl repeats a prompt's dicts for its ``n`` samples) are
-    encoded once.
-    """
-    rows = list(rows)
-    try:
-        seen: dict[int, bytes] = {}
-        blobs = [seen.get(id(r)) or seen.setdefault(id(r), _JSON.encode(r).encode("utf-8", "surrogatepass")) for r in rows]
-        # one C-speed round trip of the whole column catches tuples, non-str keys, reserved
-        # keys, NaN payloads and the like; the exact (slower) row-by-row path runs only then
-        if json_loads(b"[" + b",".join(blobs) + b"]") == rows:
-            return blobs, None
-    except (TypeError, ValueError):
-        pass
-    blobs = []
-    for i, r in enumerate(rows):
-        try:
-            text = _JSON.encode(r)
-            exact = json_loads(text) == r
-        except (TypeError, ValueError):
-            exact = False
-        if not exact:
-            try:
-                text = _JSON.encode(_tagged(r))
-            except _NotJSON as exc:
-                return [], f"row {i}: {exc}"
-        blobs.append(text.encode("utf-8", "surrogatepass"))
-    return blobs, None
 
 
 _KIND_OF_TYPE = {str: "str", type(None): "json", bool: "json", int: "json", float: "json", dict: "json", list: "json"}

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from . import chunks, layout
-from .columns import ColumnSpec, DataProtoLike, check_same_schema, from_json_value, merged_spec, restore
+from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
+from .jsonvalues import from_json_value
 from .errors import MetadataError, SchemaMismatchError
 from .storage import Storage
 
