@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
 from .chunks import Compression
 from .columns import is_tensordict
 from .errors import ConfigError, StepCompleteError
-from .remap import RemapError, parse_sample_step, remap
+from .remap import Remap, RemapError, parse_sample_step, remap
 from .skipconfig import RoleConfig, SkipConfig, fingerprint, parameter_sync_step, parse_skip_config
 
 logger = logging.getLogger(__name__)
@@ -96,22 +95,27 @@ def _async_step(prompts: Any) -> int:
     return parse_sample_step(str(uids[0]))
 
 
-def take_rows(value: Any, indices: Sequence[int], name: str) -> Any:
-    """Rows ``indices`` (repeats allowed) of one column, keeping its type.
+def inject_step(
+    view: Any, uids: Sequence[str], n: int, step: int, policy: str, tq: Any, partition_id: str, where: str
+) -> Remap:
+    """Put a cached TQ step into TransferQueue under the new prompt ``uids``; return the plan.
 
-    Jagged NestedTensors are unbound and rebuilt (they do not support indexing on dim 0).
+    The trajectories are remapped onto the new uids (:func:`remap.remap`), the chosen rows
+    (repeats allowed) are read straight from storage (each chunk once, jagged columns without
+    unbinding), then trajectories and prompt-level "finished" keys are put.
     """
-    idx = list(indices)
-    if isinstance(value, torch.Tensor):
-        if value.is_nested:
-            rows = value.unbind()
-            return torch.nested.as_nested_tensor([rows[i] for i in idx], layout=torch.jagged)
-        return value.index_select(0, torch.as_tensor(idx, dtype=torch.long))
-    if isinstance(value, np.ndarray):
-        return value[np.asarray(idx, dtype=np.intp)]
-    if isinstance(value, (list, tuple)):
-        return [value[i] for i in idx]
-    raise TypeError(f"column {name!r}: cannot select rows of {type(value).__qualname__}")
+    if "keys" not in view or "tags" not in view:
+        raise RemapError(f"{where}: cached step {view.step} lacks the 'keys'/'tags' columns of a TQ batch")
+    old_keys = [str(k) for k in view["keys"][:]]
+    old_tags = list(view["tags"][:])
+    plan = remap(old_keys, old_tags, [str(u) for u in uids], n, step, policy, source_step=view.step)
+    if plan.keys:
+        idx = np.asarray(plan.indices, dtype=np.int64)
+        rows = {name: view[name][idx] for name in view.columns if name not in ("keys", "tags")}
+        tq.kv_batch_put(keys=list(plan.keys), fields=build_fields(rows, len(idx)), tags=list(plan.tags),
+                        partition_id=partition_id)
+    tq.kv_batch_put(keys=list(plan.prompt_keys), partition_id=partition_id, tags=list(plan.prompt_tags))
+    return plan
 
 
 def build_fields(columns: Mapping[str, Any], rows: int) -> Any:
@@ -377,20 +381,7 @@ class SkipManager:
         """Put the cached step ``source`` into TransferQueue under the new prompt ``uids``."""
         with rt.lock:
             view = rt.cache().load(source)
-            if "keys" not in view or "tags" not in view:
-                raise RemapError(f"rollout_tq: cached step {source} lacks the 'keys'/'tags' columns of a TQ batch")
-            old_keys = [str(k) for k in view["keys"][:]]
-            old_tags = list(view["tags"][:])
-            plan = remap(old_keys, old_tags, uids, rt.n, step, rt.cfg.on_group_mismatch, source_step=source)
-            # the chosen rows (repeats allowed) straight from storage: each chunk read once,
-            # jagged columns rebuilt without unbinding
-            idx = np.asarray(plan.indices, dtype=np.int64)
-            rows = {name: view[name][idx] for name in view.columns if name not in ("keys", "tags")} if plan.keys else {}
-        tq = cls._transfer_queue()
-        if plan.keys:
-            fields = build_fields(rows, len(plan.indices))
-            tq.kv_batch_put(keys=list(plan.keys), fields=fields, tags=list(plan.tags), partition_id="train")
-        tq.kv_batch_put(keys=list(plan.prompt_keys), partition_id="train", tags=list(plan.prompt_tags))
+            inject_step(view, uids, rt.n, step, rt.cfg.on_group_mismatch, cls._transfer_queue(), "train", "rollout_tq")
         logger.info("rollout_tq: step %d served from the cache (stored step %d): %d prompts x %d trajectories",
                     step, source, len(uids), rt.n)
 

@@ -168,16 +168,11 @@ class Storage:
         return [parse_json(blob, self.key_path(k)) for k, blob in zip(keys, self.get_many(keys))]
 
     def list_dir(self, prefix: str) -> list[str]:
-        """Names directly below ``prefix`` (keys and 'directories')."""
-        if self.root is not None:
-            return _localfs.list_dir(self.root / prefix)
-
-        async def collect() -> list[str]:
-            return [name async for name in self.store.list_dir(prefix)]
-
-        return sorted(set(self.run(collect())))
+        """Names directly below ``prefix`` (keys and 'directories'), sorted."""
+        return self.list_dirs([prefix])[0]
 
     def list_dirs(self, prefixes: Iterable[str]) -> list[list[str]]:
+        """:meth:`list_dir` of several prefixes, concurrently."""
         prefixes = list(prefixes)
         if self.root is not None:
             return [_localfs.list_dir(self.root / p) for p in prefixes]

@@ -23,8 +23,8 @@ from verl.utils.skip.base_skip import BaseSkip, SkipAction
 
 from .. import open_cache
 from ..errors import ConfigError, StepCompleteError, UnsupportedColumnError
-from ..manager import build_fields, fields_to_mapping, take_rows
-from ..remap import RemapError, parse_sample_step, remap
+from ..manager import fields_to_mapping, inject_step
+from ..remap import parse_sample_step
 from ..skipconfig import RoleConfig, fingerprint, parameter_sync_step
 from ._verl_legacy import LegacySource
 from ._verl_meta import decode_meta, encode_meta
@@ -255,19 +255,9 @@ class ZarrRolloutTqSkip(ZarrSkipBase):
         if source is None:
             raise CachedStepMissingError(f"skip.{self.role}: no cached step for step {step} in {self.location}")
         with self._lock:
-            columns = self.cache().load(source, allow_pickle=self.options.allow_pickle).to_dict()
-        if "keys" not in columns or "tags" not in columns:
-            raise RemapError(f"skip.{self.role}: cached step {source} lacks the 'keys'/'tags' columns of a TQ batch")
-        old_keys = [str(k) for k in columns.pop("keys")]
-        old_tags = list(columns.pop("tags"))
-        plan = remap(old_keys, old_tags, [str(u) for u in new_prompt_uids], n, global_steps,
-                     self.options.on_group_mismatch, source_step=source)
-        tq = _transfer_queue()
-        if plan.keys:
-            rows = {name: take_rows(value, plan.indices, name) for name, value in columns.items()}
-            tq.kv_batch_put(keys=list(plan.keys), fields=build_fields(rows, len(plan.indices)),
-                            tags=list(plan.tags), partition_id=partition_id)
-        tq.kv_batch_put(keys=list(plan.prompt_keys), partition_id=partition_id, tags=list(plan.prompt_tags))
+            view = self.cache().load(source, allow_pickle=self.options.allow_pickle)
+            plan = inject_step(view, new_prompt_uids, n, global_steps, self.options.on_group_mismatch,
+                               _transfer_queue(), partition_id, f"skip.{self.role}")
         logger.info("skip.%s: injected %d cached trajectories of step %d (%d prompts x %d) into partition %r "
                     "at step %d", self.role, len(plan.keys), source, len(plan.prompt_keys), n, partition_id, step)
 
