@@ -93,10 +93,10 @@ def states(loc: str, experiment: str = EXP) -> dict[int, str]:
 
 
 def chunk_file(loc: str, step: int, column: str) -> Path:
-    """The one chunk of ``column`` in mini-batch 0 of ``step`` (``{step}/{run}/0/.../{column}/c/...``)."""
+    """The one chunk of ``column`` in mini-batch 0 of ``step`` (``{step}/{run}/0/.../{column}/c.0``)."""
     base = Path(loc, EXP, str(step))
     (path,) = [p for p in base.rglob("*") if p.is_file() and p.relative_to(base).parts[1:2] == ("0",)
-               and f"/{column}/c/" in p.as_posix()]
+               and f"/{column}/c." in p.as_posix()]
     return path
 
 

@@ -24,7 +24,7 @@ def written(tmp_path: Path, fingerprint: dict) -> tuple[Path, zs.Cache, Any]:
 def chunk_file(root: Path, info: Any, column: str) -> Path:
     """The first chunk file of ``column`` (``name`` or ``name/values``) of a mini-batch."""
     (data,) = [d for d in (root / info.path).iterdir() if d.is_dir()]  # the writer's data group
-    files = sorted(p for p in (data / column / "c").rglob("*") if p.is_file())
+    files = sorted(p for p in (data / column).glob("c.*") if p.is_file())
     assert files
     return files[0]
 

@@ -36,7 +36,7 @@ def assert_balanced(page: str) -> None:
 
 
 def chunk_reads(store: CountingStore) -> set[str]:
-    return {k for k in store.reads if "/c/" in k and not k.endswith("zarr.json")}
+    return {k for k in store.reads if "/c." in k and not k.endswith("zarr.json")}
 
 
 @pytest.fixture

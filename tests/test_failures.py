@@ -58,7 +58,7 @@ class FullStore(LocalStore):
     armed = False
 
     async def set(self, key: str, value: Any) -> None:
-        if self.armed and "/c/" in key:
+        if self.armed and "/c." in key:
             raise OSError(errno.ENOSPC, "No space left on device")
         await super().set(key, value)
 

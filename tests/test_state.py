@@ -99,6 +99,7 @@ def test_step_and_run_names() -> None:
     rid = layout.new_run_id(0.0)
     assert rid.startswith("r19700101T000000-") and layout.check_run_id(rid)
     assert layout.chunk_key("a/b", 3, 2) == "a/b/c/3/0"
+    assert layout.chunk_key("a/b", 3, 2, ".") == "a/b/c.3.0"
 
 
 def test_doc_checksum_ignores_its_own_field() -> None:

@@ -17,7 +17,7 @@ pickle     anything (opt-in)                  ``values`` (pickle bytes) and ``le
 ========== ================================== ==================================================
 
 Integer arrays are narrowed to the smallest integer type holding every value (token ids to
-int32, masks to uint8) and widened back on load; see :func:`narrow`.
+uint32, masks to uint8) and widened back on load; see :func:`narrow`.
 """
 
 from __future__ import annotations
@@ -127,12 +127,54 @@ class ColumnSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Narrowed:
+    """An integer array to be stored as the narrower integer ``dtype`` that holds its values.
+
+    Converted slice by slice when it is written (``self[a:b]``), so the writer's threads narrow
+    chunks in parallel and no full-size narrowed copy is ever made.
+    """
+
+    source: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.source.ndim
+
+    @property
+    def size(self) -> int:
+        return self.source.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.size * self.dtype.itemsize
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self.source[key].astype(self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.source.astype(self.dtype)
+        return out if dtype is None else out.astype(dtype)
+
+    def astype(self, dtype: Any, copy: bool = True) -> np.ndarray:
+        return np.asarray(self).astype(dtype, copy=copy)
+
+
+#: what a stored array is before it is written
+StoredArray = np.ndarray | Narrowed
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedColumn:
     """One column ready to store: its spec, its row count and its arrays (name -> array)."""
 
     spec: ColumnSpec
     rows: int
-    arrays: dict[str, np.ndarray]
+    arrays: dict[str, StoredArray]
 
 
 @dataclass(slots=True)
@@ -424,18 +466,19 @@ def _encode_rows(name: str, rows: Sequence[np.ndarray], container: str, section:
     return EncodedColumn(spec, len(rows), {"values": narrow(values), "lengths": narrow(lengths)})
 
 
-def narrow(a: np.ndarray) -> np.ndarray:
-    """The smallest integer dtype holding every value of an integer array (others unchanged)."""
+def narrow(a: np.ndarray) -> StoredArray:
+    """An integer array as the smallest integer dtype holding every value (others unchanged)."""
+    a = np.ascontiguousarray(a)
     if a.dtype.kind not in "iu" or a.dtype.itemsize == 1 or a.size == 0:
-        return np.ascontiguousarray(a)
+        return a
     lo, hi = int(a.min()), int(a.max())
     for dt in _NARROW_ORDER:
         if dt.itemsize >= a.dtype.itemsize:
             break
         info = np.iinfo(dt)
         if info.min <= lo and hi <= info.max:
-            return a.astype(dt)
-    return np.ascontiguousarray(a)
+            return Narrowed(a, dt)
+    return a
 
 
 def check_same_schema(

@@ -160,6 +160,12 @@ def meta_key(path: str) -> str:
     return join(path, METADATA)
 
 
-def chunk_key(array_path: str, index: int, ndim: int) -> str:
-    """Key of chunk ``index`` along axis 0 of an array chunked only along rows."""
-    return join(array_path, "c", "/".join([str(index)] + ["0"] * (ndim - 1)))
+#: separator of chunk keys in arrays we write: ``c.0`` (``.``) saves a ``c/`` directory per array
+#: on file systems, where creating a directory costs as much as writing a small chunk
+CHUNK_SEPARATOR = "."
+
+
+def chunk_key(array_path: str, index: int, ndim: int, separator: str = "/") -> str:
+    """Key of chunk ``index`` along axis 0 of an array chunked only along rows (zarr's default
+    chunk key encoding with ``separator``)."""
+    return join(array_path, separator.join(["c", str(index)] + ["0"] * (ndim - 1)))

@@ -32,13 +32,14 @@ class ArrayPart:
     sizes: tuple[int, ...]
     compression: chunks.Compression
     where: str
+    separator: str = "/"
 
     @property
     def rows(self) -> int:
         return self.shape[0]
 
     def key(self, i: int) -> str:
-        return layout.chunk_key(self.path, i, len(self.shape))
+        return layout.chunk_key(self.path, i, len(self.shape), self.separator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class Part:
                         sizes=tuple(a["sizes"]),
                         compression=chunks.Compression(**a["codec"]) if "codec" in a else default,
                         where=f"step {step}, mini-batch {index}, column {name!r}",
+                        separator=str(a.get("separator", "/")),
                     )
                     for aname, a in entry["arrays"].items()
                 }

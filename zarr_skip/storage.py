@@ -143,16 +143,17 @@ class Storage:
         if self.root is not None:
             root = self.root
             write = _localfs.write_fresh if fresh else _localfs.write
-            try:
-                if fresh:
-                    _localfs.make_dirs([root / key for key, _ in items])
-            except OSError as exc:
-                raise storage_error(exc, self.key_path(items[0][0])) from exc
+            # a fresh group's directories are made by one pool thread while the others
+            # already encode (creating a directory costs as much as compressing a chunk)
+            dirs = _localfs.pool().submit(_localfs.make_dirs, [root / key for key, _ in items]) if fresh else None
 
             def put(item: tuple[str, Callable[[], bytes]]) -> tuple[str, int]:
                 key, make = item
                 try:
-                    return key, write(root / key, make())
+                    value = make()
+                    if dirs is not None:
+                        dirs.result()
+                    return key, write(root / key, value)
                 except OSError as exc:
                     raise storage_error(exc, self.key_path(key)) from exc
 

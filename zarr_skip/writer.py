@@ -268,7 +268,8 @@ def _write_arrays(
     """Write every array's metadata and chunks concurrently; return the manifest and sizes."""
     manifest: dict[str, Any] = {}
     docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
-    jobs: list[tuple[str, Any]] = []
+    jobs: list[tuple[str, Any, slice, chunks.Compression]] = []
+    sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
         multi = len(col.arrays) > 1
@@ -280,13 +281,13 @@ def _write_arrays(
             per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
             codec = compression.for_dtype(arr.dtype)
-            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec)
+            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec, sep)
             docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
             keys = []
             if arr.size:
                 for i in range(chunks.chunk_count(arr.shape[0], per)):
-                    key = layout.chunk_key(apath, i, arr.ndim)
-                    jobs.append((key, arr[i * per : (i + 1) * per], codec))
+                    key = layout.chunk_key(apath, i, arr.ndim, sep)
+                    jobs.append((key, arr, slice(i * per, (i + 1) * per), codec))
                     keys.append(key)
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
@@ -295,10 +296,12 @@ def _write_arrays(
                 "keys": keys,
                 "raw": int(arr.nbytes),
                 "codec": codec.to_json(),
+                "separator": sep,
             }
         manifest[col.spec.name] = entry
     items: list[tuple[str, Any]] = [(k, lambda d=d: d) for k, d in docs.items()]
-    items += [(k, lambda a=a, c=c: chunks.encode(a, c)) for k, a, c in jobs]
+    # slicing a Narrowed array converts it: done in the pool, chunk by chunk
+    items += [(k, lambda a=a, r=r, c=c: chunks.encode(a[r], c)) for k, a, r, c in jobs]
     sizes = storage.put_many(items, fresh=True)
     nbytes = raw = 0
     for entry in manifest.values():

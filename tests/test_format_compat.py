@@ -1,0 +1,108 @@
+"""Caches written by earlier zarr_skip releases of format 1 still load, and the codecs we pick."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+import zarr_skip as zs
+from conftest import assert_equal, concat, make_batch
+from zarr_skip import layout
+from zarr_skip.chunks import AUTO_BLOCK_BYTES, Compression
+
+
+def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
+    """Rewrite a cache the way zarr_skip 0.1 laid it out: chunk keys ``c/0`` (not ``c.0``) and
+    no ``separator`` in the manifest (its records re-checksummed). Returns the chunks moved."""
+    moved = 0
+    for meta in root.rglob("zarr.json"):
+        doc = json.loads(meta.read_text())
+        part = doc.get("attributes", {}).get(layout.PART_ATTR)
+        if part and part.get("state") == "complete":
+            for column in part["columns"].values():
+                for array in column["arrays"].values():
+                    assert array.pop("separator") == "."
+            part["checksum"] = layout.doc_checksum(part)
+        if doc.get("node_type") == "array":
+            doc["chunk_key_encoding"]["configuration"]["separator"] = "/"
+            for chunk in meta.parent.glob("c.*"):
+                new = meta.parent.joinpath("c", *chunk.name.split(".")[1:])
+                new.parent.mkdir(parents=True, exist_ok=True)
+                chunk.rename(new)
+                moved += 1
+        meta.write_text(json.dumps(doc))
+    return moved
+
+
+@pytest.mark.parametrize(
+    "compression",
+    [Compression("zstd", 1), Compression("lz4", 5, "bitshuffle"), Compression("zstd", 3)],
+    ids=["zstd-1", "lz4-bitshuffle", "zstd-3"],
+)
+def test_a_cache_in_the_0_1_layout_still_loads(
+    tmp_path: Path, fingerprint: dict, compression: Compression
+) -> None:
+    parts = [make_batch(5, seed=i, offset=10 * i) for i in range(3)]
+    cache = zs.open_cache(str(tmp_path), fingerprint, compression=compression, chunk_bytes=24)
+    for p in parts:
+        cache.write(2, p, expected=3)
+    assert _as_zarr_skip_0_1_wrote_it(tmp_path) > 10
+    assert not list(tmp_path.rglob("c.*"))
+    reopened = zs.open_cache(str(tmp_path), fingerprint)
+    assert_equal(reopened.load(2).to_dict(), concat(parts))
+    report = reopened.verify()
+    assert report.chunks > 10 and report.problems == ()
+    # and zarr itself reads the old keys
+    (part,) = [p for p in reopened.load(2).parts if p.index == 1]
+    array = zarr.open_group(str(tmp_path), mode="r")[part.arrays["input_ids"]["data"].path]
+    assert np.array_equal(array[:], parts[1]["input_ids"].numpy())
+
+
+def test_auto_compression_by_width(tmp_path: Path, fingerprint: dict) -> None:
+    auto = Compression.parse("auto")
+    wide = auto.for_dtype(np.dtype("u4"))
+    assert (wide.name, wide.level, wide.shuffle, wide.blocksize) == ("blosc-zstd", 1, "shuffle", AUTO_BLOCK_BYTES)
+    assert auto.for_dtype(np.dtype("f4")) == wide
+    assert auto.for_dtype(np.dtype("u1")) == Compression("zstd", 1)
+    cache = zs.open_cache(str(tmp_path), fingerprint)
+    batch = make_batch(6)
+    cache.write(1, batch)
+    (part,) = cache.load(1).parts
+    arrays = part.arrays
+    assert arrays["old_log_probs"]["data"].compression == wide
+    assert arrays["attention_mask"]["data"].compression == Compression("zstd", 1)  # narrowed to u1
+    # zarr decodes what the blosc-zstd chain declares
+    array = zarr.open_group(str(tmp_path), mode="r")[arrays["old_log_probs"]["data"].path]
+    assert array.metadata.codecs[1].to_dict()["configuration"]["blocksize"] == AUTO_BLOCK_BYTES
+    assert np.array_equal(array[:], batch["old_log_probs"].numpy())
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("brotli", "compression: expected one of"),
+        ("blosc-zstd:12", "blosc levels run from 0 to 9"),
+    ],
+)
+def test_bad_compression_is_refused(tmp_path: Path, fingerprint: dict, value: str, error: str) -> None:
+    with pytest.raises(zs.ConfigError, match=error):
+        zs.open_cache(str(tmp_path), fingerprint, compression=value)
+
+
+def test_blocksize_must_be_a_byte_count() -> None:
+    with pytest.raises(zs.ConfigError, match="blocksize"):
+        Compression("blosc-zstd", 1, "shuffle", -1)
+
+
+def test_explicit_blosc_zstd_round_trips(tmp_path: Path, fingerprint: dict) -> None:
+    batch: dict[str, Any] = make_batch(7, seed=4)
+    cache = zs.open_cache(str(tmp_path), fingerprint, compression="blosc-zstd:3", chunk_bytes=32)
+    cache.write(1, batch)
+    assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
+    (part,) = cache.load(1).parts
+    assert part.arrays["input_ids"]["data"].compression == Compression("blosc-zstd", 3)
