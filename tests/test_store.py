@@ -235,9 +235,19 @@ def test_zero_rows_and_empty_strings(location: Any, fingerprint: dict) -> None:
     assert_equal(view.minibatches[0].to_dict(), empty)
 
 
-def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, batch: dict) -> None:
-    cache = zs.open_cache(tmp_path, fingerprint)
+@pytest.mark.parametrize("chunk_bytes", [None, 40], ids=["one-chunk", "many-chunks"])
+def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, chunk_bytes: int | None) -> None:
+    batch = make_batch(11, seed=3)  # 11 rows: chunks of 40 bytes leave a partial last chunk
+    cache = zs.open_cache(tmp_path, fingerprint, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
     info = cache.write(1, batch)
+    (stored,) = cache.load(1).parts
+    for column, arrays in stored.arrays.items():  # every array, as zarr reads it, is what we read
+        for name, array in arrays.items():
+            if chunk_bytes and name in ("data", "values") and array.rows > array.chunk:
+                assert array.rows % array.chunk, f"{column}/{name}: no partial last chunk"
+            ours = zs.lazy._read_range(cache._storage, [array], 0, array.rows, array.dtype, array.shape[1:])
+            theirs = zarr.open_array(str(tmp_path / array.path), mode="r")[:]
+            assert theirs.dtype == ours.dtype and np.array_equal(theirs, ours), f"{column}/{name}"
     part = zarr.open_group(tmp_path, mode="r")[info.path]
     (data_name,) = list(part.group_keys())  # the writer's own data group
     assert data_name == part.attrs["zarr_skip.part"]["data"]

@@ -139,6 +139,16 @@ def chunk_count(rows: int, per_chunk: int) -> int:
     return math.ceil(rows / per_chunk) if rows else 0
 
 
+def full_chunk(data: np.ndarray, rows: int) -> np.ndarray:
+    """``data`` padded with zero rows to ``rows``: zarr stores every chunk at the full chunk
+    shape, the last one of an array included (its rows beyond the array are fill values)."""
+    if data.shape[0] == rows:
+        return data
+    out = np.zeros((rows, *data.shape[1:]), dtype=data.dtype)
+    out[: data.shape[0]] = data
+    return out
+
+
 def encode(data: np.ndarray, compression: Compression) -> bytes:
     """Encode one chunk: little-endian bytes, compressed, with the crc32c appended."""
     raw = np.ascontiguousarray(data)
@@ -147,23 +157,7 @@ def encode(data: np.ndarray, compression: Compression) -> bytes:
     return body + np.uint32(crc32c.crc32c(body)).tobytes()
 
 
-def decode_into(
-    blob: bytes | None,
-    out: np.ndarray,
-    compression: Compression,
-    *,
-    stored_size: int,
-    where: str,
-) -> np.ndarray:
-    """Decode one chunk into ``out`` (a contiguous array of the stored dtype and chunk shape).
-
-    Raises
-    ------
-    MissingDataError
-        The chunk is absent or its size differs from the size recorded at write time.
-    ChecksumError
-        Its crc32c does not match.
-    """
+def _checked_body(blob: bytes | None, stored_size: int, where: str) -> memoryview:
     if blob is None:
         raise MissingDataError(f"{where}: chunk is missing")
     if len(blob) != stored_size:
@@ -174,6 +168,27 @@ def decode_into(
     crc = np.frombuffer(blob[-4:], dtype="<u4")[0]
     if crc32c.crc32c(body) != int(crc):
         raise ChecksumError(f"{where}: checksum mismatch (stored {int(crc):#010x})")
+    return body
+
+
+def decode_into(
+    blob: bytes | None,
+    out: np.ndarray,
+    compression: Compression,
+    *,
+    stored_size: int,
+    where: str,
+) -> np.ndarray:
+    """Decode one chunk holding exactly ``out``'s rows into ``out`` (contiguous, stored dtype).
+
+    Raises
+    ------
+    MissingDataError
+        The chunk is absent or its size differs from the size recorded at write time.
+    ChecksumError
+        Its crc32c does not match, or it does not decode to ``out``'s size.
+    """
+    body = _checked_body(blob, stored_size, where)
     codec = compression.codec()
     try:
         if codec is None:
@@ -183,6 +198,58 @@ def decode_into(
     except (ValueError, RuntimeError) as exc:
         raise ChecksumError(f"{where}: chunk does not decode ({exc})") from None
     return out
+
+
+def decode_rows(
+    blob: bytes | None,
+    dtype: np.dtype,
+    trailing: tuple[int, ...],
+    rows: int,
+    compression: Compression,
+    *,
+    stored_size: int,
+    where: str,
+) -> np.ndarray:
+    """Decode the last chunk of an array: its first ``rows`` rows, whether it was stored at the
+    full chunk shape (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
+    body = _checked_body(blob, stored_size, where)
+    codec = compression.codec()
+    try:
+        raw = body if codec is None else codec.decode(body)
+        flat = np.frombuffer(raw, dtype=dtype)
+    except (ValueError, RuntimeError) as exc:
+        raise ChecksumError(f"{where}: chunk does not decode ({exc})") from None
+    per_row = dtype.itemsize * math.prod(trailing)
+    if per_row and (flat.nbytes % per_row or flat.nbytes // per_row < rows):
+        raise ChecksumError(f"{where}: chunk decodes to {flat.nbytes} bytes, not {rows} rows of {per_row}")
+    return flat.reshape(-1, *trailing)[:rows]
+
+
+def narrow_view(region: np.ndarray, narrow: np.dtype) -> np.ndarray:
+    """View of the back of ``region`` (a contiguous array of a wider integer type) that holds
+    ``region.size`` values of the ``narrow`` type; call :func:`widen_in_place` once filled.
+
+    Decoding a narrowed chunk there and widening it forward needs no buffer of its own.
+    """
+    flat = region.reshape(-1).view(np.uint8)
+    n = region.size
+    return flat[n * (region.dtype.itemsize - narrow.itemsize) :].view(narrow)
+
+
+def widen_in_place(region: np.ndarray, narrow: np.ndarray) -> None:
+    """Widen ``narrow`` (the view :func:`narrow_view` gave) into ``region``, front to back.
+
+    Each step converts as many values as fit before the unread ones: half of what is left
+    when the width doubles, so ~log2(n) numpy copies whose source and target never overlap
+    (numpy buffers the last few values itself).
+    """
+    out = region.reshape(-1)
+    n, wide, thin = out.size, out.dtype.itemsize, narrow.dtype.itemsize
+    start = 0
+    while start < n:
+        step = max(1, (wide - thin) * (n - start) // wide)
+        np.copyto(out[start : start + step], narrow[start : start + step], casting="safe")
+        start += step
 
 
 def array_metadata(

@@ -118,10 +118,15 @@ def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
     rows = list(rows)
     try:
         seen: dict[int, bytes] = {}
-        blobs = [seen.get(id(r)) or seen.setdefault(id(r), _JSON.encode(r).encode("utf-8", "surrogatepass")) for r in rows]
-        # one C-speed round trip of the whole column catches tuples, non-str keys, reserved
+        unique: list[Any] = []
+        for r in rows:
+            if id(r) not in seen:
+                seen[id(r)] = _JSON.encode(r).encode("utf-8", "surrogatepass")
+                unique.append(r)
+        blobs = [seen[id(r)] for r in rows]
+        # one C-speed round trip of the distinct rows catches tuples, non-str keys, reserved
         # keys, NaN payloads and the like; the exact (slower) row-by-row path runs only then
-        if json_loads(b"[" + b",".join(blobs) + b"]") == rows:
+        if json_loads(b"[" + b",".join(seen[id(r)] for r in unique) + b"]") == unique:
             return blobs, None
     except (TypeError, ValueError):
         pass

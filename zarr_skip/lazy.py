@@ -410,11 +410,21 @@ def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray)
     def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
         a, c, n, src, dst = job
         where = f"{a.where}, chunk {storage.key_path(a.key(c))}"
-        if a.dtype == out.dtype and isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice):
-            chunks.decode_into(blob, out[dst], a.compression, stored_size=a.sizes[c], where=where)
+        size = a.sizes[c]
+        if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
+            rows = chunks.decode_rows(blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where)
+            out[dst] = rows[src]
             return
-        tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-        chunks.decode_into(blob, tmp, a.compression, stored_size=a.sizes[c], where=where)
-        out[dst] = tmp[src]
+        whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
+        if whole and a.dtype == out.dtype:
+            chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where)
+        elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
+            region = out[dst]  # a narrowed chunk decodes into the back of its rows and widens there
+            narrow = chunks.decode_into(blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where)
+            chunks.widen_in_place(region, narrow)
+        else:
+            tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where)
+            out[dst] = tmp[src]
 
     storage.map_get(jobs, lambda job: job[0].key(job[1]), decode)

@@ -117,9 +117,14 @@ def verify(
                     blobs = storage.get_many(keys)
                     for i, (key, blob) in enumerate(zip(keys, blobs)):
                         n = min(arr.chunk, arr.rows - i * arr.chunk)
-                        out = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
+                        size = arr.sizes[i]
                         try:
-                            chunks.decode_into(blob, out, arr.compression, stored_size=arr.sizes[i], where=arr.where)
+                            if n < arr.chunk:
+                                chunks.decode_rows(blob, arr.dtype, arr.shape[1:], n, arr.compression,
+                                                   stored_size=size, where=arr.where)
+                            else:
+                                out = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
+                                chunks.decode_into(blob, out, arr.compression, stored_size=size, where=arr.where)
                         except CorruptCacheError as exc:
                             kind = type(exc).__name__
                             problems.append(Problem(scan.step, rec.index, name, storage.key_path(key), str(exc), kind))

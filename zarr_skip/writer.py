@@ -301,7 +301,7 @@ def _write_arrays(
         manifest[col.spec.name] = entry
     items: list[tuple[str, Any]] = [(k, lambda d=d: d) for k, d in docs.items()]
     # slicing a Narrowed array converts it: done in the pool, chunk by chunk
-    items += [(k, lambda a=a, r=r, c=c: chunks.encode(a[r], c)) for k, a, r, c in jobs]
+    items += [(k, lambda a=a, r=r, c=c: chunks.encode(chunks.full_chunk(a[r], r.stop - r.start), c)) for k, a, r, c in jobs]
     sizes = storage.put_many(items, fresh=True)
     nbytes = raw = 0
     for entry in manifest.values():

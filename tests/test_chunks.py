@@ -1,4 +1,4 @@
-"""Caches written by earlier zarr_skip releases of format 1 still load, and the codecs we pick."""
+"""Chunks: the codecs we pick, widening in place, and caches written by earlier releases of format 1."""
 
 from __future__ import annotations
 
@@ -13,20 +13,40 @@ import zarr
 import zarr_skip as zs
 from conftest import assert_equal, concat, make_batch
 from zarr_skip import layout
-from zarr_skip.chunks import AUTO_BLOCK_BYTES, Compression
+from zarr_skip.chunks import AUTO_BLOCK_BYTES, Compression, decode_rows, encode, narrow_view, widen_in_place
+
+
+def _cut_last_chunk(data_dir: Path, array: dict[str, Any]) -> int:
+    """Re-encode an array's last chunk cut at the array's end, as 0.1 did; its new size."""
+    last = len(array["sizes"]) - 1
+    rows = array["shape"][0] - last * array["chunk"]
+    path = data_dir / f"c.{last}" if len(array["shape"]) == 1 else data_dir / ".".join(["c", str(last)] + ["0"] * (len(array["shape"]) - 1))
+    codec = Compression(**array["codec"])
+    kept = decode_rows(path.read_bytes(), np.dtype(array["dtype"]), tuple(array["shape"][1:]), rows, codec,
+                       stored_size=array["sizes"][last], where="test")
+    blob = encode(kept, codec)
+    path.write_bytes(blob)
+    return len(blob)
 
 
 def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
-    """Rewrite a cache the way zarr_skip 0.1 laid it out: chunk keys ``c/0`` (not ``c.0``) and
-    no ``separator`` in the manifest (its records re-checksummed). Returns the chunks moved."""
-    moved = 0
-    for meta in root.rglob("zarr.json"):
+    """Rewrite a cache the way zarr_skip 0.1 laid it out: chunk keys ``c/0`` (not ``c.0``), the
+    last chunk of an array cut at the array's end (not padded to the chunk shape) and no
+    ``separator`` in the manifest (its records re-checksummed). Returns the chunks moved."""
+    moved = cut = 0
+    # records first (cutting chunks at their c.N keys), then arrays (moving the keys)
+    for meta in sorted(root.rglob("zarr.json"), key=lambda m: json.loads(m.read_text()).get("node_type") == "array"):
         doc = json.loads(meta.read_text())
         part = doc.get("attributes", {}).get(layout.PART_ATTR)
         if part and part.get("state") == "complete":
-            for column in part["columns"].values():
-                for array in column["arrays"].values():
+            data = meta.parent / part["data"]
+            for name, column in part["columns"].items():
+                for aname, array in column["arrays"].items():
                     assert array.pop("separator") == "."
+                    if array["sizes"] and array["shape"][0] % array["chunk"]:
+                        where = data / name / aname if len(column["arrays"]) > 1 else data / name
+                        array["sizes"][-1] = _cut_last_chunk(where, array)
+                        cut += 1
             part["checksum"] = layout.doc_checksum(part)
         if doc.get("node_type") == "array":
             doc["chunk_key_encoding"]["configuration"]["separator"] = "/"
@@ -36,6 +56,7 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
                 chunk.rename(new)
                 moved += 1
         meta.write_text(json.dumps(doc))
+    assert cut, "no array had a partial last chunk"
     return moved
 
 
@@ -106,3 +127,17 @@ def test_explicit_blosc_zstd_round_trips(tmp_path: Path, fingerprint: dict) -> N
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
     (part,) = cache.load(1).parts
     assert part.arrays["input_ids"]["data"].compression == Compression("blosc-zstd", 3)
+
+
+@pytest.mark.parametrize(("narrow", "wide"), [("u1", "i8"), ("u2", "i8"), ("u4", "i8"), ("i4", "i8"), ("i1", "i2"), ("u1", "u4")])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 4097])
+def test_widening_in_place_is_exact(narrow: str, wide: str, n: int) -> None:
+    rng = np.random.default_rng(n)
+    info = np.iinfo(narrow)
+    values = rng.integers(info.min, info.max, size=n, endpoint=True, dtype=narrow)
+    region = np.full(n, -1 if np.dtype(wide).kind == "i" else 7, dtype=wide)
+    view = narrow_view(region, np.dtype(narrow))
+    assert view.size == n and np.shares_memory(view, region)
+    view[:] = values
+    widen_in_place(region, view)
+    assert np.array_equal(region, values.astype(wide))
