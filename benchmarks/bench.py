@@ -932,6 +932,12 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path,
     out["loadavg_end"] = os.getloadavg()
     out["ratios"] = ratios(out)
     out["targets"] = check_targets(name, out, args.baseline_only)
+    from .floor import jagged_floor
+
+    floor = jagged_floor(preset, args.seed, STEP)  # untimed, after every measurement
+    base = _metric(out["formats"].get("torch_save_jagged", {}), "bytes")
+    floor["ratio"] = floor["bytes"] / base if base else None
+    out["floor"] = floor
     return out
 
 
@@ -1126,6 +1132,14 @@ def markdown(run: dict[str, Any]) -> str:
                     lines.append(f"- {op} (open_cache + status()): {_fmt_s(r.get('median_s'))}, "
                                  f"{r.get('n_steps')} steps listed, {r.get('n_complete')} complete"
                                  f", peak RSS +{_fmt_b(r.get('peak_rss_bytes'))}")
+    fl = res.get("floor")
+    if fl:
+        top = sorted(fl["parts"].items(), key=lambda kv: -kv[1])[:3]
+        lines += ["", "## Information floor (jagged)", "",
+                  f"No lossless format can store this step in fewer than {_fmt_b(fl['bytes'])}"
+                  f" (ratio {_fmt_r(fl.get('ratio'))} to torch.save): its values are drawn "
+                  "independently at random (see `benchmarks/floor.py`). Largest parts: "
+                  + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top) + "."]
     if res["targets"]:
         lines += ["", "## Targets", "", "| target | value | verdict |", "|---|---|---|"]
         for t in res["targets"]:

@@ -63,8 +63,9 @@ def open_cache(
     run_id : the run this handle writes as; share it between the ranks or processes of one
         training run. A fresh id by default.
     read_only : force read-only (default: read-only exactly when no fingerprint is given).
-    compression, level : ``"auto"`` (default: zstd-1 for integers, blosc-lz4 with bit-shuffle
-        for floats), ``"zstd"`` (level 3), ``"lz4"``, ``None``; ``"zstd:1"`` also works.
+    compression, level : ``"auto"`` (default: blosc-zstd level 1 with byte shuffling for types
+        wider than a byte, zstd level 1 for bytes), ``"blosc-zstd"``, ``"zstd"`` (level 3),
+        ``"lz4"`` (blosc), ``None``; ``"zstd:1"`` also works.
     chunk_bytes : uncompressed bytes per chunk aimed for.
     storage_options : for URLs: endpoint, credentials, ... (passed to the object store).
     lease : seconds without a heartbeat after which another host's unfinished mini-batch

@@ -58,6 +58,9 @@ IM_START, USER, ASSISTANT, NEWLINE = 151644, 872, 77091, 198
 PROMPT_PREFIX = np.array([IM_START, USER, NEWLINE], dtype=np.int64)
 PROMPT_SUFFIX = np.array([EOS_ID, NEWLINE, IM_START, ASSISTANT, NEWLINE], dtype=np.int64)
 MIN_PROMPT = 8  # == len(PROMPT_PREFIX) + len(PROMPT_SUFFIX)
+#: log-probs are -Exponential(scale): (share, scale) of confident and of uncertain tokens
+LOG_PROB_MIX = ((0.8, 0.02), (0.2, 1.5))
+LOG_PROB_MIN = -30.0
 MIN_RESPONSE = 2
 
 ZIPF_A = 1.2
@@ -281,11 +284,12 @@ def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
     rtok[rend[finished]] = EOS_ID
 
     # log-probs: 80% confident tokens (mean -0.02), 20% uncertain (mean -1.5) ----------------
-    scale = np.where(rng.random(n_rtok, dtype=np.float32) < 0.8, np.float32(0.02), np.float32(1.5))
+    (share, confident), (_, uncertain) = LOG_PROB_MIX
+    scale = np.where(rng.random(n_rtok, dtype=np.float32) < share, np.float32(confident), np.float32(uncertain))
     lp = rng.standard_exponential(n_rtok, dtype=np.float32)
     lp *= scale
     np.negative(lp, out=lp)
-    np.maximum(lp, np.float32(-30.0), out=lp)
+    np.maximum(lp, np.float32(LOG_PROB_MIN), out=lp)
 
     # per-group non-tensor fields --------------------------------------------------------
     uid_bytes = rng.integers(0, 256, size=(g, 16), dtype=np.uint8)

@@ -1,0 +1,32 @@
+"""The benchmark's information floor: a true lower bound on the bytes of a synthetic step."""
+
+from __future__ import annotations
+
+import numpy as np
+import numcodecs
+import pytest
+
+from benchmarks.floor import jagged_floor, log_prob_bits_per_value
+from zarr_skip.synthetic import LOG_PROB_MIN, LOG_PROB_MIX, jagged_payload
+
+
+@pytest.mark.parametrize("scale", [0.02, 1.5])
+def test_float32_entropy_of_one_exponential(scale: float) -> None:
+    # H = h(X) - E[log2 ulp(X)]: differential entropy log2(e * scale), float32 ulp 2**(e - 23)
+    x = np.random.default_rng(0).exponential(scale, 1_000_000)
+    expected = np.log2(np.e * scale) + 23 - np.floor(np.log2(x)).mean()
+    assert log_prob_bits_per_value(((1.0, scale),), -60.0) == pytest.approx(expected, abs=0.02)
+
+
+def test_the_floor_is_below_what_strong_codecs_reach() -> None:
+    floor = jagged_floor("small", 0, 1)
+    td = jagged_payload("small", 0, step=1)["tensordict"]
+    lp = td["old_log_probs"].values().numpy()
+    tokens = td["responses"].values().numpy().astype(np.uint32)
+    strong = numcodecs.Blosc("zstd", 9, numcodecs.Blosc.SHUFFLE, blocksize=1 << 20)
+    assert floor["parts"]["old_log_probs"] < len(strong.encode(lp))
+    assert floor["parts"]["responses"] < len(strong.encode(tokens))
+    # and not a trivial bound: within 15% of them
+    assert floor["parts"]["old_log_probs"] > 0.85 * len(strong.encode(lp))
+    assert floor["bytes"] == sum(floor["parts"].values())
+    assert 20 < log_prob_bits_per_value(LOG_PROB_MIX, LOG_PROB_MIN) < 32
