@@ -35,14 +35,18 @@ class CountingStore(MemoryStore):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reads: Counter[str] = Counter()
+        self.bytes_read: Counter[str] = Counter()
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: Any = None) -> Any:
         self.reads[key] += 1
-        return await super().get(key, prototype, byte_range)
+        buf = await super().get(key, prototype, byte_range)
+        self.bytes_read[key] += 0 if buf is None else len(buf)
+        return buf
 
     def with_read_only(self, read_only: bool = False) -> CountingStore:
         other = CountingStore(self._store_dict, read_only=read_only)
         other.reads = self.reads
+        other.bytes_read = self.bytes_read
         return other
 
 

@@ -16,11 +16,25 @@ from zarr_skip import layout
 from zarr_skip.chunks import AUTO_BLOCK_BYTES, Compression, decode_rows, encode, narrow_view, widen_in_place
 
 
-def _cut_last_chunk(data_dir: Path, array: dict[str, Any]) -> int:
+def _chunk_path(array_dir: Path, i: int, ndim: int) -> Path:
+    return array_dir / ".".join(["c", str(i)] + ["0"] * (ndim - 1))
+
+
+def _unshard(array_dir: Path, array: dict[str, Any]) -> None:
+    """Split a shard into one file per chunk, as 0.1 stored them."""
+    ndim = len(array["shape"])
+    shard = _chunk_path(array_dir, 0, ndim).read_bytes()
+    start = 0
+    for i, size in enumerate(array["sizes"]):
+        _chunk_path(array_dir, i, ndim).write_bytes(shard[start : start + size])
+        start += size
+
+
+def _cut_last_chunk(array_dir: Path, array: dict[str, Any]) -> int:
     """Re-encode an array's last chunk cut at the array's end, as 0.1 did; its new size."""
     last = len(array["sizes"]) - 1
     rows = array["shape"][0] - last * array["chunk"]
-    path = data_dir / f"c.{last}" if len(array["shape"]) == 1 else data_dir / ".".join(["c", str(last)] + ["0"] * (len(array["shape"]) - 1))
+    path = _chunk_path(array_dir, last, len(array["shape"]))
     codec = Compression(**array["codec"])
     kept = decode_rows(path.read_bytes(), np.dtype(array["dtype"]), tuple(array["shape"][1:]), rows, codec,
                        stored_size=array["sizes"][last], where="test")
@@ -30,11 +44,12 @@ def _cut_last_chunk(data_dir: Path, array: dict[str, Any]) -> int:
 
 
 def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
-    """Rewrite a cache the way zarr_skip 0.1 laid it out: chunk keys ``c/0`` (not ``c.0``), the
-    last chunk of an array cut at the array's end (not padded to the chunk shape) and no
-    ``separator`` in the manifest (its records re-checksummed). Returns the chunks moved."""
+    """Rewrite a cache the way zarr_skip 0.1 laid it out: one file per chunk (no shards), chunk
+    keys ``c/0`` (not ``c.0``), the last chunk of an array cut at the array's end (not padded to
+    the chunk shape) and no ``separator`` in the manifest (its records re-checksummed).
+    Returns the chunks moved."""
     moved = cut = 0
-    # records first (cutting chunks at their c.N keys), then arrays (moving the keys)
+    # records first (splitting shards and cutting chunks at c.N keys), then arrays (moving keys)
     for meta in sorted(root.rglob("zarr.json"), key=lambda m: json.loads(m.read_text()).get("node_type") == "array"):
         doc = json.loads(meta.read_text())
         part = doc.get("attributes", {}).get(layout.PART_ATTR)
@@ -43,12 +58,18 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
             for name, column in part["columns"].items():
                 for aname, array in column["arrays"].items():
                     assert array.pop("separator") == "."
+                    where = data / name / aname if len(column["arrays"]) > 1 else data / name
+                    if array.pop("shard", False):
+                        _unshard(where, array)
                     if array["sizes"] and array["shape"][0] % array["chunk"]:
-                        where = data / name / aname if len(column["arrays"]) > 1 else data / name
                         array["sizes"][-1] = _cut_last_chunk(where, array)
                         cut += 1
             part["checksum"] = layout.doc_checksum(part)
         if doc.get("node_type") == "array":
+            if doc["codecs"][0]["name"] == "sharding_indexed":
+                inner = doc["codecs"][0]["configuration"]
+                doc["codecs"] = inner["codecs"]
+                doc["chunk_grid"]["configuration"]["chunk_shape"] = inner["chunk_shape"]
             doc["chunk_key_encoding"]["configuration"]["separator"] = "/"
             for chunk in meta.parent.glob("c.*"):
                 new = meta.parent.joinpath("c", *chunk.name.split(".")[1:])

@@ -12,7 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,6 +41,12 @@ def pool() -> ThreadPoolExecutor:
         _POOL = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="zarr-skip")
         _POOL_PID = os.getpid()
     return _POOL
+
+
+def submit(fn: Callable[..., T], *args: object) -> Future[T]:
+    """Run ``fn(*args)`` on the pool. Tasks run in submission order, so a task may wait for
+    the result of one submitted before it, never for one submitted after it."""
+    return pool().submit(fn, *args)
 
 
 def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
@@ -81,15 +87,30 @@ def write(path: Path, data: bytes) -> int:
     return len(data)
 
 
-def write_fresh(path: Path, data: bytes) -> int:
+def read_range(path: Path, start: int, length: int) -> bytes | None:
+    """``length`` bytes of ``path`` from ``start`` (fewer at the end of the file; None if absent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    try:
+        return os.pread(fd, length, start)
+    finally:
+        os.close(fd)
+
+
+def write_fresh(path: Path, data: bytes | Sequence[bytes]) -> int:
     """Write a file in a directory only this writer uses and nobody reads before it says so.
 
     No temp file and rename: a writer's data group is read only after its completion record
     names every chunk with its size and checksum, so a torn write is caught, never trusted.
+    ``data`` may come in pieces (the chunks of a shard), written one after the other.
     """
+    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     with open(path, "wb") as f:
-        f.write(data)
-    return len(data)
+        for piece in pieces:
+            f.write(piece)
+    return sum(len(p) for p in pieces)
 
 
 def make_dirs(paths: Sequence[Path]) -> None:

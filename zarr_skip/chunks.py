@@ -9,6 +9,7 @@ what we write; we encode and decode ourselves to check each chunk's presence, si
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,9 @@ import numpy as np
 
 from .errors import ChecksumError, ConfigError, MissingDataError
 
-#: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch
-DEFAULT_CHUNK_BYTES = 2 << 20
+#: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch, a
+#: larger one a shard (one file) of such chunks
+DEFAULT_CHUNK_BYTES = 512 << 10
 
 #: blosc block size of ``auto``: zstd's entropy tables pay off over 1 MiB blocks (blosc's own
 #: choice at level 1 is far smaller and costs 2-4% of the size and 20% of the speed)
@@ -254,20 +256,46 @@ def widen_in_place(region: np.ndarray, narrow: np.ndarray) -> None:
 
 def array_metadata(
     shape: tuple[int, ...], chunks: tuple[int, ...], dtype: np.dtype, compression: Compression,
-    separator: str = "/",
+    separator: str = "/", *, shard: int = 1,
 ) -> dict[str, Any]:
-    """The zarr v3 ``zarr.json`` document of an array we write."""
+    """The zarr v3 ``zarr.json`` document of an array we write.
+
+    ``shard > 1``: the array's chunks are stored back to back in one file (zarr's
+    ``sharding_indexed`` codec, the index of ``(offset, nbytes)`` pairs at the end), so an array
+    of many chunks costs one file to write and one to open, and any chunk is one ranged read.
+    """
+    codecs = compression.zarr_codecs(dtype)
+    grid = list(chunks)
+    if shard > 1:
+        grid[0] = chunks[0] * shard
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(chunks), "codecs": codecs, "index_codecs": _INDEX_CODECS,
+            "index_location": "end",
+        }}]
     return {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(shape),
         "data_type": _zarr_dtype(dtype),
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
         "fill_value": False if dtype.kind == "b" else 0,
-        "codecs": compression.zarr_codecs(dtype),
+        "codecs": codecs,
         "attributes": {},
     }
+
+
+_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+
+
+def shard_index(sizes: Sequence[int]) -> bytes:
+    """The index ending a shard whose chunks of ``sizes`` bytes lie back to back from offset 0:
+    an ``(offset, nbytes)`` pair of little-endian uint64 per chunk, then its crc32c."""
+    pairs = np.zeros((len(sizes), 2), dtype="<u8")
+    pairs[:, 1] = sizes
+    np.cumsum(pairs[:-1, 1], out=pairs[1:, 0])
+    body = pairs.tobytes()
+    return body + np.uint32(crc32c.crc32c(body)).tobytes()
 
 
 def _zarr_dtype(dtype: np.dtype) -> str:

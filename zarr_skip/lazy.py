@@ -33,13 +33,24 @@ class ArrayPart:
     compression: chunks.Compression
     where: str
     separator: str = "/"
+    shard: bool = False  # the chunks lie back to back in one file, chunk key 0
 
     @property
     def rows(self) -> int:
         return self.shape[0]
 
     def key(self, i: int) -> str:
-        return layout.chunk_key(self.path, i, len(self.shape), self.separator)
+        """The key holding chunk ``i``."""
+        return layout.chunk_key(self.path, 0 if self.shard else i, len(self.shape), self.separator)
+
+    def span(self, i: int) -> tuple[int, int] | None:
+        """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
+        return (sum(self.sizes[:i]), self.sizes[i]) if self.shard else None
+
+    def describe(self, storage: Storage, i: int) -> str:
+        """Chunk ``i`` for messages: its file, and its place in the shard."""
+        path = storage.key_path(self.key(i))
+        return f"{self.where}, chunk {i} of shard {path}" if self.shard else f"{self.where}, chunk {path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +93,8 @@ class Part:
                         sizes=tuple(a["sizes"]),
                         compression=chunks.Compression(**a["codec"]) if "codec" in a else default,
                         where=f"step {step}, mini-batch {index}, column {name!r}",
-                        separator=str(a.get("separator", "/")),
+                        separator=_separator(a.get("separator", "/")),
+                        shard=a.get("shard", False) is True,
                     )
                     for aname, a in entry["arrays"].items()
                 }
@@ -341,6 +353,12 @@ class LazyColumn:
         return column_html(self)
 
 
+def _separator(value: Any) -> str:
+    if value not in ("/", "."):
+        raise ValueError(f"chunk key separator {value!r}")
+    return str(value)
+
+
 def _offsets(lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
@@ -409,7 +427,7 @@ def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray)
 
     def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
         a, c, n, src, dst = job
-        where = f"{a.where}, chunk {storage.key_path(a.key(c))}"
+        where = a.describe(storage, c)
         size = a.sizes[c]
         if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
             rows = chunks.decode_rows(blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where)
@@ -427,4 +445,4 @@ def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray)
             chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where)
             out[dst] = tmp[src]
 
-    storage.map_get(jobs, lambda job: job[0].key(job[1]), decode)
+    storage.map_get(jobs, lambda job: job[0].key(job[1]), decode, lambda job: job[0].span(job[1]))

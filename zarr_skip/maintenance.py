@@ -114,7 +114,18 @@ def verify(
             for name, arrays in part.arrays.items():
                 for arr in arrays.values():
                     keys = [arr.key(i) for i in range(len(arr.sizes))]
-                    blobs = storage.get_many(keys)
+                    if arr.shard:
+                        shard = storage.get(keys[0])
+                        spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
+                        blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
+                        if shard is not None and shard[sum(arr.sizes):] != chunks.shard_index(arr.sizes):
+                            problems.append(Problem(
+                                scan.step, rec.index, name, storage.key_path(keys[0]),
+                                f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)",
+                                "ChecksumError",
+                            ))
+                    else:
+                        blobs = storage.get_many(keys)
                     for i, (key, blob) in enumerate(zip(keys, blobs)):
                         n = min(arr.chunk, arr.rows - i * arr.chunk)
                         size = arr.sizes[i]

@@ -11,12 +11,14 @@ import errno
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from zarr.abc.store import Store
+from zarr.abc.store import RangeByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore
@@ -33,6 +35,8 @@ from .errors import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: what is stored at a key: bytes, or pieces of them stored as one
+Value = bytes | Sequence[bytes]
 _PROTO = default_buffer_prototype()
 #: requests in flight at once; object stores are latency-bound, local disks don't mind
 CONCURRENCY = 64
@@ -106,8 +110,18 @@ class Storage:
 
     # -- reads ------------------------------------------------------------------------------
 
-    async def aget(self, key: str) -> bytes | None:
-        buf = await self.store.get(key, _PROTO)
+    async def aget(self, key: str, span: tuple[int, int] | None = None) -> bytes | None:
+        """The bytes at ``key`` (None if absent), or ``span = (start, length)`` of them."""
+        if span is None:
+            buf = await self.store.get(key, _PROTO)
+        else:
+            start, length = span
+            try:
+                buf = await self.store.get(key, _PROTO, RangeByteRequest(start, start + length))
+            except Exception:  # a range past the end: S3 answers 416, stores raise their own
+                if not await self.store.exists(key):
+                    return None
+                return b""  # a truncated object; the caller's size check reports it
         return None if buf is None else buf.to_bytes()
 
     def get(self, key: str) -> bytes | None:
@@ -124,16 +138,39 @@ class Storage:
             return []
         return self.run(gather_limited([lambda k=k: self.aget(k) for k in keys]))
 
-    def map_get(self, items: Sequence[T], key: Callable[[T], str], fn: Callable[[T, bytes | None], Any]) -> list[Any]:
-        """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied concurrently."""
+    def map_get(
+        self,
+        items: Sequence[T],
+        key: Callable[[T], str],
+        fn: Callable[[T, bytes | None], Any],
+        span: Callable[[T], tuple[int, int] | None] = lambda _: None,
+    ) -> list[Any]:
+        """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied
+        concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read."""
         if self.root is not None:
             root = self.root
-            return _localfs.parallel(lambda it: fn(it, _localfs.read(root / key(it))), items)
-        blobs = self.get_many([key(it) for it in items])
+
+            def one(it: T) -> Any:
+                where = span(it)
+                path = root / key(it)
+                return fn(it, _localfs.read(path) if where is None else _localfs.read_range(path, *where))
+
+            return _localfs.parallel(one, items)
+        spans = [span(it) for it in items]
+        blobs = self.run(gather_limited([
+            lambda k=key(it), w=w: self.aget(k, w) for it, w in zip(items, spans)
+        ]))
         return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs)))
 
-    def put_many(self, items: Sequence[tuple[str, Callable[[], bytes]]], *, fresh: bool = False) -> dict[str, int]:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` in the I/O and codec pool (see :func:`_localfs.submit`)."""
+        return _localfs.submit(fn, *args)
+
+    def put_many(self, items: Sequence[tuple[str, Callable[[], Value]]], *, fresh: bool = False) -> dict[str, int]:
         """Make (e.g. encode) and store values concurrently; the stored size of every key.
+
+        A value may come in pieces (a list of bytes, e.g. the chunks of a shard): they are
+        stored as one.
 
         ``fresh``: the keys are new and unread until a later record names them (a writer's
         own data group), so local files are written in place, without temp file and rename.
@@ -141,27 +178,48 @@ class Storage:
         if items:
             self._check_writable(items[0][0])
         if self.root is not None:
-            root = self.root
-            write = _localfs.write_fresh if fresh else _localfs.write
-            # a fresh group's directories are made by one pool thread while the others
-            # already encode (creating a directory costs as much as compressing a chunk)
-            dirs = _localfs.pool().submit(_localfs.make_dirs, [root / key for key, _ in items]) if fresh else None
+            return self._put_local(items, fresh)
+        values = _localfs.parallel(lambda item: _joined(item[1]()), items)
+        data = {key: value for (key, _), value in zip(items, values)}
+        self.set_many(data)
+        return {key: len(value) for key, value in data.items()}
 
-            def put(item: tuple[str, Callable[[], bytes]]) -> tuple[str, int]:
+    def _put_local(self, items: Sequence[tuple[str, Callable[[], Value]]], fresh: bool) -> dict[str, int]:
+        root = self.root
+        assert root is not None
+        if not fresh:
+            def put(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
                 key, make = item
                 try:
-                    value = make()
-                    if dirs is not None:
-                        dirs.result()
-                    return key, write(root / key, value)
+                    return key, _localfs.write(root / key, _joined(make()))
                 except OSError as exc:
                     raise storage_error(exc, self.key_path(key)) from exc
 
             return dict(_localfs.parallel(put, items))
-        values = _localfs.parallel(lambda item: item[1](), items)
-        data = {key: value for (key, _), value in zip(items, values)}
-        self.set_many(data)
-        return {key: len(value) for key, value in data.items()}
+        # a fresh group's directories are made by this thread while the pool already encodes
+        # (creating a directory costs about as much as compressing a chunk)
+        ready = threading.Event()
+        failed: list[OSError] = []
+
+        def put_fresh(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
+            key, make = item
+            try:
+                value = make()
+                ready.wait()
+                if failed:
+                    raise failed[0]
+                return key, _localfs.write_fresh(root / key, value)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+
+        futures = [_localfs.submit(put_fresh, item) for item in items]
+        try:
+            _localfs.make_dirs([root / key for key, _ in items])
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            ready.set()
+        return dict(f.result() for f in futures)
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
@@ -344,3 +402,7 @@ def storage_error(exc: OSError, where: str) -> Exception:
         err = StorageError(f"{where}: write failed ({exc})")
     err.errno = exc.errno
     return err
+
+
+def _joined(value: Value) -> bytes:
+    return value if isinstance(value, bytes) else b"".join(value)

@@ -25,7 +25,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from . import chunks, layout
@@ -265,10 +268,16 @@ def _write_arrays(
     compression: chunks.Compression,
     chunk_bytes: int,
 ) -> tuple[dict[str, Any], int, int]:
-    """Write every array's metadata and chunks concurrently; return the manifest and sizes."""
+    """Write every array's metadata and chunks concurrently; return the manifest and sizes.
+
+    Chunks are encoded in the pool as soon as they are known; an array of several chunks is
+    written as one shard once its chunks are encoded.
+    """
     manifest: dict[str, Any] = {}
     docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
-    jobs: list[tuple[str, Any, slice, chunks.Compression]] = []
+    items: list[tuple[str, Callable[[], Any]]] = []
+    encoded: list[bytes | None] = []  # filled by the pool, emptied as chunks are written
+    sizes: dict[str, list[int]] = {}
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
@@ -279,37 +288,59 @@ def _write_arrays(
             apath = layout.join(part_path, col.spec.name, aname if multi else "")
             row_bytes = arr.dtype.itemsize * int(_prod(arr.shape[1:]))
             per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
+            count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
             codec = compression.for_dtype(arr.dtype)
-            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec, sep)
+            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec, sep, shard=count)
             docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
-            keys = []
-            if arr.size:
-                for i in range(chunks.chunk_count(arr.shape[0], per)):
-                    key = layout.chunk_key(apath, i, arr.ndim, sep)
-                    jobs.append((key, arr, slice(i * per, (i + 1) * per), codec))
-                    keys.append(key)
+            slots = list(range(len(encoded), len(encoded) + count))
+            encoded += [None] * count
+            jobs = [storage.submit(_encode, encoded, j, arr, slice(i * per, (i + 1) * per), codec)
+                    for i, j in enumerate(slots)]
+            key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+            sizes[apath] = []
+            if count:
+                items.append((key, partial(_take, encoded, jobs, slots, sizes[apath], count > 1)))
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
                 "chunk": per,
-                "keys": keys,
                 "raw": int(arr.nbytes),
                 "codec": codec.to_json(),
                 "separator": sep,
+                **({"shard": True} if count > 1 else {}),
+                "path": apath,
             }
         manifest[col.spec.name] = entry
-    items: list[tuple[str, Any]] = [(k, lambda d=d: d) for k, d in docs.items()]
-    # slicing a Narrowed array converts it: done in the pool, chunk by chunk
-    items += [(k, lambda a=a, r=r, c=c: chunks.encode(chunks.full_chunk(a[r], r.stop - r.start), c)) for k, a, r, c in jobs]
-    sizes = storage.put_many(items, fresh=True)
+    items = [(k, lambda d=d: d) for k, d in docs.items()] + items
+    storage.put_many(items, fresh=True)
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
-            arr["sizes"] = [sizes[k] for k in arr.pop("keys")]
+            arr["sizes"] = sizes[arr.pop("path")]
             nbytes += sum(arr["sizes"])
             raw += arr["raw"]
     return manifest, nbytes, raw
+
+
+def _encode(out: list[bytes | None], slot: int, arr: Any, rows: slice, codec: chunks.Compression) -> None:
+    # slicing a Narrowed array narrows those rows: done here, in the pool, chunk by chunk
+    out[slot] = chunks.encode(chunks.full_chunk(arr[rows], rows.stop - rows.start), codec)
+
+
+def _take(
+    encoded: list[bytes | None], jobs: list[Future[None]], slots: list[int], sizes: list[int], shard: bool
+) -> bytes | list[bytes]:
+    """The encoded chunk (or the chunks of a shard and its index) to write, freed from the list."""
+    pieces: list[bytes] = []
+    for job, slot in zip(jobs, slots):
+        job.result()
+        blob = encoded[slot]
+        assert blob is not None
+        encoded[slot] = None
+        pieces.append(blob)
+        sizes.append(len(blob))
+    return pieces + [chunks.shard_index(sizes)] if shard else pieces[0]
 
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
