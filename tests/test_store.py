@@ -347,3 +347,23 @@ def test_a_truncated_shard_is_missing_data(location: Any, fingerprint: dict) -> 
         cache.load(3)["responses"][:]
     with pytest.raises(zs.MissingDataError, match=r"chunk \d+ of shard"):
         cache.load(3)["responses"][-1:]  # a range past the end of the object
+
+
+def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint: dict) -> None:
+    store = CountingStore()
+    cache = zs.open_cache(store, fingerprint)
+    parts = [make_batch(5, seed=i) for i in range(3)]
+    for p in parts:
+        cache.write(4, p, expected=3)
+    store.reads.clear()
+    view = cache.load(4)
+    step_path = view.parts[0].path.rsplit("/", 2)[0]
+    run = view.parts[0].run
+    assert sorted(store.reads) == sorted([f"{step_path}/zarr.json"] + [f"{step_path}/{run}/{i}/zarr.json" for i in range(3)])
+    assert_equal(view.to_dict(), concat(parts))
+    # a new run rewriting the step: the summary no longer vouches, the full scan decides
+    info = zs.open_cache(store, fingerprint).write(4, make_batch(5, seed=9), expected=3, overwrite=True)
+    store.reads.clear()
+    with pytest.raises(zs.IncompleteStepError, match="1 of 3"):
+        cache.load(4)
+    assert f"{step_path}/{info.run}/zarr.json" in store.reads

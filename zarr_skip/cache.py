@@ -11,7 +11,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from . import chunks, layout
-from .catalog import attribute, group_doc, scan_step, step_infos
+from .catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
 from .columns import encode_batch
 from .errors import (
     AmbiguousExperimentError,
@@ -26,7 +26,7 @@ from .errors import (
     StepNotFoundError,
 )
 from .lazy import Part, StepView
-from .state import StepInfo, resolve
+from .state import PartRecord, StepInfo, resolve
 from .storage import Storage, open_store, parse_json
 from .writer import PartInfo, RunContext, write_part
 
@@ -331,6 +331,9 @@ class Cache:
         path = layout.join(exp, layout.step_name(step))
         if not exp:
             raise StepNotFoundError(self._missing(step))
+        fast = summarized_parts(self._storage, exp, step)
+        if fast is not None:
+            return self._view(step, path, *fast, allow_pickle=allow_pickle)
         scan = scan_step(self._storage, exp, step)
         if not scan.exists:
             raise StepNotFoundError(self._missing(step))
@@ -354,7 +357,10 @@ class Cache:
             (p for p in scan.parts if p.run == info.run and p.complete and p.index < info.expected),
             key=lambda p: p.index,
         )
-        run_path = layout.join(path, info.run)
+        return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
+
+    def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
+        run_path = layout.join(path, run)
         return StepView(
             self._storage,
             step,

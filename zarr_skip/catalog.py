@@ -113,6 +113,30 @@ def scan_step(storage: Storage, experiment: str, step: int) -> StepScan:
     return scan_steps(storage, experiment, [step])[0]
 
 
+def summarized_parts(storage: Storage, experiment: str, step: int) -> tuple[str, list[PartRecord]] | None:
+    """The owner and complete mini-batches of a step its summary vouches for, in two rounds of
+    requests (the step's listing and summary, then its mini-batch records), or None when
+    anything is off: no summary, another run beside it, a record missing, incomplete or not
+    the one expected. The caller then scans the step (:func:`scan_step`), which says why."""
+    path = layout.join(experiment, str(step))
+    (names,) = storage.list_dirs([path])
+    try:
+        summary = _summary(storage.get(layout.meta_key(path)), storage.key_path(layout.meta_key(path)))
+        if summary is None or _children(names) != [summary["run"]]:
+            return None
+        run, expected = str(summary["run"]), int(summary["expected"])
+    except (MetadataError, TypeError, ValueError):
+        return None
+    keys = [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]
+    parts = []
+    for i, (key, blob) in enumerate(zip(keys, storage.get_many(keys))):
+        record = _part_record(blob, storage.key_path(key))
+        if record is None or record.run != run or record.index != i or not record.complete:
+            return None
+        parts.append(record)
+    return run, parts
+
+
 def step_infos(
     storage: Storage, experiment: str, now: float, lease: float, steps: Sequence[int] | None = None
 ) -> list[StepInfo]:
