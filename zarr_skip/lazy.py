@@ -301,9 +301,18 @@ class LazyColumn:
             data = _read_range(self._storage, [p["data"] for p in self._parts], start, stop,
                                spec.storage_dtype, spec.storage_shape)
             return restore(spec, {"data": data})
-        lengths, vstart = self._lengths_range(start, stop)
-        values = _read_range(self._storage, [p["values"] for p in self._parts], vstart,
-                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape)
+        values_parts = [p["values"] for p in self._parts]
+        if start == 0 and stop == self._rows and self._lengths is None:
+            # every row: the values' range is known without the lengths, so read both at once
+            self._lengths, values = _read_ranges(self._storage, [
+                ([p["lengths"] for p in self._parts], 0, stop, np.dtype(np.int64), ()),
+                (values_parts, 0, sum(a.rows for a in values_parts), spec.storage_dtype, spec.storage_shape),
+            ])
+            lengths = self._lengths
+        else:
+            lengths, vstart = self._lengths_range(start, stop)
+            values = _read_range(self._storage, values_parts, vstart, vstart + int(lengths.sum()),
+                                 spec.storage_dtype, spec.storage_shape)
         plain = None if self._plain is None else self._plain[start:stop]
         return restore(spec, {"values": values, "lengths": lengths}, allow_pickle=self._allow_pickle, plain=plain)
 
@@ -373,26 +382,37 @@ def _check_shape(parts: Sequence[ArrayPart], trailing: tuple[int, ...]) -> None:
             )
 
 
+#: rows ``start:stop`` of arrays concatenated along axis 0, as ``dtype`` with ``trailing`` shape
+Range = tuple[Sequence[ArrayPart], int, int, np.dtype, tuple[int, ...]]
+
+
 def _read_range(
     storage: Storage, parts: Sequence[ArrayPart], start: int, stop: int, dtype: np.dtype,
     trailing: tuple[int, ...],
 ) -> np.ndarray:
     """Rows ``start:stop`` of arrays concatenated along axis 0, decoded into one output."""
-    _check_shape(parts, trailing)
-    out = np.empty((stop - start, *trailing), dtype=dtype)
-    jobs = []
-    base = 0
-    for a in parts:
-        lo, hi = max(start, base), min(stop, base + a.rows)
-        if lo < hi and a.sizes:
-            for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
-                c0 = base + c * a.chunk
-                c1 = min(c0 + a.chunk, base + a.rows)
-                s0, s1 = max(lo, c0), min(hi, c1)
-                jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start)))
-        base += a.rows
-    _decode_jobs(storage, jobs, out)
-    return out
+    return _read_ranges(storage, [(parts, start, stop, dtype, trailing)])[0]
+
+
+def _read_ranges(storage: Storage, ranges: Sequence[Range]) -> list[np.ndarray]:
+    """Several :func:`_read_range` at once: their chunks are fetched and decoded together."""
+    outs, jobs = [], []
+    for parts, start, stop, dtype, trailing in ranges:
+        _check_shape(parts, trailing)
+        out = np.empty((stop - start, *trailing), dtype=dtype)
+        outs.append(out)
+        base = 0
+        for a in parts:
+            lo, hi = max(start, base), min(stop, base + a.rows)
+            if lo < hi and a.sizes:
+                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
+                    c0 = base + c * a.chunk
+                    c1 = min(c0 + a.chunk, base + a.rows)
+                    s0, s1 = max(lo, c0), min(hi, c1)
+                    jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
+            base += a.rows
+    _decode_jobs(storage, jobs)
+    return outs
 
 
 def _read_index(
@@ -417,16 +437,16 @@ def _read_index(
         for c in np.unique(chunk_of):
             mine = chunk_of == c
             n = min(a.chunk, a.rows - int(c) * a.chunk)
-            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine]))
-    _decode_jobs(storage, jobs, out)
+            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine], out))
+    _decode_jobs(storage, jobs)
     return out
 
 
-def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]], out: np.ndarray) -> None:
-    """Fetch and decode chunks concurrently, each straight into ``out`` when it can."""
+def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]]) -> None:
+    """Fetch and decode chunks concurrently, each straight into its output when it can."""
 
     def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
-        a, c, n, src, dst = job
+        a, c, n, src, dst, out = job
         where = a.describe(storage, c)
         size = a.sizes[c]
         if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
