@@ -178,8 +178,14 @@ class StepView:
         return self._cols[name]
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
-        """Every column (or those named) read in full, as the types that were written."""
-        return {name: self[name].read() for name in (columns or self.columns)}
+        """Every column (or those named) read in full, as the types that were written.
+
+        The chunks of all of them are fetched and decoded in one batch.
+        """
+        cols = [self[name] for name in (columns or self.columns)]
+        wanted = [col._whole() for col in cols]
+        arrays = iter(_read_ranges(self._storage, [r for ranges in wanted for r in ranges]))
+        return {col.name: col._restore_whole([next(arrays) for _ in ranges]) for col, ranges in zip(cols, wanted)}
 
     def to_tensordict(self) -> Any:
         """Tensor columns as a TensorDict (needs the optional ``tensordict`` package)."""
@@ -295,24 +301,37 @@ class LazyColumn:
             raise IndexError(f"column {self.name!r}: row index out of range for {self._rows} rows")
         return self._select(idx)
 
+    def _whole(self) -> list[Range]:
+        """What reading every row takes: the data, or the lengths and the values (whose range
+        is known from the metadata, so both are read at once)."""
+        spec = self.spec
+        if not spec.jagged:
+            return [([p["data"] for p in self._parts], 0, self._rows, spec.storage_dtype, spec.storage_shape)]
+        values = [p["values"] for p in self._parts]
+        return [
+            ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ()),
+            (values, 0, sum(a.rows for a in values), spec.storage_dtype, spec.storage_shape),
+        ]
+
+    def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
+        """The column from the arrays :meth:`_whole` named."""
+        if not self.spec.jagged:
+            return restore(self.spec, {"data": arrays[0]})
+        self._lengths, values = arrays
+        return restore(self.spec, {"values": values, "lengths": self._lengths},
+                       allow_pickle=self._allow_pickle, plain=self._plain)
+
     def _select_range(self, start: int, stop: int) -> Any:
         spec = self.spec
+        if start == 0 and stop == self._rows:
+            return self._restore_whole(_read_ranges(self._storage, self._whole()))
         if not spec.jagged:
             data = _read_range(self._storage, [p["data"] for p in self._parts], start, stop,
                                spec.storage_dtype, spec.storage_shape)
             return restore(spec, {"data": data})
-        values_parts = [p["values"] for p in self._parts]
-        if start == 0 and stop == self._rows and self._lengths is None:
-            # every row: the values' range is known without the lengths, so read both at once
-            self._lengths, values = _read_ranges(self._storage, [
-                ([p["lengths"] for p in self._parts], 0, stop, np.dtype(np.int64), ()),
-                (values_parts, 0, sum(a.rows for a in values_parts), spec.storage_dtype, spec.storage_shape),
-            ])
-            lengths = self._lengths
-        else:
-            lengths, vstart = self._lengths_range(start, stop)
-            values = _read_range(self._storage, values_parts, vstart, vstart + int(lengths.sum()),
-                                 spec.storage_dtype, spec.storage_shape)
+        lengths, vstart = self._lengths_range(start, stop)
+        values = _read_range(self._storage, [p["values"] for p in self._parts], vstart,
+                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape)
         plain = None if self._plain is None else self._plain[start:stop]
         return restore(spec, {"values": values, "lengths": lengths}, allow_pickle=self._allow_pickle, plain=plain)
 
