@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 import numcodecs
+import numpy as np
 
 
 def _token_bits(tokens: np.ndarray) -> float:
@@ -42,7 +42,13 @@ def log_prob_bits_per_value(mix: tuple[tuple[float, float], ...], low: float) ->
 
 def jagged_floor(preset: Any, seed: int, step: int) -> dict[str, Any]:
     """Bytes of information in :func:`zarr_skip.synthetic.jagged_payload` ``(preset, seed, step)``."""
-    from zarr_skip.synthetic import LOG_PROB_MIN, LOG_PROB_MIX, as_mapping, get_preset, jagged_payload
+    from zarr_skip.synthetic import (
+        LOG_PROB_MIN,
+        LOG_PROB_MIX,
+        as_mapping,
+        get_preset,
+        jagged_payload,
+    )
 
     p = get_preset(preset)
     batch = as_mapping(jagged_payload(p, seed, step=step))

@@ -15,6 +15,8 @@ import torch
 from zarr.core.buffer import BufferPrototype
 from zarr.storage import MemoryStore
 
+import zarr_skip as zs
+
 FINGERPRINT = {
     "experiment_name": "exp",
     "project_name": "proj",
@@ -102,6 +104,18 @@ def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, An
         )[:rows],
         "scores": rng.standard_normal(rows).astype(np.float32),
     }
+
+
+def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """A cache whose step 3 stores ``responses`` values as a shard of many chunks: the cache,
+    the batch written and that array's :class:`zarr_skip.lazy.ArrayPart`."""
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
+    batch = make_batch(12, seed=5)
+    cache.write(3, batch)
+    (part,) = cache.load(3).parts
+    array = part.arrays["responses"]["values"]
+    assert array.shard and len(array.sizes) > 4
+    return cache, batch, array
 
 
 def assert_equal(a: Any, b: Any, where: str = "") -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import numcodecs
+import numpy as np
 import pytest
 
 from benchmarks.floor import jagged_floor, log_prob_bits_per_value

@@ -13,7 +13,14 @@ import zarr
 import zarr_skip as zs
 from conftest import assert_equal, concat, make_batch
 from zarr_skip import layout
-from zarr_skip.chunks import AUTO_BLOCK_BYTES, Compression, decode_rows, encode, narrow_view, widen_in_place
+from zarr_skip.chunks import (
+    AUTO_BLOCK_BYTES,
+    Compression,
+    decode_rows,
+    encode,
+    narrow_view,
+    widen_in_place,
+)
 
 
 def _chunk_path(array_dir: Path, i: int, ndim: int) -> Path:

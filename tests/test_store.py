@@ -11,7 +11,7 @@ import torch
 import zarr
 
 import zarr_skip as zs
-from conftest import CountingStore, assert_equal, concat, make_batch
+from conftest import CountingStore, assert_equal, concat, make_batch, write_sharded
 
 
 def test_single_minibatch_roundtrip(location: Any, fingerprint: dict, batch: dict) -> None:
@@ -333,12 +333,7 @@ def test_new_run_replaces_an_interrupted_runs_leftovers(location: Any, fingerpri
 
 
 def test_a_truncated_shard_is_missing_data(location: Any, fingerprint: dict) -> None:
-    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
-    batch = make_batch(12, seed=5)
-    cache.write(3, batch)
-    (part,) = cache.load(3).parts
-    array = part.arrays["responses"]["values"]
-    assert array.shard and len(array.sizes) > 3
+    cache, batch, array = write_sharded(location, fingerprint)
     got = cache.load(3)["responses"][4:9]  # ranged reads within the shard
     assert [r.tolist() for r in got.unbind()] == [r.tolist() for r in batch["responses"].unbind()[4:9]]
     storage = cache._storage
@@ -347,6 +342,7 @@ def test_a_truncated_shard_is_missing_data(location: Any, fingerprint: dict) -> 
         cache.load(3)["responses"][:]
     with pytest.raises(zs.MissingDataError, match=r"chunk \d+ of shard"):
         cache.load(3)["responses"][-1:]  # a range past the end of the object
+    assert {p.kind for p in cache.verify(3).problems} == {"MissingDataError", "ChecksumError"}
 
 
 def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint: dict) -> None:

@@ -477,7 +477,8 @@ def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]]) -> None:
             chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where)
         elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
             region = out[dst]  # a narrowed chunk decodes into the back of its rows and widens there
-            narrow = chunks.decode_into(blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where)
+            narrow = chunks.decode_into(blob, chunks.narrow_view(region, a.dtype), a.compression,
+                                        stored_size=size, where=where)
             chunks.widen_in_place(region, narrow)
         else:
             tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
