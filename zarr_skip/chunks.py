@@ -23,8 +23,9 @@ from .errors import ChecksumError, ConfigError, MissingDataError
 #: larger one a shard (one file) of such chunks
 DEFAULT_CHUNK_BYTES = 512 << 10
 
-#: blosc block size of ``auto``: zstd's entropy tables pay off over 1 MiB blocks (blosc's own
-#: choice at level 1 is far smaller and costs 2-4% of the size and 20% of the speed)
+#: blosc block size of ``auto`` (at most; a smaller chunk is one block): zstd's entropy tables
+#: pay off over large blocks (blosc's own choice at level 1 is far smaller and costs 2-4% of the
+#: size and 20% of the speed)
 AUTO_BLOCK_BYTES = 1 << 20
 
 
@@ -37,8 +38,8 @@ _NAMES = ("auto", "zstd", "blosc-zstd", "lz4", "none")
 class Compression:
     """How chunks are compressed.
 
-    ``auto`` (the default) picks per array: blosc with byte-shuffling and zstd level 1 in 1 MiB
-    blocks for every type wider than a byte (token ids, log-probs, lengths), plain zstd level 1
+    ``auto`` (the default) picks per array: blosc with byte-shuffling and zstd level 1 in blocks
+    of up to 1 MiB (a default 512 KiB chunk is one block) for every type wider than a byte (token ids, log-probs, lengths), plain zstd level 1
     for bytes (masks, strings). Shuffling puts the bytes of equal significance together, which
     made token ids 20% smaller and twice as fast to compress as plain zstd, and log-probs 6%
     smaller than blosc-lz4 with bit-shuffling (see ``benchmarks/README.md``). Explicit choices:

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -219,7 +219,14 @@ class Storage:
             failed.append(exc)
         finally:
             ready.set()
-        return dict(f.result() for f in futures)
+        try:
+            return dict(f.result() for f in futures)
+        except BaseException:
+            # nothing may still be writing once the caller cleans up after the failure
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            raise
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
