@@ -72,6 +72,8 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
                         array["sizes"][-1] = _cut_last_chunk(where, array)
                         cut += 1
             part["checksum"] = layout.doc_checksum(part)
+        if meta == root / "zarr.json":
+            doc["attributes"]["zarr_skip"]["version"] = 1
         if doc.get("node_type") == "array":
             if doc["codecs"][0]["name"] == "sharding_indexed":
                 inner = doc["codecs"][0]["configuration"]
@@ -110,6 +112,17 @@ def test_a_cache_in_the_0_1_layout_still_loads(
     (part,) = [p for p in reopened.load(2).parts if p.index == 1]
     array = zarr.open_group(str(tmp_path), mode="r")[part.arrays["input_ids"]["data"].path]
     assert np.array_equal(array[:], parts[1]["input_ids"].numpy())
+    # reading leaves the format version alone; the first write of the new layout raises it
+    assert _root_version(tmp_path) == 1
+    more = make_batch(4, seed=7)
+    reopened.write(3, more)
+    assert _root_version(tmp_path) == layout.FORMAT_VERSION == 2
+    assert_equal(reopened.load(3).to_dict(), more)
+    assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(2).to_dict(), concat(parts))
+
+
+def _root_version(root: Path) -> int:
+    return json.loads((root / "zarr.json").read_text())["attributes"]["zarr_skip"]["version"]
 
 
 def test_auto_compression_by_width(tmp_path: Path, fingerprint: dict) -> None:

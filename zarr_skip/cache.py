@@ -157,6 +157,19 @@ class Cache:
                 f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
                 f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
             )
+        self._root = doc
+        self._version = version
+
+    def _upgrade_root(self) -> None:
+        """Before the first write to a cache of an older format version, raise the root's
+        version: what this zarr_skip writes, older readers would not read right."""
+        if self._version >= layout.FORMAT_VERSION:
+            return
+        attrs = dict(self._root.get("attributes") or {})
+        attrs[layout.ROOT_ATTR] = dict(attrs[layout.ROOT_ATTR], version=layout.FORMAT_VERSION)
+        self._storage.set(layout.METADATA, group_doc(attrs))
+        logger.info("%s: format version %d -> %d", self.location, self._version, layout.FORMAT_VERSION)
+        self._version = layout.FORMAT_VERSION
 
     def _read_created(self, key: str, where: str) -> dict[str, Any]:
         """Read a document another writer may have just created (shared mounts lag a little)."""
@@ -268,6 +281,7 @@ class Cache:
             )
         layout.step_name(step)
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
+        self._upgrade_root()
         return write_part(
             self._storage,
             self.experiment,

@@ -25,7 +25,9 @@ from typing import Any
 from .errors import ConfigError
 
 FORMAT_NAME = "zarr_skip"
-FORMAT_VERSION = 1
+#: 2: arrays of several chunks are shards, chunk keys ``c.N``, every chunk full-shape; version 1
+#: caches are read, and marked 2 by the first write (zarr_skip 0.1 would not read those steps)
+FORMAT_VERSION = 2
 
 ROOT_ATTR = "zarr_skip"
 EXPERIMENT_ATTR = "zarr_skip.experiment"
