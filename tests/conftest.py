@@ -108,7 +108,7 @@ def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, An
 
 def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
     """A cache whose step 3 stores ``responses`` values as a shard of many chunks: the cache,
-    the batch written and that array's :class:`zarr_skip.lazy.ArrayPart`."""
+    the batch written and that array's :class:`zarr_skip.reads.ArrayPart`."""
     cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
     batch = make_batch(12, seed=5)
     cache.write(3, batch)

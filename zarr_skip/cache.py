@@ -25,7 +25,8 @@ from .errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from .lazy import Part, StepView
+from .lazy import StepView
+from .reads import Part
 from .state import PartRecord, StepInfo, resolve
 from .storage import Storage, open_store, parse_json
 from .writer import PartInfo, RunContext, write_part

@@ -13,7 +13,7 @@ import numpy as np
 from . import chunks, layout
 from .catalog import list_steps, scan_steps
 from .errors import ConfigError, CorruptCacheError, MetadataError
-from .lazy import Part
+from .reads import Part
 from .state import ABANDONED, COMPLETE, WRITING, owner, writer_alive
 
 if TYPE_CHECKING:
