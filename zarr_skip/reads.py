@@ -10,7 +10,8 @@ chunk into the back of its rows, widened in place).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,10 @@ class ArrayPart:
     where: str
     separator: str = "/"
     shard: bool = False  # the chunks lie back to back in one file, chunk key 0
+    starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", tuple(accumulate(self.sizes, initial=0)))
 
     @property
     def rows(self) -> int:
@@ -46,7 +51,7 @@ class ArrayPart:
 
     def span(self, i: int) -> tuple[int, int] | None:
         """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
-        return (sum(self.sizes[:i]), self.sizes[i]) if self.shard else None
+        return (self.starts[i], self.sizes[i]) if self.shard else None
 
     def describe(self, storage: Storage, i: int) -> str:
         """Chunk ``i`` for messages: its file, and its place in the shard."""

@@ -277,7 +277,6 @@ def _write_arrays(
     docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
     items: list[tuple[str, Callable[[], Any]]] = []
     encoded: list[bytes | None] = []  # filled by the pool, emptied as chunks are written
-    sizes: dict[str, list[int]] = {}
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
@@ -298,9 +297,9 @@ def _write_arrays(
             jobs = [storage.submit(_encode, encoded, j, arr, slice(i * per, (i + 1) * per), codec)
                     for i, j in enumerate(slots)]
             key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
-            sizes[apath] = []
+            sizes: list[int] = []  # filled as the chunks are written
             if count:
-                items.append((key, partial(_take, encoded, jobs, slots, sizes[apath], count > 1)))
+                items.append((key, partial(_take, encoded, jobs, slots, sizes, count > 1)))
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
@@ -309,7 +308,7 @@ def _write_arrays(
                 "codec": codec.to_json(),
                 "separator": sep,
                 **({"shard": True} if count > 1 else {}),
-                "path": apath,
+                "sizes": sizes,
             }
         manifest[col.spec.name] = entry
     items = [(k, lambda d=d: d) for k, d in docs.items()] + items
@@ -317,7 +316,6 @@ def _write_arrays(
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
-            arr["sizes"] = sizes[arr.pop("path")]
             nbytes += sum(arr["sizes"])
             raw += arr["raw"]
     return manifest, nbytes, raw
