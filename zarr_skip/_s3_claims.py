@@ -34,6 +34,23 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+async def _back_off(key: str, attempt: int, exc: BaseException | None) -> None:
+    """Log a failed conditional PUT of ``key`` and wait before the next attempt (doubling)."""
+    logger.warning(
+        "conditional PUT of %r failed (attempt %d/%d): %s",
+        key,
+        attempt + 1,
+        _CREATE_ATTEMPTS,
+        _first_line(exc),
+    )
+    await asyncio.sleep(_CREATE_BACKOFF * 2**attempt)
+
+
+def _gave_up(key: str, last: BaseException | None) -> StorageError:
+    """The error once every attempt to create ``key`` failed."""
+    return StorageError(f"conditional PUT of {key!r} kept failing: {_first_line(last)}")
+
+
 def _check_writable(store: Store) -> None:
     if getattr(store, "read_only", False):
         raise ReadOnlyCacheError(f"store {store} is read-only")
@@ -171,19 +188,10 @@ async def _create_obstore(store: Store, key: str, data: bytes) -> bool:
                 ) from exc
             last = exc
             ambiguous = True
-            logger.warning(
-                "conditional PUT of %r failed (attempt %d/%d): %s",
-                key,
-                attempt + 1,
-                _CREATE_ATTEMPTS,
-                _first_line(exc),
-            )
-            await asyncio.sleep(_CREATE_BACKOFF * 2**attempt)
+            await _back_off(key, attempt, exc)
         else:
             return True
-    raise StorageError(
-        f"conditional PUT of {key!r} kept failing: {_first_line(last)}"
-    ) from last
+    raise _gave_up(key, last) from last
 
 
 def _client_error_info(exc: BaseException) -> tuple[str, int, int] | None:
@@ -264,17 +272,8 @@ async def _create_s3fs(
             fs.invalidate_cache(f"{bucket}/{s3key}")
             return True
         ambiguous = True
-        logger.warning(
-            "conditional PUT of %r failed (attempt %d/%d): %s",
-            key,
-            attempt + 1,
-            _CREATE_ATTEMPTS,
-            _first_line(last),
-        )
-        await asyncio.sleep(_CREATE_BACKOFF * 2**attempt)
-    raise StorageError(
-        f"conditional PUT of {key!r} kept failing: {_first_line(last)}"
-    ) from last
+        await _back_off(key, attempt, last)
+    raise _gave_up(key, last) from last
 
 
 async def probe_conditional_put(store: Store, prefix: str) -> bool:
