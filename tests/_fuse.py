@@ -45,6 +45,7 @@ try:
         S3Server,
         _log_tail,
         _pdeathsig,
+        entered_or_skipped,
         find_weed,
         stop_process,
     )
@@ -53,6 +54,7 @@ except ImportError:  # tests/ on sys.path as plain modules
         S3Server,
         _log_tail,
         _pdeathsig,
+        entered_or_skipped,
         find_weed,
         stop_process,
     )
@@ -313,15 +315,5 @@ def seaweedfs_mounts_fixture(
     ------
     FuseMounts
     """
-    import pytest
-
-    cm = seaweedfs_mounts(server, tmp_dir, **kwargs)
-    try:
-        mounts = cm.__enter__()
-    except FuseError as exc:
-        print(f"SKIP FUSE tests: {exc}", file=sys.stderr)
-        pytest.skip(f"FUSE mount unavailable: {exc}")
-    try:
-        yield mounts
-    finally:
-        cm.__exit__(None, None, None)
+    yield from entered_or_skipped(seaweedfs_mounts(server, tmp_dir, **kwargs), FuseError, "FUSE",
+                                  "FUSE mount unavailable")

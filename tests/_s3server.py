@@ -40,8 +40,9 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -478,14 +479,23 @@ def seaweedfs_fixture_server(
     if reason is not None:
         print(f"SKIP S3 tests: {reason}", file=sys.stderr)
         pytest.skip(reason)
-    cm = seaweedfs(tmp_dir, **kwargs)
+    yield from entered_or_skipped(seaweedfs(tmp_dir, **kwargs), SeaweedFSError, "S3", "SeaweedFS could not start")
+
+
+def entered_or_skipped(
+    cm: contextlib.AbstractContextManager[T], error: type[Exception], tests: str, why: str
+) -> Iterator[T]:
+    """Yield what ``cm`` enters, and exit it afterwards; skip the calling pytest fixture (saying
+    so on stderr too) if entering raises ``error``."""
+    import pytest
+
     try:
-        server = cm.__enter__()
-    except SeaweedFSError as exc:
-        print(f"SKIP S3 tests: {exc}", file=sys.stderr)
-        pytest.skip(f"SeaweedFS could not start: {exc}")
+        value = cm.__enter__()
+    except error as exc:
+        print(f"SKIP {tests} tests: {exc}", file=sys.stderr)
+        pytest.skip(f"{why}: {exc}")
     try:
-        yield server
+        yield value
     finally:
         cm.__exit__(None, None, None)
 
