@@ -16,8 +16,10 @@ from zarr_skip import layout
 from zarr_skip.chunks import (
     AUTO_BLOCK_BYTES,
     Compression,
+    chunks_of_rows,
     decode_rows,
     encode,
+    first_rows,
     narrow_view,
     widen_in_place,
 )
@@ -182,3 +184,82 @@ def test_widening_in_place_is_exact(narrow: str, wide: str, n: int) -> None:
     view[:] = values
     widen_in_place(region, view)
     assert np.array_equal(region, values.astype(wide))
+
+
+def test_chunks_of_rows_holds_every_value_of_the_rows() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n = int(rng.integers(1, 30))
+        lengths = rng.integers(0, 9, n) * (rng.random(n) < 0.7)  # many empty rows
+        per = int(rng.integers(1, 12))
+        first = first_rows(lengths, per)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        assert len(first) == -(-int(offsets[-1]) // per)
+        for start in range(n + 1):
+            for stop in range(start, n + 1):
+                need = {int(v) // per for v in range(offsets[start], offsets[stop])}
+                got = set(chunks_of_rows(first, start, stop))
+                assert need <= got and len(got - need) <= 1, (lengths.tolist(), per, start, stop)
+
+
+def _edit_first_rows(root: Path, edit: Any) -> int:
+    """Apply ``edit(first_rows) -> new or None (drop it)`` to every values array of every
+    complete record, re-checksummed as a writer would have; the arrays edited."""
+    edited = 0
+    for meta in root.rglob("zarr.json"):
+        doc = json.loads(meta.read_text())
+        part = doc.get("attributes", {}).get(layout.PART_ATTR)
+        if not part or part.get("state") != "complete":
+            continue
+        for column in part["columns"].values():
+            array = column["arrays"].get("values", {})
+            if "first_rows" in array:
+                new = edit(array.pop("first_rows"))
+                if new is not None:
+                    array["first_rows"] = new
+                edited += 1
+        part["checksum"] = layout.doc_checksum(part)
+        meta.write_text(json.dumps(doc))
+    return edited
+
+
+_EDITS = {
+    "drop": lambda first: None,  # as written before first_rows existed
+    "wrong": lambda first: [0] * (len(first) - 1) + [17],
+    "short": lambda first: first[1:],
+}
+
+
+@pytest.mark.parametrize("edit", list(_EDITS))
+def test_rows_read_right_whatever_the_chunk_rows_say(tmp_path: Path, fingerprint: dict, edit: str) -> None:
+    """``first_rows`` only says which chunks to fetch early: records without it (written before
+    it existed) or with wrong values read the same rows; a malformed one is a MetadataError."""
+    parts = [make_batch(9, seed=i, offset=10 * i) for i in range(2)]
+    cache = zs.open_cache(str(tmp_path), fingerprint, chunk_bytes=16)
+    for p in parts:
+        cache.write(4, p, expected=2)
+    assert _edit_first_rows(tmp_path, _EDITS[edit]) >= 4
+    reopened = zs.open_cache(str(tmp_path), fingerprint)
+    if edit == "short":
+        with pytest.raises(zs.MetadataError, match=r"step 4, .*malformed mini-batch metadata.*first_rows"):
+            reopened.load(4)
+        return
+    merged = concat(parts)
+    for view in (reopened.load(4), zs.open_cache(_NotLocal(str(tmp_path)), fingerprint).load(4)):
+        _check_ranges(view, merged)
+
+
+class _NotLocal(zarr.storage.LocalStore):
+    """The same files through zarr's store API: read as an object store is (chunks fetched
+    ahead by us, not hinted to the kernel)."""
+
+
+def _check_ranges(view: Any, merged: dict[str, Any]) -> None:
+    for name in ("responses", "uid", "raw_prompt"):
+        for start, stop in [(0, 2), (3, 12), (8, 10), (17, 18), (0, 18), (5, 5)]:
+            got = view[name][start:stop]
+            if name == "responses":
+                want = merged[name].unbind()[start:stop]
+                assert [r.tolist() for r in got.unbind()] == [r.tolist() for r in want], (name, start, stop)
+            else:
+                assert list(got) == list(merged[name][start:stop]), (name, start, stop)

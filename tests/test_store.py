@@ -112,6 +112,39 @@ def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
     assert [r.tolist() for r in rows.unbind()] == [r.tolist() for r in parts[1]["responses"].unbind()[5:7]]
 
 
+def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dict, monkeypatch: Any) -> None:
+    """The record names the row each values chunk starts in, so a row range fetches its lengths
+    and its values chunks in one round of requests (object stores) or, on local files, asks the
+    kernel to read the values while the lengths are read; every range reads back exact."""
+    from zarr_skip.storage import Storage
+
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
+    parts = [make_batch(7, seed=i, offset=10 * i) for i in range(3)]
+    for p in parts:
+        cache.write(2, p, expected=3)
+    merged = concat(parts)
+    rounds: list[str] = []
+    real_map_get, real_read_ahead = Storage.map_get, Storage.read_ahead
+    monkeypatch.setattr(Storage, "map_get", lambda self, *a, **k: rounds.append("get") or real_map_get(self, *a, **k))
+    monkeypatch.setattr(Storage, "read_ahead",
+                        lambda self, items: rounds.append("ahead") or real_read_ahead(self, items))
+    local = cache._storage.root is not None
+    view = cache.load(2)
+    assert all(p.arrays["responses"]["values"].first_rows is not None for p in view.parts)
+    for name in ("responses", "uid", "tags"):
+        want = merged[name]
+        for start in range(0, 21, 2):
+            for stop in range(start, 22, 3):
+                rounds.clear()
+                got = cache.load(2)[name][start:stop]
+                if name == "responses":
+                    assert [r.tolist() for r in got.unbind()] == [r.tolist() for r in want.unbind()[start:stop]]
+                else:
+                    assert list(got) == list(want[start:stop]), (name, start, stop)
+                if stop - start == 2:  # a few rows: a handful of chunks
+                    assert rounds == (["ahead", "get", "get"] if local else ["get"]), (name, start, stop, rounds)
+
+
 def test_status_reads_metadata_only(fingerprint: dict) -> None:
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)

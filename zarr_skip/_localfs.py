@@ -99,6 +99,22 @@ def read_range(path: Path, start: int, length: int) -> bytes | None:
         os.close(fd)
 
 
+def will_need(path: Path, start: int, length: int) -> None:
+    """Ask the kernel to start reading ``length`` bytes of ``path`` from ``start`` into the
+    page cache now (``posix_fadvise(WILLNEED)``); returns at once. A missing file is left to
+    the read that follows to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+    except OSError:  # pragma: no cover - a filesystem without read-ahead
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_fresh(path: Path, data: bytes | Sequence[bytes]) -> int:
     """Write a file in a directory only this writer uses and nobody reads before it says so.
 

@@ -8,6 +8,7 @@ what we write; we encode and decode ourselves to check each chunk's presence, si
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,6 +141,31 @@ def chunk_rows(rows: int, row_bytes: int, target: int = DEFAULT_CHUNK_BYTES) -> 
 
 def chunk_count(rows: int, per_chunk: int) -> int:
     return math.ceil(rows / per_chunk) if rows else 0
+
+
+def first_rows(lengths: np.ndarray, per_chunk: int) -> list[int]:
+    """For each chunk of a jagged column's values, the row its first value belongs to.
+
+    ``lengths`` are the rows' value counts; chunk ``k`` starts at value ``k * per_chunk``.
+    Stored with the values of a multi-chunk column, so that a reader knows which chunks hold
+    some rows' values before it has read their lengths (see :func:`chunks_of_rows`).
+    """
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    count = chunk_count(int(ends[-1]) if len(ends) else 0, per_chunk)
+    starts = np.arange(count, dtype=np.int64) * per_chunk
+    return [int(r) for r in np.searchsorted(ends, starts, side="right")]
+
+
+def chunks_of_rows(first: Sequence[int], start: int, stop: int) -> range:
+    """The chunks that may hold values of rows ``start:stop``, given each
+    chunk's :func:`first_rows`: chunk ``k`` holds values of rows ``first[k] .. first[k+1]``
+    at most, so this is every chunk whose span meets ``start .. stop-1`` (sometimes one chunk
+    more than the values need, when a row starts exactly at a chunk's end; none for no rows)."""
+    if start >= stop or not first:
+        return range(0)
+    lo = bisect.bisect_left(first, start, 1) - 1  # the first chunk whose next one starts at a row >= start
+    hi = bisect.bisect_right(first, stop - 1)  # the chunks whose first row is < stop
+    return range(lo, max(lo, hi))
 
 
 def full_chunk(data: np.ndarray, rows: int) -> np.ndarray:

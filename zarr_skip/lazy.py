@@ -15,7 +15,11 @@ import numpy as np
 
 from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
 from .errors import MetadataError
-from .reads import Part, Range, read_index, read_range, read_ranges
+from .reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
+
+#: a row read fetches the values chunks its rows lie in together with their lengths when they
+#: are at most this many (a read of more is bound by decoding, and would hold them all at once)
+PREFETCH_CHUNKS = 8
 from .storage import Storage
 
 
@@ -241,17 +245,21 @@ class LazyColumn:
             data = read_range(self._storage, [p["data"] for p in self._parts], start, stop,
                                spec.storage_dtype, spec.storage_shape)
             return restore(spec, {"data": data})
-        lengths, vstart = self._lengths_range(start, stop)
+        fetched: Fetched = {}
+        lengths, vstart = self._lengths_range(start, stop, fetched)
         values = read_range(self._storage, [p["values"] for p in self._parts], vstart,
-                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape)
+                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape,
+                             fetched=fetched)
         plain = None if self._plain is None else self._plain[start:stop]
         return restore(spec, {"values": values, "lengths": lengths}, allow_pickle=self._allow_pickle, plain=plain)
 
-    def _lengths_range(self, start: int, stop: int) -> tuple[np.ndarray, int]:
+    def _lengths_range(self, start: int, stop: int, fetched: Fetched) -> tuple[np.ndarray, int]:
         """Lengths of rows ``start:stop`` and the position of row ``start``'s first value.
 
         Reads only the lengths of the mini-batches holding those rows: each mini-batch's value
-        count is in its metadata.
+        count is in its metadata. The values chunks holding those rows, when the metadata names
+        them and they are few, are fetched in the same batch (into ``fetched``), so that a read
+        of a few rows waits for one round of requests, not two.
         """
         if self._lengths is not None:
             offsets = _offsets(self._lengths)
@@ -259,8 +267,16 @@ class LazyColumn:
         row_starts = np.cumsum([0] + [p["lengths"].rows for p in self._parts])
         value_starts = np.cumsum([0] + [p["values"].rows for p in self._parts])
         first = max(0, int(np.searchsorted(row_starts, start, side="right")) - 1)
-        lens = read_range(self._storage, [p["lengths"] for p in self._parts], int(row_starts[first]),
-                           stop, np.dtype(np.int64), ())
+        ahead: list[tuple[ArrayPart, int]] = []
+        for i in range(first, len(self._parts)):
+            if row_starts[i] >= stop:
+                break
+            values = self._parts[i]["values"]
+            held = values.chunks_of_rows(max(0, start - int(row_starts[i])), stop - int(row_starts[i]))
+            ahead += [] if held is None else [(values, c) for c in held]
+        lens = read_ranges(self._storage, [([p["lengths"] for p in self._parts], int(row_starts[first]),
+                                            stop, np.dtype(np.int64), ())],
+                           prefetch=ahead if len(ahead) <= PREFETCH_CHUNKS else (), fetched=fetched)[0]
         before = start - int(row_starts[first])
         return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,8 @@ class ArrayPart:
     where: str
     separator: str = "/"
     shard: bool = False  # the chunks lie back to back in one file, chunk key 0
+    #: of a jagged column's values: the row each chunk's first value belongs to (None if unknown)
+    first_rows: tuple[int, ...] | None = None
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
 
     def __post_init__(self) -> None:
@@ -52,6 +54,15 @@ class ArrayPart:
     def span(self, i: int) -> tuple[int, int] | None:
         """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
         return (self.starts[i], self.sizes[i]) if self.shard else None
+
+    def chunks_of_rows(self, start: int, stop: int) -> range | None:
+        """The chunks of these values that hold rows ``start:stop`` of their column (at most one
+        more), known without the rows' lengths; None when this array does not say."""
+        if len(self.sizes) <= 1:
+            return range(len(self.sizes) if start < stop else 0)
+        if self.first_rows is None:
+            return None
+        return chunks.chunks_of_rows(self.first_rows, start, stop)
 
     def describe(self, storage: Storage, i: int) -> str:
         """Chunk ``i`` for messages: its file, and its place in the shard."""
@@ -101,6 +112,7 @@ class Part:
                         where=f"step {step}, mini-batch {index}, column {name!r}",
                         separator=_separator(a.get("separator", "/")),
                         shard=a.get("shard", False) is True,
+                        first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
                     )
                     for aname, a in entry["arrays"].items()
                 }
@@ -111,6 +123,15 @@ class Part:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r})") from None
+
+
+def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    first = tuple(int(r) for r in value)
+    if len(first) != count or any(b < a for a, b in pairwise(first)):
+        raise ValueError(f"first_rows {value!r} for {count} chunks")
+    return first
 
 
 def _separator(value: Any) -> str:
@@ -130,17 +151,28 @@ def _check_shape(parts: Sequence[ArrayPart], trailing: tuple[int, ...]) -> None:
 #: rows ``start:stop`` of arrays concatenated along axis 0, as ``dtype`` with ``trailing`` shape
 Range = tuple[Sequence[ArrayPart], int, int, np.dtype, tuple[int, ...]]
 
+#: stored bytes of chunks fetched ahead of their decoding, by (array path, chunk index)
+Fetched = dict[tuple[str, int], "bytes | None"]
+
 
 def read_range(
     storage: Storage, parts: Sequence[ArrayPart], start: int, stop: int, dtype: np.dtype,
-    trailing: tuple[int, ...],
+    trailing: tuple[int, ...], *, fetched: Fetched | None = None,
 ) -> np.ndarray:
     """Rows ``start:stop`` of arrays concatenated along axis 0, decoded into one output."""
-    return read_ranges(storage, [(parts, start, stop, dtype, trailing)])[0]
+    return read_ranges(storage, [(parts, start, stop, dtype, trailing)], fetched=fetched)[0]
 
 
-def read_ranges(storage: Storage, ranges: Sequence[Range]) -> list[np.ndarray]:
-    """Several :func:`_read_range` at once: their chunks are fetched and decoded together."""
+def read_ranges(
+    storage: Storage, ranges: Sequence[Range], *, prefetch: Sequence[tuple[ArrayPart, int]] = (),
+    fetched: Fetched | None = None,
+) -> list[np.ndarray]:
+    """Several :func:`read_range` at once: their chunks are fetched and decoded together.
+
+    ``prefetch``: chunks (of other arrays) a later call will decode: from an object store they
+    are fetched in this batch into ``fetched`` (the later call decodes them from there); from
+    local files the kernel is asked to read them meanwhile (:meth:`Storage.read_ahead`).
+    """
     outs, jobs = [], []
     for parts, start, stop, dtype, trailing in ranges:
         _check_shape(parts, trailing)
@@ -156,7 +188,7 @@ def read_ranges(storage: Storage, ranges: Sequence[Range]) -> list[np.ndarray]:
                     s0, s1 = max(lo, c0), min(hi, c1)
                     jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
             base += a.rows
-    _decode_jobs(storage, jobs)
+    _decode_jobs(storage, jobs, prefetch, fetched)
     return outs
 
 
@@ -187,8 +219,13 @@ def read_index(
     return out
 
 
-def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]]) -> None:
-    """Fetch and decode chunks concurrently, each straight into its output when it can."""
+def _decode_jobs(
+    storage: Storage, jobs: list[tuple[Any, ...]], prefetch: Sequence[tuple[ArrayPart, int]] = (),
+    fetched: Fetched | None = None,
+) -> None:
+    """Fetch and decode chunks concurrently, each straight into its output when it can (and
+    fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again)."""
+    fetched = {} if fetched is None else fetched
 
     def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
         a, c, n, src, dst, out = job
@@ -211,4 +248,18 @@ def _decode_jobs(storage: Storage, jobs: list[tuple[Any, ...]]) -> None:
             chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where)
             out[dst] = tmp[src]
 
-    storage.map_get(jobs, lambda job: job[0].key(job[1]), decode, lambda job: job[0].span(job[1]))
+    def apply(job: tuple[Any, ...], blob: bytes | None) -> None:
+        if len(job) == 2:  # fetched ahead: a later call decodes it
+            fetched[job[0].path, job[1]] = blob
+        else:
+            decode(job, blob)
+
+    ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
+    todo = [job for job in jobs if (job[0].path, job[1]) not in fetched]
+    ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
+    if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
+        todo += ahead
+    if todo:
+        storage.map_get(todo, lambda job: job[0].key(job[1]), apply, lambda job: job[0].span(job[1]))
+    if ready:
+        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), ready)

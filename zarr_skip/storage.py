@@ -162,6 +162,21 @@ class Storage:
         ]))
         return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs)))
 
+    def read_ahead(self, items: Sequence[tuple[str, tuple[int, int] | None]]) -> bool:
+        """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
+        them (no thread, no wait) and True is returned. Other stores: False, and the caller
+        fetches them itself, concurrently with what it reads now: one round trip, not two."""
+        if self.root is None or not hasattr(os, "posix_fadvise"):
+            return False
+        for key, span in items:
+            start, length = span if span is not None else (0, 0)
+            _localfs.will_need(self.root / key, start, length)
+        return True
+
+    def parallel(self, fn: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
+        """``[fn(x) for x in items]`` in the I/O and codec pool (see :func:`_localfs.parallel`)."""
+        return _localfs.parallel(fn, items)
+
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` in the I/O and codec pool (see :func:`_localfs.submit`)."""
         return _localfs.submit(fn, *args)

@@ -33,7 +33,7 @@ from typing import Any
 
 from . import chunks, layout
 from .catalog import StepScan, group_doc, run_record, scan_step
-from .columns import ColumnSpec, EncodedBatch, check_same_schema
+from .columns import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
 from .errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from .state import HOST, owner
 from .storage import Storage, parse_json
@@ -310,6 +310,10 @@ def _write_arrays(
                 **({"shard": True} if count > 1 else {}),
                 "sizes": sizes,
             }
+            if aname == "values" and count > 1 and "lengths" in col.arrays:
+                lengths = col.arrays["lengths"]
+                first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
+                entry["arrays"][aname]["first_rows"] = first
         manifest[col.spec.name] = entry
     items = [(k, lambda d=d: d) for k, d in docs.items()] + items
     storage.put_many(items, fresh=True)
