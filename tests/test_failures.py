@@ -104,6 +104,33 @@ def test_a_store_without_exclusive_create_is_refused_clearly(fingerprint: dict) 
         zs.open_cache(store, fingerprint)
 
 
+def test_the_conditional_put_probe_waits_for_the_first_create(
+    s3_server: Any, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening an existing cache writable and reading it sends no probe (three requests, one
+    of them a write); the first write probes once."""
+    import uuid
+
+    from zarr_skip import _s3_claims
+
+    url = s3_server.s3_url(f"t-{uuid.uuid4().hex[:12]}")
+    zs.open_cache(url, fingerprint, storage_options=s3_server.storage_options).write(1, make_batch(2))
+    probes: list[str] = []
+    real = _s3_claims.probe_conditional_put
+
+    async def counting(store: Any, prefix: str) -> bool:
+        probes.append(prefix)
+        return await real(store, prefix)
+
+    monkeypatch.setattr(_s3_claims, "probe_conditional_put", counting)
+    cache = zs.open_cache(url, fingerprint, storage_options=s3_server.storage_options)
+    assert cache.load(1)["responses"][:1] is not None and cache.status()
+    assert probes == []
+    cache.write(2, make_batch(3))
+    cache.write(3, make_batch(3))
+    assert probes == [""] and cache.steps() == [1, 2, 3]
+
+
 def test_a_server_ignoring_conditional_puts_is_detected(
     s3_server: Any, fingerprint: dict, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

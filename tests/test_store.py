@@ -145,6 +145,30 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
                     assert rounds == (["ahead", "get", "get"] if local else ["get"]), (name, start, stop, rounds)
 
 
+def test_opening_reads_the_root_and_the_experiment_in_one_round(
+    location: Any, fingerprint: dict, monkeypatch: Any
+) -> None:
+    from zarr_skip.storage import Storage
+
+    zs.open_cache(location, fingerprint).write(1, make_batch(2))
+    calls: list[tuple[str, list[str]]] = []
+    for method in ("get", "get_many", "read_ahead"):
+        real = getattr(Storage, method)
+
+        def spy(self: Any, arg: Any, _real: Any = real, _name: str = method) -> Any:
+            arg = arg if isinstance(arg, str) else list(arg)  # keys, or (key, span) pairs
+            calls.append((_name, [arg] if isinstance(arg, str) else [k if isinstance(k, str) else k[0] for k in arg]))
+            return _real(self, arg)
+
+        monkeypatch.setattr(Storage, method, spy)
+    cache = zs.open_cache(location, fingerprint)
+    root, experiment = "zarr.json", f"{cache.experiment}/zarr.json"
+    if cache._storage.root is not None:  # local files: the kernel reads the experiment meanwhile
+        assert calls == [("read_ahead", [experiment]), ("get", [root]), ("get", [experiment])]
+    else:
+        assert calls == [("read_ahead", [experiment]), ("get_many", [root, experiment])]
+
+
 def test_status_reads_metadata_only(fingerprint: dict) -> None:
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)

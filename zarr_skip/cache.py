@@ -113,16 +113,16 @@ class Cache:
             time.time(),
             layout.new_writer_id(),
         )
-        self._open_root()
-        if not self.read_only:
-            storage.check_exclusive_create("")
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
-            self._open_experiment(name, fp)
+            early = self._read_early([layout.meta_key(name)])
+            self._open_root(early)
+            self._open_experiment(name, fp, early)
         else:
+            self._open_root({})
             found = self.experiments()
             if experiment is not None:
                 if experiment not in found:
@@ -136,10 +136,23 @@ class Cache:
 
     # -- opening ----------------------------------------------------------------------------
 
-    def _open_root(self) -> None:
+    def _read_early(self, keys: list[str]) -> dict[str, bytes | None]:
+        """The root document with ``keys`` in one round of requests (an object store), or
+        the root alone while the kernel reads ``keys`` (local files: no thread hand-off)."""
+        if self._storage.read_ahead([(k, None) for k in keys]):
+            return {}
+        every = [layout.METADATA, *keys]
+        return dict(zip(every, self._storage.get_many(every)))
+
+    def _get_early(self, early: dict[str, bytes | None], key: str) -> bytes | None:
+        """``key``'s bytes, from ``early`` if :meth:`_read_early` read them (once: a second
+        read of it, after a create, must see the store)."""
+        return early.pop(key) if key in early else self._storage.get(key)
+
+    def _open_root(self, early: dict[str, bytes | None]) -> None:
         key = layout.METADATA
         where = self._storage.key_path(key)
-        doc = parse_json(self._storage.get(key), where)
+        doc = parse_json(self._get_early(early, key), where)
         if doc is None:
             if self.read_only:
                 raise CacheNotFoundError(
@@ -181,10 +194,10 @@ class Cache:
                 return doc
         raise MetadataError(f"{where}: created by another writer but not readable here yet; retry")
 
-    def _open_experiment(self, name: str, fp: dict[str, Any]) -> None:
+    def _open_experiment(self, name: str, fp: dict[str, Any], early: dict[str, bytes | None]) -> None:
         key = layout.meta_key(name)
         where = self._storage.key_path(key)
-        stored = attribute(parse_json(self._storage.get(key), where), layout.EXPERIMENT_ATTR, where)
+        stored = attribute(parse_json(self._get_early(early, key), where), layout.EXPERIMENT_ATTR, where)
         if stored is None:
             if self.read_only:
                 raise ExperimentNotFoundError(f"experiment {name!r} not found at {self.location}")

@@ -97,6 +97,7 @@ class Storage:
     def __init__(self, store: Store, *, claim_settle: float = 0.0) -> None:
         self.store = store
         self.claim_settle = claim_settle
+        self._probed = False  # whether check_exclusive_create ran
         self.where = describe(store)
         #: the directory of a LocalStore: its keys are read and written directly (_localfs)
         self.root: Path | None = Path(store.root) if type(store) is LocalStore else None
@@ -324,6 +325,9 @@ class Storage:
             if self.claim_settle:
                 time.sleep(self.claim_settle)
             return _localfs.read(self.root / key) == data
+        if not self._probed:  # at the first create, not at open: readers never pay for it
+            self._probed = True
+            self.check_exclusive_create("")
         return self.run(self._create_if_absent(key, data))
 
     async def _create_if_absent(self, key: str, data: bytes) -> bool:
@@ -348,7 +352,9 @@ class Storage:
         return await self.aget(key) == data
 
     def check_exclusive_create(self, prefix: str) -> bool:
-        """Whether an object store really refuses a second conditional create (probed once).
+        """Whether an object store really refuses a second conditional create (a probe of
+        three requests; :meth:`create_if_absent` runs it before its first create, so opening
+        and reading a cache never writes).
 
         Local and in-memory stores always do. When a server ignores ``If-None-Match``, the
         claim protocol stays correct through writer-unique data groups and the claim re-check
