@@ -110,6 +110,11 @@ def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
     touched = {k.split("/w-")[0].rsplit("/", 1)[-1] for k in store.reads if "/c." in k}
     assert touched == {"1"}, f"read mini-batches {touched} for rows of mini-batch 1"
     assert [r.tolist() for r in rows.unbind()] == [r.tolist() for r in parts[1]["responses"].unbind()[5:7]]
+    store.reads.clear()
+    row = zs.open_cache(store, fingerprint).load(5)["responses"][86]  # one row: its mini-batch's lengths only
+    touched = {k.split("/w-")[0].rsplit("/", 1)[-1] for k in store.reads if "/c." in k}
+    assert touched == {"2"}, f"read mini-batches {touched} for a row of mini-batch 2"
+    assert row.tolist() == parts[2]["responses"].unbind()[6].tolist()
 
 
 def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dict, monkeypatch: Any) -> None:

@@ -195,7 +195,7 @@ class LazyColumn:
             i = int(key) + (self._rows if key < 0 else 0)
             if not 0 <= i < self._rows:
                 raise IndexError(f"column {self.name!r}: row {key} out of range for {self._rows} rows")
-            value = self._select(np.arange(i, i + 1))
+            value = self._select_range(i, i + 1)  # reads that row's mini-batch only
             if self.spec.kind == "nested":
                 return value.unbind()[0]
             return value[0]
