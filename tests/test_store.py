@@ -174,6 +174,26 @@ def test_opening_reads_the_root_and_the_experiment_in_one_round(
         assert calls == [("read_ahead", [experiment]), ("get_many", [root, experiment])]
 
 
+def test_load_and_status_wait_for_few_rounds_of_requests(fingerprint: dict, monkeypatch: Any) -> None:
+    """On an object store (every request a round trip): load() of a complete step is two
+    rounds (the step's listing with its summary, then its records), status() two (the steps,
+    then every step's listing with its summary)."""
+    from zarr_skip.storage import Storage
+
+    store = CountingStore()
+    cache = zs.open_cache(store, fingerprint)
+    for step in (1, 2, 3):
+        for _ in range(2):
+            cache.write(step, make_batch(3), expected=2)
+    rounds: list[int] = []
+    real = Storage.run
+    monkeypatch.setattr(Storage, "run", lambda self, coro: rounds.append(1) or real(self, coro))
+    view = cache.load(2)
+    assert len(rounds) == 2 and len(view) == 6
+    rounds.clear()
+    assert [i.step for i in cache.status()] == [1, 2, 3] and len(rounds) == 2
+
+
 def test_status_reads_metadata_only(fingerprint: dict) -> None:
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)

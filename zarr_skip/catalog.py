@@ -80,8 +80,7 @@ def _children(names: Sequence[str]) -> list[str]:
 def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[StepScan]:
     """Scan the metadata of several steps, with concurrent requests at each level."""
     scans = [StepScan(s, layout.join(experiment, str(s))) for s in steps]
-    listings = storage.list_dirs([s.path for s in scans])
-    step_docs = storage.get_many([layout.meta_key(s.path) for s in scans])
+    listings, step_docs = storage.list_and_get([s.path for s in scans], [layout.meta_key(s.path) for s in scans])
     run_paths: list[tuple[StepScan, str, str]] = []
     for scan, names, blob in zip(scans, listings, step_docs):
         try:
@@ -89,8 +88,8 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
         except MetadataError as exc:  # only a cache for fast status: the parts decide
             logger.warning("ignoring a damaged step summary: %s", exc)
         run_paths += [(scan, n, layout.join(scan.path, n)) for n in _children(names)]
-    run_docs = storage.get_many([layout.meta_key(p) for _, _, p in run_paths])
-    part_listings = storage.list_dirs([p for _, _, p in run_paths])
+    part_listings, run_docs = storage.list_and_get([p for _, _, p in run_paths],
+                                                   [layout.meta_key(p) for _, _, p in run_paths])
     part_paths: list[tuple[StepScan, str, str, str]] = []
     for (scan, name, path), blob, names in zip(run_paths, run_docs, part_listings):
         record = run_record(blob, storage.key_path(layout.meta_key(path)))
@@ -119,9 +118,9 @@ def summarized_parts(storage: Storage, experiment: str, step: int) -> tuple[str,
     anything is off: no summary, another run beside it, a record missing, incomplete or not
     the one expected. The caller then scans the step (:func:`scan_step`), which says why."""
     path = layout.join(experiment, str(step))
-    (names,) = storage.list_dirs([path])
+    (names,), (blob,) = storage.list_and_get([path], [layout.meta_key(path)])
     try:
-        summary = _summary(storage.get(layout.meta_key(path)), storage.key_path(layout.meta_key(path)))
+        summary = _summary(blob, storage.key_path(layout.meta_key(path)))
         if summary is None or _children(names) != [summary["run"]]:
             return None
         run, expected = str(summary["run"]), int(summary["expected"])
@@ -143,8 +142,7 @@ def step_infos(
     """StepInfo of every step: two requests per complete step, a full scan for the others."""
     steps = list_steps(storage, experiment) if steps is None else list(steps)
     paths = [layout.join(experiment, str(s)) for s in steps]
-    listings = storage.list_dirs(paths)
-    docs = storage.get_many([layout.meta_key(p) for p in paths])
+    listings, docs = storage.list_and_get(paths, [layout.meta_key(p) for p in paths])
     infos: dict[int, StepInfo] = {}
     rest = []
     for step, path, names, blob in zip(steps, paths, listings, docs):

@@ -255,16 +255,25 @@ class Storage:
 
     def list_dirs(self, prefixes: Iterable[str]) -> list[list[str]]:
         """:meth:`list_dir` of several prefixes, concurrently."""
-        prefixes = list(prefixes)
-        if self.root is not None:
-            return [_localfs.list_dir(self.root / p) for p in prefixes]
-        if not prefixes:
-            return []
+        return self.list_and_get(prefixes, [])[0]
 
-        async def one(prefix: str) -> list[str]:
+    def list_and_get(
+        self, prefixes: Iterable[str], keys: Iterable[str]
+    ) -> tuple[list[list[str]], list[bytes | None]]:
+        """:meth:`list_dirs` of ``prefixes`` and :meth:`get_many` of ``keys``: from an object
+        store in one round of requests; from local files the listings, then the reads."""
+        prefixes, keys = list(prefixes), list(keys)
+        if self.root is not None:
+            return [_localfs.list_dir(self.root / p) for p in prefixes], self.get_many(keys) if keys else []
+        if not prefixes and not keys:
+            return [], []
+
+        async def listing(prefix: str) -> list[str]:
             return sorted({name async for name in self.store.list_dir(prefix)})
 
-        return self.run(gather_limited([lambda p=p: one(p) for p in prefixes]))
+        done = self.run(gather_limited([lambda p=p: listing(p) for p in prefixes] +
+                                       [lambda k=k: self.aget(k) for k in keys]))
+        return done[: len(prefixes)], done[len(prefixes) :]
 
     def list_prefix(self, prefix: str) -> list[str]:
         if self.root is not None:
