@@ -16,11 +16,11 @@ import numpy as np
 from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
 from .errors import MetadataError
 from .reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
+from .storage import Storage
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
 PREFETCH_CHUNKS = 8
-from .storage import Storage
 
 
 class StepView:
