@@ -280,21 +280,51 @@ class LazyColumn:
         before = start - int(row_starts[first])
         return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
 
+    def _lengths_index(self, idx: np.ndarray, fetched: Fetched) -> tuple[np.ndarray, np.ndarray]:
+        """Lengths of rows ``idx`` and the position of each one's first value, from the lengths
+        of the mini-batches holding them only (with, for a few rows, their values chunks in the
+        same batch, as :meth:`_lengths_range` does)."""
+        if self._lengths is not None:
+            return self._lengths[idx], _offsets(self._lengths)[idx]
+        row_starts = np.cumsum([0] + [p["lengths"].rows for p in self._parts])
+        value_starts = np.cumsum([0] + [p["values"].rows for p in self._parts])
+        which = np.searchsorted(row_starts, idx, side="right") - 1
+        touched = [int(p) for p in np.unique(which)]
+        ahead: list[tuple[ArrayPart, int]] = []
+        if len(idx) <= PREFETCH_CHUNKS:
+            for i, p in zip(idx.tolist(), which.tolist()):
+                values, local = self._parts[p]["values"], i - int(row_starts[p])
+                held = values.chunks_of_rows(local, local + 1)
+                ahead += [] if held is None else [(values, c) for c in held if (values, c) not in ahead]
+        lens = read_ranges(
+            self._storage,
+            [([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), np.dtype(np.int64), ())
+             for p in touched],
+            prefetch=ahead if len(ahead) <= PREFETCH_CHUNKS else (), fetched=fetched,
+        )
+        if len(touched) == len(self._parts):
+            self._lengths = np.concatenate(lens)
+        sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
+        for p, part_lengths in zip(touched, lens):
+            mine = which == p
+            local = idx[mine] - row_starts[p]
+            sel[mine] = part_lengths[local]
+            starts[mine] = _offsets(part_lengths)[local] + value_starts[p]
+        return sel, starts
+
     def _select(self, idx: np.ndarray) -> Any:
         spec = self.spec
         if not spec.jagged:
             data = read_index(self._storage, [p["data"] for p in self._parts], idx,
                                spec.storage_dtype, spec.storage_shape)
             return restore(spec, {"data": data})
-        lengths = self.lengths()
-        offsets = _offsets(lengths)
-        sel = lengths[idx]
-        starts = offsets[idx]
+        fetched: Fetched = {}
+        sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1
         within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
         vidx = np.repeat(starts, sel) + within
         values = read_index(self._storage, [p["values"] for p in self._parts], vidx,
-                             spec.storage_dtype, spec.storage_shape)
+                             spec.storage_dtype, spec.storage_shape, fetched=fetched)
         plain = None if self._plain is None else self._plain[idx]
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 

@@ -194,7 +194,7 @@ def read_ranges(
 
 def read_index(
     storage: Storage, parts: Sequence[ArrayPart], idx: np.ndarray, dtype: np.dtype,
-    trailing: tuple[int, ...],
+    trailing: tuple[int, ...], *, fetched: Fetched | None = None,
 ) -> np.ndarray:
     """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
     _check_shape(parts, trailing)
@@ -215,7 +215,7 @@ def read_index(
             mine = chunk_of == c
             n = min(a.chunk, a.rows - int(c) * a.chunk)
             jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine], out))
-    _decode_jobs(storage, jobs)
+    _decode_jobs(storage, jobs, fetched=fetched)
     return out
 
 

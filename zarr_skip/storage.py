@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, wait
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -271,9 +272,12 @@ class Storage:
         async def listing(prefix: str) -> list[str]:
             return sorted({name async for name in self.store.list_dir(prefix)})
 
-        done = self.run(gather_limited([lambda p=p: listing(p) for p in prefixes] +
-                                       [lambda k=k: self.aget(k) for k in keys]))
-        return done[: len(prefixes)], done[len(prefixes) :]
+        async def both() -> tuple[list[list[str]], list[bytes | None]]:
+            listings, blobs = await asyncio.gather(gather_limited([partial(listing, p) for p in prefixes]),
+                                                   gather_limited([partial(self.aget, k) for k in keys]))
+            return listings, blobs
+
+        return self.run(both())
 
     def list_prefix(self, prefix: str) -> list[str]:
         if self.root is not None:
