@@ -8,7 +8,7 @@ output array when it can (no per-mini-batch copies followed by a concatenation).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -264,21 +264,34 @@ class LazyColumn:
         if self._lengths is not None:
             offsets = _offsets(self._lengths)
             return self._lengths[start:stop], int(offsets[start])
-        row_starts = np.cumsum([0] + [p["lengths"].rows for p in self._parts])
-        value_starts = np.cumsum([0] + [p["values"].rows for p in self._parts])
+        row_starts, value_starts = self._starts()
         first = max(0, int(np.searchsorted(row_starts, start, side="right")) - 1)
-        ahead: list[tuple[ArrayPart, int]] = []
-        for i in range(first, len(self._parts)):
-            if row_starts[i] >= stop:
-                break
-            values = self._parts[i]["values"]
-            held = values.chunks_of_rows(max(0, start - int(row_starts[i])), stop - int(row_starts[i]))
-            ahead += [] if held is None else [(values, c) for c in held]
+        last = int(np.searchsorted(row_starts, stop, side="left"))  # the parts first..last-1 hold the rows
+        ahead = self._values_ahead((i, start - int(row_starts[i]), stop - int(row_starts[i]))
+                                   for i in range(first, last))
         lens = read_ranges(self._storage, [([p["lengths"] for p in self._parts], int(row_starts[first]),
-                                            stop, np.dtype(np.int64), ())],
-                           prefetch=ahead if len(ahead) <= PREFETCH_CHUNKS else (), fetched=fetched)[0]
+                                            stop, np.dtype(np.int64), ())], prefetch=ahead, fetched=fetched)[0]
         before = start - int(row_starts[first])
         return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
+
+    def _starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each mini-batch's rows and values start in the merged column (its row and
+        value counts are in the metadata)."""
+        return (np.cumsum([0] + [p["lengths"].rows for p in self._parts]),
+                np.cumsum([0] + [p["values"].rows for p in self._parts]))
+
+    def _values_ahead(self, spans: Iterable[tuple[int, int, int]]) -> list[tuple[ArrayPart, int]]:
+        """The values chunks holding rows ``start:stop`` of mini-batch ``part`` for each
+        ``(part, start, stop)`` whose metadata names them, when they are at most
+        :data:`PREFETCH_CHUNKS`; else none (they are then read after the lengths)."""
+        ahead: dict[tuple[str, int], tuple[ArrayPart, int]] = {}
+        for part, start, stop in spans:
+            values = self._parts[part]["values"]
+            held = values.chunks_of_rows(max(0, start), stop)
+            ahead.update({(values.path, c): (values, c) for c in held or ()})
+            if len(ahead) > PREFETCH_CHUNKS:
+                return []
+        return list(ahead.values())
 
     def _lengths_index(self, idx: np.ndarray, fetched: Fetched) -> tuple[np.ndarray, np.ndarray]:
         """Lengths of rows ``idx`` and the position of each one's first value, from the lengths
@@ -286,21 +299,17 @@ class LazyColumn:
         same batch, as :meth:`_lengths_range` does)."""
         if self._lengths is not None:
             return self._lengths[idx], _offsets(self._lengths)[idx]
-        row_starts = np.cumsum([0] + [p["lengths"].rows for p in self._parts])
-        value_starts = np.cumsum([0] + [p["values"].rows for p in self._parts])
+        row_starts, value_starts = self._starts()
         which = np.searchsorted(row_starts, idx, side="right") - 1
         touched = [int(p) for p in np.unique(which)]
-        ahead: list[tuple[ArrayPart, int]] = []
-        if len(idx) <= PREFETCH_CHUNKS:
-            for i, p in zip(idx.tolist(), which.tolist()):
-                values, local = self._parts[p]["values"], i - int(row_starts[p])
-                held = values.chunks_of_rows(local, local + 1)
-                ahead += [] if held is None else [(values, c) for c in held if (values, c) not in ahead]
+        few = len(idx) <= PREFETCH_CHUNKS  # else the rows' chunks are not worth a Python loop
+        ahead = self._values_ahead((p, i - int(row_starts[p]), i - int(row_starts[p]) + 1)
+                                   for i, p in zip(idx.tolist(), which.tolist())) if few else []
         lens = read_ranges(
             self._storage,
             [([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), np.dtype(np.int64), ())
              for p in touched],
-            prefetch=ahead if len(ahead) <= PREFETCH_CHUNKS else (), fetched=fetched,
+            prefetch=ahead, fetched=fetched,
         )
         if len(touched) == len(self._parts):
             self._lengths = np.concatenate(lens)

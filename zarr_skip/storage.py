@@ -265,7 +265,7 @@ class Storage:
         store in one round of requests; from local files the listings, then the reads."""
         prefixes, keys = list(prefixes), list(keys)
         if self.root is not None:
-            return [_localfs.list_dir(self.root / p) for p in prefixes], self.get_many(keys) if keys else []
+            return [_localfs.list_dir(self.root / p) for p in prefixes], self.get_many(keys)
         if not prefixes and not keys:
             return [], []
 
