@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test lint venv bench clean
 
 include verl.mk
 
@@ -23,10 +23,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m zarr_skip.demo --out demo_cache
 
-# the main suite, then the verl integration suite in its own environment (.venv-verl)
+# lint, format and types, the main suite, then the verl integration suite in its own environment (.venv-verl)
 test: $(STAMP)
+	$(MAKE) lint
 	$(PY) -m pytest -q
 	$(MAKE) test-verl
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results

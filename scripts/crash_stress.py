@@ -20,11 +20,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import zarr_skip as zs  # noqa: E402
 from _workers import check_complete_steps, crash_writer  # noqa: E402
 
-FINGERPRINT = {"experiment_name": "stress", "project_name": "zarr_skip", "gen_batch_size": 64,
-               "n": 8, "max_prompt_length": 256, "max_response_length": 256}
+import zarr_skip as zs  # noqa: E402
+
+FINGERPRINT = {
+    "experiment_name": "stress",
+    "project_name": "zarr_skip",
+    "gen_batch_size": 64,
+    "n": 8,
+    "max_prompt_length": 256,
+    "max_response_length": 256,
+}
 
 
 def main() -> int:
@@ -44,7 +51,9 @@ def main() -> int:
     t0 = time.monotonic()
     for kill in range(args.kills):
         ready = ctx.Event()
-        proc = ctx.Process(target=crash_writer, args=(location, FINGERPRINT, f"run{kill:05d}", args.steps, ready), daemon=True)
+        proc = ctx.Process(
+            target=crash_writer, args=(location, FINGERPRINT, f"run{kill:05d}", args.steps, ready), daemon=True
+        )
         proc.start()
         if not ready.wait(60):
             print(f"kill {kill}: writer did not start", file=sys.stderr)

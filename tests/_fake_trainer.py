@@ -34,8 +34,8 @@ from tensordict import NonTensorStack, TensorDict
 if __package__ in (None, ""):  # run as a script: make zarr_skip importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zarr_skip.columns import DataProtoLike
-from zarr_skip.manager import SkipManager
+from zarr_skip.format.specs import DataProtoLike
+from zarr_skip.trainer.manager import SkipManager
 
 N_PROMPTS = 13  # dataset size: not a multiple of the batch size, so epochs wrap mid-batch
 
@@ -68,8 +68,12 @@ def make_config(
                 "project_name": "fake_proj",
                 "v1": {"trainer_mode": mode, "sync": {}, "separate_async": {"parameter_sync_step": sync_steps}},
             },
-            "data": {"train_batch_size": train_batch_size, "gen_batch_size": 4, "max_prompt_length": 8,
-                     "max_response_length": 16},
+            "data": {
+                "train_batch_size": train_batch_size,
+                "gen_batch_size": 4,
+                "max_prompt_length": 8,
+                "max_response_length": 16,
+            },
         }
     )
 
@@ -203,7 +207,9 @@ class Rollouter:
         return generate(prompts, self.seed)
 
 
-def run_async(config: DictConfig, feed: Sequence[int], seed: int, *, epoch: int = 0) -> tuple[dict[int, Any], list[str]]:
+def run_async(
+    config: DictConfig, feed: Sequence[int], seed: int, *, epoch: int = 0
+) -> tuple[dict[int, Any], list[str]]:
     """Feed one prompt per index concurrently; returns outputs by index and the generated uids."""
     SkipManager.init(config)
     rollouter = Rollouter(seed)
@@ -216,7 +222,7 @@ def run_async(config: DictConfig, feed: Sequence[int], seed: int, *, epoch: int 
         return await asyncio.gather(*jobs)
 
     outputs = asyncio.run(main())
-    return dict(zip(feed, outputs)), rollouter.calls
+    return dict(zip(feed, outputs, strict=True)), rollouter.calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +297,7 @@ class V1AgentLoop:
 
     def generate_sequences(self, batch: TensorDict, step: int) -> None:
         self.calls += 1
-        for uid, text in zip(batch["uid"], batch["raw_prompt"]):
+        for uid, text in zip(batch["uid"], batch["raw_prompt"], strict=True):
             keys, rows = [f"{uid}_{s}_0" for s in range(self.n)], []
             for s in range(self.n):
                 g = _rng(self.seed, text, s)
@@ -310,20 +316,30 @@ class V1AgentLoop:
                 name: (
                     torch.nested.as_nested_tensor([r[name] for r in rows], layout=torch.jagged)
                     if name in ("prompts", "responses", "rollout_log_probs")
-                    else torch.stack([r[name] for r in rows]) if name == "rm_scores"
+                    else torch.stack([r[name] for r in rows])
+                    if name == "rm_scores"
                     else NonTensorStack.from_list([r[name] for r in rows])
                 )
                 for name in rows[0]
             }
             tags = [
-                {"status": "finished", "global_steps": step, "min_global_steps": step, "max_global_steps": step,
-                 "seq_len": int(r["responses"].numel())}
+                {
+                    "status": "finished",
+                    "global_steps": step,
+                    "min_global_steps": step,
+                    "max_global_steps": step,
+                    "seq_len": int(r["responses"].numel()),
+                }
                 for r in rows
             ]
-            self.tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict(fields, batch_size=[self.n]),
-                                 tags=tags)
-            self.tq.kv_batch_put(keys=[str(uid)], partition_id="train",
-                                 tags=[{"is_prompt": True, "status": "finished", "global_steps": step}])
+            self.tq.kv_batch_put(
+                keys=keys, partition_id="train", fields=TensorDict(fields, batch_size=[self.n]), tags=tags
+            )
+            self.tq.kv_batch_put(
+                keys=[str(uid)],
+                partition_id="train",
+                tags=[{"is_prompt": True, "status": "finished", "global_steps": step}],
+            )
 
 
 class ReplayBuffer:
@@ -356,8 +372,9 @@ class V1Trainer:
     def __init__(self, config: DictConfig, seed: int, tq: FakeTQ | None = None) -> None:
         self.config, self.tq = config, tq or FakeTQ()
         self.n = int(config.actor_rollout_ref.rollout.n)
-        self.sync_steps = int(OmegaConf.select(config, f"trainer.v1.{config.trainer.v1.trainer_mode}"
-                                                       ".parameter_sync_step", default=1))
+        self.sync_steps = int(
+            OmegaConf.select(config, f"trainer.v1.{config.trainer.v1.trainer_mode}.parameter_sync_step", default=1)
+        )
         self.agent = V1AgentLoop(self.tq, self.n, seed)
         self.replay_buffer = ReplayBuffer(self.tq)
         self.loader = PromptLoader(int(config.data.train_batch_size))
@@ -385,8 +402,9 @@ class V1Trainer:
         batch = self._next_train_batch()
         self._submit_batch_to_rollout(batch)
 
-    def fit(self, total_steps: int, hook: Callable[[int, int], None] | None = None,
-            transfer_queue: Any = "fake") -> None:
+    def fit(
+        self, total_steps: int, hook: Callable[[int, int], None] | None = None, transfer_queue: Any = "fake"
+    ) -> None:
         SkipManager.init(self.config, transfer_queue=self.tq if transfer_queue == "fake" else transfer_queue)
         size = int(self.config.data.train_batch_size) // self.sync_steps
         for step in range(1, total_steps + 1):
@@ -437,7 +455,7 @@ def assert_rows_equal(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> None:
     assert sorted(a) == sorted(b)
     for name in a:
         assert len(a[name]) == len(b[name]), name
-        for i, (x, y) in enumerate(zip(a[name], b[name])):
+        for i, (x, y) in enumerate(zip(a[name], b[name], strict=True)):
             assert _same(x, y), f"{name}[{i}]"
 
 
@@ -456,8 +474,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill-at", default="", help="STEP:INDEX: after storing it, write MARKER and hang")
     parser.add_argument("--marker", default="")
     args = parser.parse_args(argv)
-    config = make_config(args.dump_dir, role="rollout_tq", steps=[int(s) for s in args.steps.split(",")],
-                         train_batch_size=args.train_batch_size, sync_steps=args.sync_steps)
+    config = make_config(
+        args.dump_dir,
+        role="rollout_tq",
+        steps=[int(s) for s in args.steps.split(",")],
+        train_batch_size=args.train_batch_size,
+        sync_steps=args.sync_steps,
+    )
     stop = tuple(int(x) for x in args.kill_at.split(":")) if args.kill_at else None
 
     def hook(step: int, index: int) -> None:

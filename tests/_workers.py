@@ -107,8 +107,10 @@ def check_complete_steps(location: str, fingerprint: dict) -> tuple[int, int]:
                     assert torch.equal(got[name].values(), value.values()), name
                     assert torch.equal(got[name].offsets(), value.offsets()), name
                 elif isinstance(value, torch.Tensor):
-                    assert torch.equal(got[name].view(torch.int16) if value.dtype == torch.bfloat16 else got[name],
-                                       value.view(torch.int16) if value.dtype == torch.bfloat16 else value), name
+                    assert torch.equal(
+                        got[name].view(torch.int16) if value.dtype == torch.bfloat16 else got[name],
+                        value.view(torch.int16) if value.dtype == torch.bfloat16 else value,
+                    ), name
                 else:
                     assert got[name] == value, name
     return complete, incomplete
@@ -120,7 +122,7 @@ def _warm_up() -> None:
     The first jagged NestedTensor of a process loads torch's tracing machinery (seconds);
     without this, kills would land before a child wrote anything.
     """
-    from zarr_skip.columns import encode_batch
+    from zarr_skip.format.columns import encode_batch
 
     encode_batch(minibatch("warm", 0, "warm", rows=2, width=2))
 

@@ -73,7 +73,7 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "local":
         return tmp_path / "cache"
     server = request.getfixturevalue("s3_server")
-    from zarr_skip._s3 import open_s3_store
+    from zarr_skip.store._s3 import open_s3_store
 
     return open_s3_store(server.s3_url(f"t-{uuid.uuid4().hex[:12]}"), server.storage_options)
 
@@ -108,7 +108,7 @@ def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, An
 
 def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
     """A cache whose step 3 stores ``responses`` values as a shard of many chunks: the cache,
-    the batch written and that array's :class:`zarr_skip.reads.ArrayPart`."""
+    the batch written and that array's :class:`zarr_skip.store.reads.ArrayPart`."""
     cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
     batch = make_batch(12, seed=5)
     cache.write(3, batch)
@@ -126,7 +126,7 @@ def assert_equal(a: Any, b: Any, where: str = "") -> None:
         if a.is_nested:
             la, lb = a.unbind(), b.unbind()
             assert len(la) == len(lb), where
-            for i, (x, y) in enumerate(zip(la, lb)):
+            for i, (x, y) in enumerate(zip(la, lb, strict=True)):
                 assert_equal(x.contiguous(), y.contiguous(), f"{where}[{i}]")
             return
         assert a.shape == b.shape, f"{where}: {a.shape} vs {b.shape}"
@@ -134,17 +134,19 @@ def assert_equal(a: Any, b: Any, where: str = "") -> None:
         if a.dtype.is_complex or a.dtype.itemsize not in width:
             assert torch.equal(a, b), where
         else:
-            assert torch.equal(a.contiguous().view(width[a.dtype.itemsize]), b.contiguous().view(width[b.dtype.itemsize])), where
+            assert torch.equal(
+                a.contiguous().view(width[a.dtype.itemsize]), b.contiguous().view(width[b.dtype.itemsize])
+            ), where
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
         if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a, b)):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
                 assert_equal(x, y, f"{where}[{i}]")
         else:
             assert a.tobytes() == b.tobytes(), where
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_equal(x, y, f"{where}[{i}]")
     elif isinstance(a, dict):
         assert list(a) == list(b), where

@@ -5,18 +5,46 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import zarr_skip
 from zarr_skip import errors
 
 PUBLIC = [
-    "AmbiguousExperimentError", "AtomicityError", "Cache", "CacheNotFoundError", "ChecksumError", "ColumnSpec",
-    "Compression", "ConfigError", "CorruptCacheError", "DataProtoLike", "DisplacedWriterError",
-    "ExperimentNotFoundError", "FingerprintMismatchError", "FormatVersionError",
-    "GroupMismatchError", "IncompleteStepError", "LazyColumn", "MetadataError", "MissingDataError",
-    "PartInfo", "ReadOnlyCacheError", "SchemaMismatchError", "StepCompleteError", "StepInfo",
-    "StepNotFoundError", "StepView", "StorageError", "UnsafePickleError", "UnsupportedColumnError",
-    "ZarrSkipError", "__version__", "errors", "open_cache",
+    "AmbiguousExperimentError",
+    "AtomicityError",
+    "Cache",
+    "CacheNotFoundError",
+    "ChecksumError",
+    "ColumnSpec",
+    "Compression",
+    "ConfigError",
+    "CorruptCacheError",
+    "DataProtoLike",
+    "DisplacedWriterError",
+    "ExperimentNotFoundError",
+    "FingerprintMismatchError",
+    "FormatVersionError",
+    "GroupMismatchError",
+    "IncompleteStepError",
+    "LazyColumn",
+    "MetadataError",
+    "MissingDataError",
+    "PartInfo",
+    "ReadOnlyCacheError",
+    "SchemaMismatchError",
+    "SkipManager",
+    "StepCompleteError",
+    "StepInfo",
+    "StepNotFoundError",
+    "StepView",
+    "StorageError",
+    "UnsafePickleError",
+    "UnsupportedColumnError",
+    "ZarrSkipError",
+    "__version__",
+    "errors",
+    "open_cache",
 ]
 
 
@@ -29,11 +57,16 @@ def test_all_is_sorted_and_pinned() -> None:
 
 def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
     pairs = {
-        errors.StepNotFoundError: KeyError, errors.SchemaMismatchError: ValueError,
-        errors.UnsupportedColumnError: TypeError, errors.ReadOnlyCacheError: PermissionError,
-        errors.StorageError: OSError, errors.MissingDataError: FileNotFoundError,
-        errors.StepCompleteError: FileExistsError, errors.UnsafePickleError: pickle.UnpicklingError,
-        errors.IncompleteStepError: LookupError, errors.ChecksumError: ValueError,
+        errors.StepNotFoundError: KeyError,
+        errors.SchemaMismatchError: ValueError,
+        errors.UnsupportedColumnError: TypeError,
+        errors.ReadOnlyCacheError: PermissionError,
+        errors.StorageError: OSError,
+        errors.MissingDataError: FileNotFoundError,
+        errors.StepCompleteError: FileExistsError,
+        errors.UnsafePickleError: pickle.UnpicklingError,
+        errors.IncompleteStepError: LookupError,
+        errors.ChecksumError: ValueError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)
@@ -43,6 +76,32 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
 
 
 def test_importing_zarr_skip_imports_no_optional_heavyweights() -> None:
-    code = "import sys, zarr_skip; print(sorted(m for m in ('verl', 'tensordict', 'matplotlib', 's3fs', 'obstore', 'ray', 'transfer_queue') if m in sys.modules))"
+    heavy = ("verl", "tensordict", "matplotlib", "s3fs", "obstore", "ray", "transfer_queue")
+    code = f"import sys, zarr_skip; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_version_has_one_source() -> None:
+    from importlib.metadata import version
+
+    assert zarr_skip.__version__ == version("zarr-skip")
+    init = (Path(zarr_skip.__file__).parent / "__init__.py").read_text()
+    assert version("zarr-skip") not in init  # not written twice
+
+
+def test_skip_manager_is_public_and_loads_lazily() -> None:
+    code = (
+        "import sys, zarr_skip; before = 'zarr_skip.trainer.manager' in sys.modules; "
+        "from zarr_skip import SkipManager; "
+        "print(before, SkipManager.__module__, SkipManager is zarr_skip.SkipManager)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "zarr_skip.trainer.manager", "True"]
+
+
+def test_unknown_attributes_raise_attribute_error() -> None:
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = zarr_skip.nope  # type: ignore[attr-defined]

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from conftest import assert_equal, concat, make_batch
 
 import zarr_skip as zs
-from conftest import assert_equal, concat, make_batch
-from zarr_skip import layout
-from zarr_skip.chunks import (
+from zarr_skip.format import layout
+from zarr_skip.format.chunks import (
     AUTO_BLOCK_BYTES,
     Compression,
     chunks_of_rows,
@@ -45,8 +45,15 @@ def _cut_last_chunk(array_dir: Path, array: dict[str, Any]) -> int:
     rows = array["shape"][0] - last * array["chunk"]
     path = _chunk_path(array_dir, last, len(array["shape"]))
     codec = Compression(**array["codec"])
-    kept = decode_rows(path.read_bytes(), np.dtype(array["dtype"]), tuple(array["shape"][1:]), rows, codec,
-                       stored_size=array["sizes"][last], where="test")
+    kept = decode_rows(
+        path.read_bytes(),
+        np.dtype(array["dtype"]),
+        tuple(array["shape"][1:]),
+        rows,
+        codec,
+        stored_size=array["sizes"][last],
+        where="test",
+    )
     blob = encode(kept, codec)
     path.write_bytes(blob)
     return len(blob)
@@ -97,9 +104,7 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
     [Compression("zstd", 1), Compression("lz4", 5, "bitshuffle"), Compression("zstd", 3)],
     ids=["zstd-1", "lz4-bitshuffle", "zstd-3"],
 )
-def test_a_cache_in_the_0_1_layout_still_loads(
-    tmp_path: Path, fingerprint: dict, compression: Compression
-) -> None:
+def test_a_cache_in_the_0_1_layout_still_loads(tmp_path: Path, fingerprint: dict, compression: Compression) -> None:
     parts = [make_batch(5, seed=i, offset=10 * i) for i in range(3)]
     cache = zs.open_cache(str(tmp_path), fingerprint, compression=compression, chunk_bytes=24)
     for p in parts:
@@ -172,7 +177,9 @@ def test_explicit_blosc_zstd_round_trips(tmp_path: Path, fingerprint: dict) -> N
     assert part.arrays["input_ids"]["data"].compression == Compression("blosc-zstd", 3)
 
 
-@pytest.mark.parametrize(("narrow", "wide"), [("u1", "i8"), ("u2", "i8"), ("u4", "i8"), ("i4", "i8"), ("i1", "i2"), ("u1", "u4")])
+@pytest.mark.parametrize(
+    ("narrow", "wide"), [("u1", "i8"), ("u2", "i8"), ("u4", "i8"), ("i4", "i8"), ("i1", "i2"), ("u1", "u4")]
+)
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 4097])
 def test_widening_in_place_is_exact(narrow: str, wide: str, n: int) -> None:
     rng = np.random.default_rng(n)

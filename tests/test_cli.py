@@ -24,7 +24,8 @@ import torch
 from conftest import FINGERPRINT, make_batch
 
 import zarr_skip as zs
-from zarr_skip.cli import UsageError, main, parse_steps, parse_storage_options
+from zarr_skip.cli._context import UsageError, parse_steps, parse_storage_options
+from zarr_skip.cli.main import main
 
 try:
     from tests._s3server import seaweedfs_fixture_server
@@ -72,7 +73,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     zs.open_cache(loc, TQ).write(5, tq_mapping(), meta_info={"global_steps": 5})
     assert writer.wait(120) == 0
     assert [(i.step, i.state) for i in cache.status()] == [
-        (1, "complete"), (2, "complete"), (3, "abandoned"), (4, "writing")]
+        (1, "complete"),
+        (2, "complete"),
+        (3, "abandoned"),
+        (4, "writing"),
+    ]
     return loc
 
 
@@ -95,8 +100,11 @@ def states(loc: str, experiment: str = EXP) -> dict[int, str]:
 def chunk_file(loc: str, step: int, column: str) -> Path:
     """The one chunk of ``column`` in mini-batch 0 of ``step`` (``{step}/{run}/0/.../{column}/c.0``)."""
     base = Path(loc, EXP, str(step))
-    (path,) = [p for p in base.rglob("*") if p.is_file() and p.relative_to(base).parts[1:2] == ("0",)
-               and f"/{column}/c." in p.as_posix()]
+    (path,) = [
+        p
+        for p in base.rglob("*")
+        if p.is_file() and p.relative_to(base).parts[1:2] == ("0",) and f"/{column}/c." in p.as_posix()
+    ]
     return path
 
 
@@ -118,9 +126,17 @@ def test_subprocess_exit_codes_and_output(loc: str, tmp_path: Path) -> None:
         "verify": ["verify", broken],
         "show": ["show", loc, "99", "-e", "rollout"],
     }
-    procs = {k: subprocess.Popen([sys.executable, "-m", "zarr_skip.cli", *argv], env=_env(), cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k, argv in cmds.items()}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, "-m", "zarr_skip.cli", *argv],
+            env=_env(),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, argv in cmds.items()
+    }
     done = {k: (p.wait(120), *p.communicate()) for k, p in procs.items()}
     code, out, err = done["ls"]
     assert code == 0, err
@@ -207,7 +223,9 @@ def test_verify_detects_a_flipped_byte(loc: str, capsys: pytest.CaptureFixture[s
     assert code == 1 and "step 3: incomplete: step is abandoned" in out and "step 4: incomplete" in out
 
 
-def test_progress_bar_and_fallback(loc: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_bar_and_fallback(
+    loc: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = run(capsys, "verify", loc, "--progress", "-e", "rollout")
     assert code == 0 and "verify" in err and "chunk" in err
     monkeypatch.setitem(sys.modules, "tqdm", None)  # the optional dependency is missing
@@ -245,8 +263,9 @@ class _Terminal(io.StringIO):
 
 
 @pytest.mark.parametrize(("answer", "code"), [("n\n", 1), ("y\n", 0)])
-def test_gc_asks_on_a_terminal(loc: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                               answer: str, code: int) -> None:
+def test_gc_asks_on_a_terminal(
+    loc: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, answer: str, code: int
+) -> None:
     monkeypatch.setattr(sys, "stdin", _Terminal(answer))
     got, _, err = run(capsys, "gc", loc)
     assert got == code and "remove 1 item(s)? [y/N]" in err
@@ -276,7 +295,10 @@ def test_argument_parsing(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(UsageError):
             parse_steps(bad)
     assert parse_storage_options(["endpoint_url=http://h:9000", "anon=true", "n=3"]) == {
-        "endpoint_url": "http://h:9000", "anon": True, "n": 3}
+        "endpoint_url": "http://h:9000",
+        "anon": True,
+        "n": 3,
+    }
     code, _, err = run(capsys, "ls", "x", "-o", "novalue")
     assert code == 2 and "expected KEY=VALUE" in err
     code, out, _ = run(capsys, "--help")
@@ -308,7 +330,9 @@ def test_import_export_commands(tmp_path: Path, capsys: pytest.CaptureFixture[st
     code, out, _ = run(capsys, "export", loc, "all", str(tmp_path / "out"), "--format", "verl")
     assert code == 0 and "step 7: nested tq_batch.pt, 2 file(s), 8 rows" in out
     assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.pt")) == [
-        "exp_proj/GBS4_N2_in8_out16/7/0/tq_batch.pt", "exp_proj/GBS4_N2_in8_out16/7/1/tq_batch.pt"]
+        "exp_proj/GBS4_N2_in8_out16/7/0/tq_batch.pt",
+        "exp_proj/GBS4_N2_in8_out16/7/1/tq_batch.pt",
+    ]
     code, _, err = run(capsys, "export", loc, "7", str(tmp_path / "out"))
     assert code == 2 and "exist" in err
     code, out, _ = run(capsys, "export", loc, "7", str(tmp_path / "out"), "--overwrite", "--layout", "flat", "--json")
@@ -335,8 +359,9 @@ def test_import_refuses_hostile_pickles(tmp_path: Path, capsys: pytest.CaptureFi
     assert cache.steps() == [3] and cache.load(3)["tags"][0]["evil"] == 0
 
 
-def test_untyped_failures_are_one_line(loc: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_untyped_failures_are_one_line(
+    loc: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("store exploded\nsecond line")
 

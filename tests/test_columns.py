@@ -8,18 +8,35 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import assert_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_equal
-from zarr_skip.columns import encode_batch, encode_column, narrow, restore
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format.columns import encode_batch, encode_column, narrow
+from zarr_skip.format.restore import restore
 
 ALL_TORCH_DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
-    torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
-    torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
 ]
 
 
@@ -34,7 +51,9 @@ def random_bits(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize if not dtype.is_complex else dtype.itemsize // 2]
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[
+        dtype.itemsize if not dtype.is_complex else dtype.itemsize // 2
+    ]
     n = math.prod(shape) * (2 if dtype.is_complex else 1)
     raw = torch.randint(0, 256, (n * width.itemsize,), dtype=torch.uint8, generator=g)
     return raw.view(width).view(dtype).reshape(shape) if not dtype.is_complex else raw.view(dtype).reshape(shape)
@@ -72,11 +91,18 @@ def test_nested_with_holes_is_compacted() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text()
-    | st.integers(-(2**63), 2**63 - 1).map(np.int64) | st.floats(width=32).map(np.float32),
-    lambda kids: st.lists(kids, max_size=4)
-    | st.lists(kids, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=5).filter(lambda k: not k.startswith("$")), kids, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text()
+    | st.integers(-(2**63), 2**63 - 1).map(np.int64)
+    | st.floats(width=32).map(np.float32),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.lists(kids, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=5).filter(lambda k: not k.startswith("$")), kids, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -110,9 +136,11 @@ def test_strings_roundtrip_including_empty_and_surrogates(rows: list[str]) -> No
 def test_numpy_arrays_roundtrip(dtype: str, rows: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=rows * 2 * np.dtype(dtype).itemsize, dtype=np.uint8)
-    a = raw.view(dtype).reshape(rows, 2) if np.dtype(dtype).kind not in "US" else np.array(
-        [["ab", "c"]] * rows, dtype=dtype
-    ).reshape(rows, 2)
+    a = (
+        raw.view(dtype).reshape(rows, 2)
+        if np.dtype(dtype).kind not in "US"
+        else np.array([["ab", "c"]] * rows, dtype=dtype).reshape(rows, 2)
+    )
     back = roundtrip(a)
     assert back.dtype == a.dtype and back.shape == a.shape
     assert back.tobytes() == a.tobytes()
@@ -180,7 +208,9 @@ def test_meta_info_must_be_json() -> None:
 def test_dataproto_like_sections_are_recorded() -> None:
     from zarr_skip import DataProtoLike
 
-    dp = DataProtoLike(batch={"x": torch.zeros(2)}, non_tensor_batch={"y": np.array(["a", "b"], dtype=object)}, meta_info={"k": 1})
+    dp = DataProtoLike(
+        batch={"x": torch.zeros(2)}, non_tensor_batch={"y": np.array(["a", "b"], dtype=object)}, meta_info={"k": 1}
+    )
     enc = encode_batch(dp)
     assert enc.batch_type == "dataproto" and enc.meta_info == {"k": 1}
     assert [c.spec.section for c in enc.columns] == ["batch", "non_tensor_batch"]
@@ -207,7 +237,7 @@ def test_numpy_scalars_in_json_rows_and_meta_info_roundtrip_exactly() -> None:
     assert type(back[0]["b"]) is np.bool_
     assert type(back[1]) is np.float32 and back[2][0].tobytes() == odd_nan.tobytes()
     enc = encode_batch({"a": torch.zeros(1)}, {"timing": {"gen": np.float64(1.25)}})
-    from zarr_skip.jsonvalues import from_json_value
+    from zarr_skip.format.jsonvalues import from_json_value
 
     meta = from_json_value(enc.meta_info)
     assert meta["timing"]["gen"] == 1.25

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_batch, write_sharded
 
 import zarr_skip as zs
-from conftest import make_batch, write_sharded
 
 
 @pytest.fixture

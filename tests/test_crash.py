@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch
 
 import zarr_skip as zs
-from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch
 
 KILLS = 50
 STEPS = 40  # more than a writer finishes before its kill: kills land mid-step
@@ -82,9 +82,7 @@ def test_concurrent_writers_of_one_run_fill_each_step_exactly(
     assert len({(w[0], w[2]) for w in written}) == len(written)  # no mini-batch written twice
 
 
-def test_interrupted_run_then_new_run_holds_only_the_new_runs_data(
-    ctx: Any, tmp_path: Path, fingerprint: dict
-) -> None:
+def test_interrupted_run_then_new_run_holds_only_the_new_runs_data(ctx: Any, tmp_path: Path, fingerprint: dict) -> None:
     """verl's review case: 4 mini-batches expected, the run dies after 2, a new run redoes it."""
     location = str(tmp_path / "cache")
     ready = ctx.Event()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo_cache"
-    done = subprocess.run([sys.executable, "-m", "zarr_skip.demo", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "zarr_skip.demo", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "6 abandoned          2/4" in done.stdout
     assert "ok: " in done.stdout

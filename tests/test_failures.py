@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import assert_equal, make_batch
 from zarr.storage import LocalStore
 
 import zarr_skip as zs
-from conftest import assert_equal, make_batch
 
 
 def _mount_tmpfs(path: Path, size: str) -> str | None:
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return None if done.returncode == 0 else (done.stderr.strip() or "mount failed")
 
 
@@ -111,7 +113,7 @@ def test_the_conditional_put_probe_waits_for_the_first_create(
     of them a write); the first write probes once."""
     import uuid
 
-    from zarr_skip import _s3_claims
+    from zarr_skip.store import _s3_claims
 
     url = s3_server.s3_url(f"t-{uuid.uuid4().hex[:12]}")
     zs.open_cache(url, fingerprint, storage_options=s3_server.storage_options).write(1, make_batch(2))
@@ -136,7 +138,7 @@ def test_a_server_ignoring_conditional_puts_is_detected(
 ) -> None:
     import uuid
 
-    from zarr_skip import _s3_claims
+    from zarr_skip.store import _s3_claims
 
     async def ignores(store: Any, prefix: str) -> bool:
         return False

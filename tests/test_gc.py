@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import make_batch
 
 import zarr_skip as zs
-from conftest import make_batch
 
 
 def age_records(root: Path, seconds: float) -> None:
@@ -27,7 +27,7 @@ def age_records(root: Path, seconds: float) -> None:
                         rec[field] -= seconds
                 rec.pop("checksum", None)
                 if key == "zarr_skip.part" and rec.get("state") == "complete":
-                    from zarr_skip.layout import doc_checksum
+                    from zarr_skip.format.layout import doc_checksum
 
                     rec["checksum"] = doc_checksum(rec)
         meta.write_text(json.dumps(doc))
@@ -89,8 +89,24 @@ def test_gc_removes_displaced_runs_leftovers(tmp_path: Path, fingerprint: dict) 
     # a displaced writer that kept going leaves a mini-batch the owner does not count
     run_dir = tmp_path / new.experiment / "7" / old.run_id
     (run_dir / "0").mkdir(parents=True)
-    (run_dir / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {
-        "zarr_skip.run": {"run": old.run_id, "started": 1.0, "created": 1.0, "expected": 2, "host": "elsewhere", "pid": 1}}}))
+    (run_dir / "zarr.json").write_text(
+        json.dumps(
+            {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {
+                    "zarr_skip.run": {
+                        "run": old.run_id,
+                        "started": 1.0,
+                        "created": 1.0,
+                        "expected": 2,
+                        "host": "elsewhere",
+                        "pid": 1,
+                    }
+                },
+            }
+        )
+    )
     info = new.status()[0]
     assert info.stale_runs == (old.run_id,) and info.run == new.run_id
     report = new.gc()
@@ -104,7 +120,9 @@ def test_gc_needs_a_writable_handle(cache: zs.Cache, tmp_path: Path) -> None:
     assert zs.open_cache(tmp_path).gc(dry_run=True).dry_run
 
 
-def test_gc_never_deletes_a_step_whose_records_it_cannot_read(cache: zs.Cache, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_gc_never_deletes_a_step_whose_records_it_cannot_read(
+    cache: zs.Cache, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Through a stale shared-filesystem mount a complete step can look damaged: keep it."""
     age_records(tmp_path, 120)
     record = next((tmp_path / cache.experiment / "2").glob("*/0/zarr.json"))

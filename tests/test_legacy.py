@@ -1,4 +1,4 @@
-"""Legacy verl rollout caches: scanning, restricted reading, and writing back (zarr_skip.legacy).
+"""Legacy verl rollout caches: scanning, restricted reading, and writing back (zarr_skip.legacy.dumps).
 
 verl is not installed here, so DataProto pickles are produced by a test double of
 ``verl/protocol.py`` whose DataProto pickles exactly as verl 0.9's does (``__getstate__``:
@@ -28,7 +28,7 @@ from conftest import assert_equal
 from tensordict import NonTensorStack, TensorDict
 
 from zarr_skip.errors import IncompleteStepError, UnsafePickleError, ZarrSkipError
-from zarr_skip.legacy import (
+from zarr_skip.legacy.dumps import (
     LegacyDataProto,
     legacy_experiment_dir,
     read_minibatch,
@@ -127,6 +127,7 @@ def verl_installed(src: Path) -> Iterator[types.ModuleType]:
 
 # ------------------------------------------------------------------ verl-like dumping
 
+
 def dump_dp(fp_dir: Path, step: int, dp: Any, minibatch: int | None = None) -> Path:
     """As ``RolloutSkip.prepare_data``: ``save_to_disk`` then ``meta.json``."""
     step_dir = fp_dir / str(step) if minibatch is None else fp_dir / str(step) / str(minibatch)
@@ -150,14 +151,17 @@ def padded_batch(rows: int, seed: int) -> TensorDict:
     g = torch.Generator().manual_seed(seed)
     log_probs = torch.randn(rows, 6, generator=g)
     log_probs[0, 0], log_probs[0, 1] = float("nan"), -0.0
-    return TensorDict({
-        "prompts": torch.randint(0, 151936, (rows, 8), generator=g),
-        "responses": torch.randint(0, 151936, (rows, 6), generator=g),
-        "attention_mask": torch.randint(0, 2, (rows, 14), generator=g),
-        "old_log_probs": log_probs,
-        "rm_scores": torch.randn(rows, 6, generator=g).bfloat16(),
-        "done": torch.rand(rows, generator=g) > 0.5,
-    }, batch_size=[rows])
+    return TensorDict(
+        {
+            "prompts": torch.randint(0, 151936, (rows, 8), generator=g),
+            "responses": torch.randint(0, 151936, (rows, 6), generator=g),
+            "attention_mask": torch.randint(0, 2, (rows, 14), generator=g),
+            "old_log_probs": log_probs,
+            "rm_scores": torch.randn(rows, 6, generator=g).bfloat16(),
+            "done": torch.rand(rows, generator=g) > 0.5,
+        },
+        batch_size=[rows],
+    )
 
 
 def non_tensor(rows: int, seed: int) -> dict[str, np.ndarray]:
@@ -174,23 +178,34 @@ def non_tensor(rows: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def make_dp(verl: types.ModuleType, rows: int = 4, seed: int = 0) -> Any:
-    meta = {"global_token_num": [10, 12], "temperature": 0.7, "timing": {"gen": 1.5},
-            "np_scalar": np.float32(1.5), "set": {1, 2}, "pair": (np.int64(3), None, b"\x00")}
+    meta = {
+        "global_token_num": [10, 12],
+        "temperature": 0.7,
+        "timing": {"gen": 1.5},
+        "np_scalar": np.float32(1.5),
+        "set": {1, 2},
+        "pair": (np.int64(3), None, b"\x00"),
+    }
     return verl.DataProto(padded_batch(rows, seed), non_tensor(rows, seed), meta)
 
 
 def tq_payload(rows: int = 4, seed: int = 0, step: int = 5) -> dict:
     g = torch.Generator().manual_seed(seed)
     lens = [2 + (i * 3 + seed) % 5 for i in range(rows)]
-    td = TensorDict({
-        "prompts": torch.nested.nested_tensor([torch.randint(0, 99, (n,), generator=g) for n in lens],
-                                              layout=torch.jagged),
-        "responses": torch.nested.nested_tensor([torch.randn(n + 1, generator=g) for n in lens],
-                                                layout=torch.jagged),
-        "response_mask": torch.ones(rows, 7, dtype=torch.int64),
-        "rewards": torch.randn(rows, generator=g).bfloat16(),
-        "datasource": NonTensorStack(*[f"gsm8k-{i}" for i in range(rows)]),
-    }, batch_size=[rows])
+    td = TensorDict(
+        {
+            "prompts": torch.nested.nested_tensor(
+                [torch.randint(0, 99, (n,), generator=g) for n in lens], layout=torch.jagged
+            ),
+            "responses": torch.nested.nested_tensor(
+                [torch.randn(n + 1, generator=g) for n in lens], layout=torch.jagged
+            ),
+            "response_mask": torch.ones(rows, 7, dtype=torch.int64),
+            "rewards": torch.randn(rows, generator=g).bfloat16(),
+            "datasource": NonTensorStack(*[f"gsm8k-{i}" for i in range(rows)]),
+        },
+        batch_size=[rows],
+    )
     keys = [f"u{seed}x{i // 2}_{i % 2}_0" for i in range(rows)]
     tags = [{"global_steps": step, "status": "finished", "seq_len": n} for n in lens]
     return {"tensordict": td, "tags": tags, "keys": keys, "global_steps": step}
@@ -239,8 +254,9 @@ def legacy_root(tmp_path_factory: pytest.TempPathFactory, verl_src: Path) -> tup
         finally:
             del os.environ["VERL_DATAPROTO_SERIALIZATION_METHOD"]
         (fp / "2" / "meta.json").unlink()  # interrupted before meta.json
-        dump_dp(root / "default_experiment_name_default_project_name" / "GBS1_N1_in4_out4", 1,
-                make_dp(verl, rows=2, seed=9))
+        dump_dp(
+            root / "default_experiment_name_default_project_name" / "GBS1_N1_in4_out4", 1, make_dp(verl, rows=2, seed=9)
+        )
     want[5] = [tq_payload(seed=50), tq_payload(seed=51)]
     for i, payload in enumerate(want[5]):
         dump_tq(fp, 5, payload, minibatch=i)
@@ -260,13 +276,20 @@ def legacy_root(tmp_path_factory: pytest.TempPathFactory, verl_src: Path) -> tup
 
 # ------------------------------------------------------------------ scanning
 
+
 def test_scan_finds_experiments_steps_and_reasons(legacy_root: tuple[Path, dict]) -> None:
     root, _ = legacy_root
     exps = {e.combined_name: e for e in scan_legacy(root)}
     assert sorted(exps) == ["default_experiment_name_default_project_name", "my_exp_team_proj", "solo_proj"]
     exp = exps["my_exp_team_proj"]
-    assert exp.fingerprint() == {"experiment_name": "my", "project_name": "exp_team_proj", "gen_batch_size": 4,
-                                 "n": 2, "max_prompt_length": 8, "max_response_length": 6}
+    assert exp.fingerprint() == {
+        "experiment_name": "my",
+        "project_name": "exp_team_proj",
+        "gen_batch_size": 4,
+        "n": 2,
+        "max_prompt_length": 8,
+        "max_response_length": 6,
+    }
     assert exp.name_split == "guess"
     assert ("my_exp", "team_proj") in exp.name_candidates and len(exp.name_candidates) == 3
     steps = {s.step: s for s in exp.steps}
@@ -283,7 +306,10 @@ def test_scan_finds_experiments_steps_and_reasons(legacy_root: tuple[Path, dict]
     assert steps[9].kind is None and "no gen_batch.dp or tq_batch.pt" in steps[9].reason
     default = exps["default_experiment_name_default_project_name"]
     assert (default.experiment_name, default.project_name, default.name_split) == (
-        "default_experiment_name", "default_project_name", "default")
+        "default_experiment_name",
+        "default_project_name",
+        "default",
+    )
     solo = exps["solo_proj"]
     assert (solo.experiment_name, solo.project_name, solo.name_split) == ("solo", "proj", "unique")
     assert solo.max_response_length is None and solo.steps[0].reason == "gen_batch.dp is empty"
@@ -303,12 +329,20 @@ def test_scan_hints_expected_minibatches_and_subdirs(legacy_root: tuple[Path, di
 
 
 def test_legacy_experiment_dir_matches_verl_layout(tmp_path: Path) -> None:
-    got = legacy_experiment_dir(tmp_path, experiment_name="e_1", project_name="p", gen_batch_size=256, n=8,
-                                max_prompt_length=1024, max_response_length=2048)
+    got = legacy_experiment_dir(
+        tmp_path,
+        experiment_name="e_1",
+        project_name="p",
+        gen_batch_size=256,
+        n=8,
+        max_prompt_length=1024,
+        max_response_length=2048,
+    )
     assert got == tmp_path.resolve() / "e_1_p" / "GBS256_N8_in1024_out2048"
 
 
 # ------------------------------------------------------------------ reading
+
 
 def test_read_dp_bit_exact_both_serializations(legacy_root: tuple[Path, dict]) -> None:
     root, want = legacy_root
@@ -324,14 +358,15 @@ def test_read_tq_bit_exact_nested_and_flat(legacy_root: tuple[Path, dict]) -> No
     exp = next(e for e in scan_legacy(root) if e.n == 2)
     got = read_step(exp.get_step(5))
     assert len(got) == 2
-    for g, w in zip(got, want[5]):
+    for g, w in zip(got, want[5], strict=True):
         assert g["tensordict"]["prompts"].is_nested and g["tensordict"]["prompts"].layout == torch.jagged
         assert_payload(g, w)
     assert_payload(read_minibatch(exp.get_step(8).path), want[8])
 
 
 def test_read_maps_to_real_dataproto_without_running_its_setstate(
-        legacy_root: tuple[Path, dict], verl_src: Path) -> None:
+    legacy_root: tuple[Path, dict], verl_src: Path
+) -> None:
     root, want = legacy_root
     path = root / "my_exp_team_proj" / "GBS4_N2_in8_out6" / "1" / "gen_batch.dp"
     with verl_installed(verl_src) as verl:
@@ -345,6 +380,7 @@ def test_read_maps_to_real_dataproto_without_running_its_setstate(
 
 # ------------------------------------------------------------------ writing back
 
+
 def test_write_dp_round_trip_and_verl_loads_it(tmp_path: Path, verl_src: Path) -> None:
     fp = tmp_path / "x_y" / "GBS4_N2_in8_out6"
     with verl_installed(verl_src) as verl:
@@ -356,7 +392,7 @@ def test_write_dp_round_trip_and_verl_loads_it(tmp_path: Path, verl_src: Path) -
     (exp,) = scan_legacy(tmp_path)
     assert exp.complete_steps == [11, 12] and exp.get_step(12).layout == "nested"
     assert_dp(read_minibatch(flat), src[0])
-    for got, want in zip(read_step(exp.get_step(12)), src[1:]):
+    for got, want in zip(read_step(exp.get_step(12)), src[1:], strict=True):
         assert_dp(got, want)
     with verl_installed(verl_src) as verl:  # verl's own loader yields verl's own class
         loaded = verl.DataProto.load_from_disk(flat / "gen_batch.dp")
@@ -369,8 +405,9 @@ def test_write_dp_round_trip_and_verl_loads_it(tmp_path: Path, verl_src: Path) -
 
 def test_write_dp_from_plain_mapping_and_lists(tmp_path: Path) -> None:
     jagged = torch.nested.nested_tensor([torch.arange(3), torch.arange(5)], layout=torch.jagged)
-    src = LegacyDataProto({"ids": torch.arange(6).view(2, 3), "resp": jagged},
-                          {"uid": ["a", "b"], "pairs": [[1, 2], [3, 4]]}, {"k": 1})
+    src = LegacyDataProto(
+        {"ids": torch.arange(6).view(2, 3), "resp": jagged}, {"uid": ["a", "b"], "pairs": [[1, 2], [3, 4]]}, {"k": 1}
+    )
     got = read_minibatch(write_legacy_dp(tmp_path / "3", src, global_steps=7))
     assert json.loads((tmp_path / "3" / "meta.json").read_text()) == {"global_steps": 7}
     assert_equal(got.batch["ids"], torch.arange(6).view(2, 3))
@@ -389,7 +426,7 @@ def test_write_tq_round_trip_both_layouts(tmp_path: Path) -> None:
     assert (fp / "4" / "1" / "meta.json").read_text() == json.dumps({"global_steps": 4, "num_trajectories": 4})
     (exp,) = scan_legacy(tmp_path)
     assert [(s.step, s.layout, s.complete) for s in exp.steps] == [(4, "nested", True), (9, "flat", True)]
-    for got, want in zip(read_step(exp.get_step(4)), src):
+    for got, want in zip(read_step(exp.get_step(4)), src, strict=True):
         assert_payload(got, want)
     got = read_minibatch(flat / "tq_batch.pt")
     assert got["global_steps"] == 9
@@ -401,6 +438,7 @@ def test_write_tq_round_trip_both_layouts(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ hostile pickles
+
 
 class _Shell:
     def __init__(self, marker: Path) -> None:
@@ -439,8 +477,7 @@ def test_hostile_dp_refused_and_payload_not_run(tmp_path: Path, verl_src: Path) 
     evil_top = tmp_path / "top.dp"
     evil_top.write_bytes(pickle.dumps(_Touch(marker)))
     write_legacy_dp(tmp_path / "3", LegacyDataProto(None, {"f": [Fraction(1, 3)]}, {}))
-    for path, name in ((evil_meta, "posix.system"), (evil_inner, "posix.system"),
-                       (evil_top, "pathlib.Path.touch")):
+    for path, name in ((evil_meta, "posix.system"), (evil_inner, "posix.system"), (evil_top, "pathlib.Path.touch")):
         with pytest.raises(UnsafePickleError) as exc:
             read_minibatch(path)
         _refused(exc, path, name)
@@ -473,7 +510,8 @@ def test_hostile_pt_refused_and_trust_lifts_it(tmp_path: Path) -> None:
 
 
 def test_writing_lives_in_legacy_write_and_is_reexported() -> None:
-    from zarr_skip import legacy, legacy_write
+    from zarr_skip.legacy import dumps as legacy
+    from zarr_skip.legacy import write as legacy_write
 
     for name in ("DP_FILE", "META_FILE", "TQ_FILE", "legacy_experiment_dir", "write_legacy_dp", "write_legacy_tq"):
         assert getattr(legacy, name) is getattr(legacy_write, name) and name in legacy.__all__

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from zarr_skip import layout, open_cache
+from zarr_skip import open_cache
 from zarr_skip.errors import ConfigError, GroupMismatchError
-from zarr_skip.manager import SkipManager
-from zarr_skip.remap import SampleIdError
-from zarr_skip.skipconfig import fingerprint
+from zarr_skip.format import layout
+from zarr_skip.trainer.manager import SkipManager
+from zarr_skip.trainer.remap import SampleIdError
+from zarr_skip.trainer.skipconfig import fingerprint
 
 try:
     from tests import _fake_trainer as ft
@@ -101,8 +102,9 @@ def test_is_active_and_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("role", ["rollout", "rollout_tq", "async_rollout"])
 @pytest.mark.parametrize("enable", [False, True])
-def test_no_io_when_disabled_or_unlisted(tmp_path: Path, role: str, enable: bool,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_io_when_disabled_or_unlisted(
+    tmp_path: Path, role: str, enable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dump = tmp_path / "cache"
     # disabled: listed steps are ignored; enabled: no listed step is ever reached
     config = ft.make_config(dump, role=role, steps=[1, 2] if not enable else [99], enable=enable)
@@ -178,8 +180,9 @@ def test_rollout_repeat_with_empty_cache_generates_and_stores(tmp_path: Path) ->
     assert _cache(config, "rollout").steps() == [1]
 
 
-def test_rollout_store_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollout_store_failure_keeps_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = ft.make_config(tmp_path / "c", role="rollout", steps=[1])
     real = ft.generate
 
@@ -189,7 +192,7 @@ def test_rollout_store_failure_keeps_training(tmp_path: Path, caplog: pytest.Log
         return out
 
     monkeypatch.setattr(ft, "generate", unstorable)
-    with caplog.at_level(logging.ERROR, logger="zarr_skip.manager"):
+    with caplog.at_level(logging.ERROR, logger="zarr_skip.trainer.manager"):
         run = ft.run_sync(config, 1, seed=1)
     assert "weird" in run.outputs[1].non_tensor_batch
     assert "could not store step 1" in caplog.text
@@ -250,8 +253,7 @@ def _assert_replayed(run1: ft.V1Trainer, run2: ft.V1Trainer, steps: list[int]) -
 
 @pytest.mark.parametrize("sync_steps", [1, 4])
 def test_rollout_tq_run2_replays_every_listed_step(tmp_path: Path, sync_steps: int) -> None:
-    config = ft.make_config(tmp_path / "c", role="rollout_tq", steps=[1, 3], train_batch_size=8,
-                            sync_steps=sync_steps)
+    config = ft.make_config(tmp_path / "c", role="rollout_tq", steps=[1, 3], train_batch_size=8, sync_steps=sync_steps)
     run1 = ft.V1Trainer(config, seed=1)
     run1.fit(3)
     cache = _cache(config, "rollout_tq")
@@ -276,7 +278,7 @@ def test_rollout_tq_extra_samples_are_not_stored(tmp_path: Path, caplog: pytest.
     config = ft.make_config(tmp_path / "c", role="rollout_tq", steps=[1], train_batch_size=8, sync_steps=2)
     trainer = ft.V1Trainer(config, seed=1)
     trainer.sync_steps = 4  # the trainer samples more often than the config says
-    with caplog.at_level(logging.INFO, logger="zarr_skip.manager"):
+    with caplog.at_level(logging.INFO, logger="zarr_skip.trainer.manager"):
         trainer.fit(1)
     assert caplog.text.count("this sample is not stored") == 2
     view = _cache(config, "rollout_tq").load(1)
@@ -306,7 +308,7 @@ def test_rollout_tq_group_mismatch(tmp_path: Path, caplog: pytest.LogCaptureFixt
         ft.V1Trainer(strict, seed=2).fit(1)
     lenient = ft.make_config(dump, role="rollout_tq", steps=[1], train_batch_size=8)
     trainer = ft.V1Trainer(lenient, seed=2)
-    with caplog.at_level(logging.WARNING, logger="zarr_skip.remap"):
+    with caplog.at_level(logging.WARNING, logger="zarr_skip.trainer.remap"):
         trainer.fit(1)
     assert trainer.calls == {1: 0} and "groups are reused cyclically" in caplog.text
     fields = trainer.records[(1, 0)][0]
@@ -334,9 +336,25 @@ def test_rollout_tq_missing_transfer_queue_is_clear(tmp_path: Path, monkeypatch:
 
 def test_rollout_tq_killed_mid_step_regenerates_only_that_step(tmp_path: Path) -> None:
     dump, marker = tmp_path / "c", tmp_path / "marker"
-    cmd = [sys.executable, str(TESTS / "_fake_trainer.py"), str(dump), "--steps", "1,2,3", "--total-steps", "3",
-           "--sync-steps", "4", "--train-batch-size", "8", "--seed", "1", "--kill-at", "2:1",
-           "--marker", str(marker)]
+    cmd = [
+        sys.executable,
+        str(TESTS / "_fake_trainer.py"),
+        str(dump),
+        "--steps",
+        "1,2,3",
+        "--total-steps",
+        "3",
+        "--sync-steps",
+        "4",
+        "--train-batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--kill-at",
+        "2:1",
+        "--marker",
+        str(marker),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120

@@ -26,8 +26,13 @@ FIGURES = Path(os.environ.get("ZARR_SKIP_FIGURES") or ROOT / "notebooks" / "figu
 EXPECTED_FIGURES = {"browse_cache": 6}
 #: text its HTML outputs must hold (the objects' _repr_html_ was used, not their text repr)
 EXPECTED_HTML = {
-    "browse_cache": [">complete</span>", ">abandoned</span>", ">writing</span>", "meta_info",
-                     "column &#x27;responses&#x27; of step 3"],
+    "browse_cache": [
+        ">complete</span>",
+        ">abandoned</span>",
+        ">writing</span>",
+        "meta_info",
+        "column &#x27;responses&#x27; of step 3",
+    ],
 }
 #: the last cell, added here: proves the kernel runs the interpreter running the tests
 WHICH_PYTHON = "import sys; print(sys.prefix, end='')"

@@ -12,7 +12,7 @@ import torch
 from conftest import CountingStore, make_batch
 
 import zarr_skip as zs
-from zarr_skip import plots
+from zarr_skip.notebook import plots
 from zarr_skip.synthetic import Preset, padded_batch
 
 pytest.importorskip("matplotlib")
@@ -117,7 +117,9 @@ def test_scores_per_step_and_for_one_step(jagged: tuple[zs.Cache, CountingStore]
     assert means[lengths > 0] == pytest.approx(sums[lengths > 0] / lengths[lengths > 0])
 
 
-def test_missing_or_unplottable_columns_raise(jagged: tuple[zs.Cache, CountingStore], fingerprint: dict[str, Any]) -> None:
+def test_missing_or_unplottable_columns_raise(
+    jagged: tuple[zs.Cache, CountingStore], fingerprint: dict[str, Any]
+) -> None:
     cache, _ = jagged
     with pytest.raises(KeyError, match="no column 'reward'"):
         plots.plot_scores(cache, "reward")
@@ -161,7 +163,9 @@ def test_plots_draw_into_a_given_axes(jagged: tuple[zs.Cache, CountingStore]) ->
     assert n_bars(fig) == 3 and len(right.patches) == 3
 
 
-def test_a_clear_error_without_matplotlib(jagged: tuple[zs.Cache, CountingStore], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_clear_error_without_matplotlib(
+    jagged: tuple[zs.Cache, CountingStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache, _ = jagged
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)

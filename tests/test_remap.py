@@ -1,4 +1,4 @@
-"""Unit and property tests for zarr_skip.remap."""
+"""Unit and property tests for zarr_skip.trainer.remap."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarr_skip.remap import (
+from zarr_skip.trainer.remap import (
     GroupMismatch,
     GroupMismatchError,
     KeyFormatError,
@@ -163,7 +163,7 @@ def test_remap_basic_matching_counts() -> None:
         {"is_prompt": True, "status": "finished", "global_steps": 7},
     )
     assert r.prompt_tags[0] is not r.prompt_tags[1]
-    for tag, row in zip(r.tags, r.indices):
+    for tag, row in zip(r.tags, r.indices, strict=True):
         assert tag["global_steps"] == tag["min_global_steps"] == tag["max_global_steps"] == 7
         assert "is_prompt" not in tag
         assert tag["seq_len"] == tags[row]["seq_len"]
@@ -183,7 +183,7 @@ def test_remap_tags_are_deep_copies() -> None:
 
 def test_remap_cycles_within_short_group(caplog: pytest.LogCaptureFixture) -> None:
     keys, tags = _cached([3, 1])
-    with caplog.at_level(logging.INFO, logger="zarr_skip.remap"):
+    with caplog.at_level(logging.INFO, logger="zarr_skip.trainer.remap"):
         r = remap(keys, tags, ["p", "q"], n=4, step=2)
     old0 = group_by_uid(keys)[0]
     old1 = group_by_uid(keys)[1]
@@ -195,7 +195,7 @@ def test_remap_cycles_within_short_group(caplog: pytest.LogCaptureFixture) -> No
 
 def test_remap_more_prompts_than_groups_cycles(caplog: pytest.LogCaptureFixture) -> None:
     keys, tags = _cached([2, 2])
-    with caplog.at_level(logging.WARNING, logger="zarr_skip.remap"):
+    with caplog.at_level(logging.WARNING, logger="zarr_skip.trainer.remap"):
         r = remap(keys, tags, ["a", "b", "c", "d", "e"], n=2, step=9)
     assert r.groups == (0, 1, 0, 1, 0)
     assert r.mismatch == GroupMismatch(cached_groups=2, prompts=5, step=9, source_step=9)
@@ -205,7 +205,7 @@ def test_remap_more_prompts_than_groups_cycles(caplog: pytest.LogCaptureFixture)
 
 def test_remap_fewer_prompts_than_groups_uses_first(caplog: pytest.LogCaptureFixture) -> None:
     keys, tags = _cached([2, 2, 2])
-    with caplog.at_level(logging.WARNING, logger="zarr_skip.remap"):
+    with caplog.at_level(logging.WARNING, logger="zarr_skip.trainer.remap"):
         r = remap(keys, tags, ["a"], n=2, step=4, source_step=3)
     assert r.groups == (0,)
     assert r.mismatch is not None and r.mismatch.cached_groups == 3 and r.mismatch.prompts == 1
@@ -345,7 +345,7 @@ def test_remap_properties(case: tuple[list[str], list[dict[str, Any]], list[str]
         # as many distinct rows as the group can give
         assert len(set(rows)) == min(n, len(groups[r.groups[p]]))
     # tags: steps set, is_prompt dropped, other fields carried over
-    for tag, row in zip(r.tags, r.indices):
+    for tag, row in zip(r.tags, r.indices, strict=True):
         assert tag["global_steps"] == tag["min_global_steps"] == tag["max_global_steps"] == step
         assert "is_prompt" not in tag
         assert tag["seq_len"] == tags[row]["seq_len"]

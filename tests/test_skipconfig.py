@@ -1,4 +1,4 @@
-"""Unit tests for zarr_skip.skipconfig."""
+"""Unit tests for zarr_skip.trainer.skipconfig."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from zarr_skip.skipconfig import (
+from zarr_skip.trainer.skipconfig import (
     DEFAULT_DUMP_DIR,
     ROLES,
     ConfigError,
@@ -188,7 +188,7 @@ def test_underscore_keys_ignored() -> None:
 
 
 def test_unknown_role_warns_and_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="zarr_skip.skipconfig"):
+    with caplog.at_level(logging.WARNING, logger="zarr_skip.trainer.skipconfig"):
         cfg = parse_skip_config({"skip": {"rolout": {"enable": True}}})
     assert not cfg.any_enabled
     assert "skip.rolout" in caplog.text

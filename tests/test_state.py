@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zarr_skip import layout
 from zarr_skip.errors import ConfigError
-from zarr_skip.state import HOST, PartRecord, RunRecord, resolve, step_info
+from zarr_skip.format import layout
+from zarr_skip.format.state import HOST, PartRecord, RunRecord, resolve, step_info
 
 NOW = 1_000_000.0
 
@@ -75,8 +75,14 @@ def test_indices_beyond_expected_do_not_count() -> None:
 
 
 def test_experiment_names() -> None:
-    fp = {"experiment_name": "e x", "project_name": "p/q", "gen_batch_size": 128, "n": 8,
-          "max_prompt_length": 1024, "max_response_length": 4096}
+    fp = {
+        "experiment_name": "e x",
+        "project_name": "p/q",
+        "gen_batch_size": 128,
+        "n": 8,
+        "max_prompt_length": 1024,
+        "max_response_length": 4096,
+    }
     assert layout.experiment_name(fp) == "e-x_p-q/GBS128_N8_in1024_out4096"
     assert layout.experiment_name(dict(fp, role="rollout_tq")).endswith("/rollout_tq")
     generic = layout.experiment_name({"a": 1, "b": [1, 2]})

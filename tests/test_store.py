@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from conftest import CountingStore, assert_equal, concat, make_batch, write_sharded
 
 import zarr_skip as zs
-from conftest import CountingStore, assert_equal, concat, make_batch, write_sharded
-from zarr_skip.reads import read_range
+from zarr_skip.store.reads import read_range
 
 
 def test_single_minibatch_roundtrip(location: Any, fingerprint: dict, batch: dict) -> None:
@@ -45,7 +45,7 @@ def test_minibatches_merge_in_index_order(location: Any, fingerprint: dict) -> N
         want = merged[name]
         if isinstance(want, torch.Tensor) and want.is_nested:
             rows = want.unbind()
-            for g, i in zip(got.unbind(), idx):
+            for g, i in zip(got.unbind(), idx, strict=True):
                 assert torch.equal(g, rows[i])
         elif isinstance(want, list):
             assert got == [want[i] for i in idx]
@@ -127,7 +127,7 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
     """The record names the row each values chunk starts in, so a row range fetches its lengths
     and its values chunks in one round of requests (object stores) or, on local files, asks the
     kernel to read the values while the lengths are read; every range reads back exact."""
-    from zarr_skip.storage import Storage
+    from zarr_skip.store.storage import Storage
 
     cache = zs.open_cache(location, fingerprint, chunk_bytes=32)  # a few rows: at most 8 chunks
     parts = [make_batch(7, seed=i, offset=10 * i) for i in range(3)]
@@ -137,8 +137,9 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
     rounds: list[str] = []
     real_map_get, real_read_ahead = Storage.map_get, Storage.read_ahead
     monkeypatch.setattr(Storage, "map_get", lambda self, *a, **k: rounds.append("get") or real_map_get(self, *a, **k))
-    monkeypatch.setattr(Storage, "read_ahead",
-                        lambda self, items: rounds.append("ahead") or real_read_ahead(self, items))
+    monkeypatch.setattr(
+        Storage, "read_ahead", lambda self, items: rounds.append("ahead") or real_read_ahead(self, items)
+    )
     local = cache._storage.root is not None
     view = cache.load(2)
     assert all(p.arrays["responses"]["values"].first_rows is not None for p in view.parts)
@@ -182,7 +183,7 @@ def _few_rows_rounds(local: bool, has_values: bool) -> list[str]:
 def test_opening_reads_the_root_and_the_experiment_in_one_round(
     location: Any, fingerprint: dict, monkeypatch: Any
 ) -> None:
-    from zarr_skip.storage import Storage
+    from zarr_skip.store.storage import Storage
 
     zs.open_cache(location, fingerprint).write(1, make_batch(2))
     calls: list[tuple[str, list[str]]] = []
@@ -207,7 +208,7 @@ def test_load_and_status_wait_for_few_rounds_of_requests(fingerprint: dict, monk
     """On an object store (every request a round trip): load() of a complete step is two
     rounds (the step's listing with its summary, then its records), status() two (the steps,
     then every step's listing with its summary)."""
-    from zarr_skip.storage import Storage
+    from zarr_skip.store.storage import Storage
 
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)
@@ -233,7 +234,9 @@ def test_status_reads_metadata_only(fingerprint: dict) -> None:
     store.reads.clear()
     infos = zs.open_cache(store).status()
     assert [(i.step, i.complete, i.done, i.expected, i.rows) for i in infos] == [
-        (0, True, 2, 2, 8), (1, False, 1, 2, 4), (2, True, 2, 2, 8)
+        (0, True, 2, 2, 8),
+        (1, False, 1, 2, 4),
+        (2, True, 2, 2, 8),
     ]
     assert all(k.endswith("zarr.json") for k in store.reads)
     assert infos[0].nbytes > 0 and infos[0].raw_nbytes > 0 and infos[0].ratio > 0
@@ -375,8 +378,10 @@ def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, chunk_byte
 def test_dataproto_like_roundtrip(location: Any, fingerprint: dict) -> None:
     dp = zs.DataProtoLike(
         batch={"responses": torch.arange(6).reshape(3, 2), "mask": torch.ones(3, 2, dtype=torch.bool)},
-        non_tensor_batch={"uid": np.array(["a", "b", "c"], dtype=object),
-                          "reward_model": np.array([{"ground_truth": "1"}] * 3, dtype=object)},
+        non_tensor_batch={
+            "uid": np.array(["a", "b", "c"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "1"}] * 3, dtype=object),
+        },
         meta_info={"global_steps": 2},
     )
     cache = zs.open_cache(location, fingerprint)
@@ -467,7 +472,9 @@ def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint:
     view = cache.load(4)
     step_path = view.parts[0].path.rsplit("/", 2)[0]
     run = view.parts[0].run
-    assert sorted(store.reads) == sorted([f"{step_path}/zarr.json"] + [f"{step_path}/{run}/{i}/zarr.json" for i in range(3)])
+    assert sorted(store.reads) == sorted(
+        [f"{step_path}/zarr.json"] + [f"{step_path}/{run}/{i}/zarr.json" for i in range(3)]
+    )
     assert_equal(view.to_dict(), concat(parts))
     # a new run rewriting the step: the summary no longer vouches, the full scan decides
     info = zs.open_cache(store, fingerprint).write(4, make_batch(5, seed=9), expected=3, overwrite=True)

@@ -1,4 +1,4 @@
-"""zarr_skip.transfer: legacy verl dump dirs <-> Zarr, bit for bit, and replay of imported steps.
+"""zarr_skip.legacy.transfer: legacy verl dump dirs <-> Zarr, bit for bit, and replay of imported steps.
 
 Legacy directories are built as verl writes them (the dumpers and the DataProto test double
 of tests/test_legacy.py).
@@ -31,9 +31,9 @@ from test_legacy import (
 
 import zarr_skip as zs
 from zarr_skip.errors import ConfigError, IncompleteStepError, StepNotFoundError
-from zarr_skip.legacy import read_step, scan_legacy
-from zarr_skip.manager import SkipManager
-from zarr_skip.transfer import coerce_meta_info, export_steps, import_legacy
+from zarr_skip.legacy.dumps import read_step, scan_legacy
+from zarr_skip.legacy.transfer import coerce_meta_info, export_steps, import_legacy
+from zarr_skip.trainer.manager import SkipManager
 
 try:
     from tests import _fake_trainer as ft
@@ -104,26 +104,39 @@ def test_import_both_kinds_both_layouts_bit_exact(legacy: tuple[Path, dict], tmp
     assert report.ok and "split 'my_exp_proj' as experiment 'my', project 'exp_proj' (a guess" in warning
     assert sorted(report.experiments) == [f"{EXP}/rollout", f"{EXP}/rollout_tq"]
     assert [(s.step, s.action) for s in report.steps] == [
-        (1, "imported"), (2, "skipped"), (3, "imported"), (4, "imported"), (5, "imported"), (6, "skipped"),
-        (8, "imported")]
+        (1, "imported"),
+        (2, "skipped"),
+        (3, "imported"),
+        (4, "imported"),
+        (5, "imported"),
+        (6, "skipped"),
+        (8, "imported"),
+    ]
     by_step = {s.step: s for s in report.steps}
     assert by_step[2].reason == "legacy step incomplete: meta.json missing"
     assert "missing [0]" in by_step[6].reason and by_step[6].path == str(root / "my_exp_proj" / GBS / "6")
     assert (by_step[4].minibatches, by_step[4].rows, by_step[5].minibatches) == (2, 4, 2)
     assert seen == [(i, 5) for i in range(1, 6)]
     dp = zs.open_cache(tmp_path / "cache", experiment=f"{EXP}/rollout")
-    assert dp.fingerprint == {"experiment_name": "my", "project_name": "exp_proj", "gen_batch_size": 4, "n": 2,
-                              "max_prompt_length": 8, "max_response_length": 6, "role": "rollout"}
+    assert dp.fingerprint == {
+        "experiment_name": "my",
+        "project_name": "exp_proj",
+        "gen_batch_size": 4,
+        "n": 2,
+        "max_prompt_length": 8,
+        "max_response_length": 6,
+        "role": "rollout",
+    }
     assert dp.steps() == [1, 3, 4]
     for step in (1, 3):
         view = dp.load(step)
         assert view.batch_type == "dataproto"
         assert_dp(view.to_dataproto(), want[step])
-    for mb, src in zip(dp.load(4).minibatches, want[4]):
+    for mb, src in zip(dp.load(4).minibatches, want[4], strict=True):
         assert_dp(mb.to_dataproto(), src)
     tq = zs.open_cache(tmp_path / "cache", experiment=f"{EXP}/rollout_tq")
     assert tq.steps() == [5, 8] and tq.fingerprint["role"] == "rollout_tq"
-    for mb, payload in zip(tq.load(5).minibatches, want[5]):
+    for mb, payload in zip(tq.load(5).minibatches, want[5], strict=True):
         assert_tq_minibatch(mb, payload)
     assert_tq_minibatch(tq.load(8), want[8])
 
@@ -190,7 +203,12 @@ def test_export_then_import_round_trip(legacy: tuple[Path, dict], tmp_path: Path
     (exp,) = scan_legacy(out)
     assert exp.path == out.resolve() / "my_exp_proj" / GBS
     assert [(s.step, s.kind, s.layout, len(s.minibatches)) for s in exp.steps] == [
-        (1, "dp", "flat", 1), (3, "dp", "flat", 1), (4, "dp", "flat", 1), (5, "tq", "nested", 2), (8, "tq", "nested", 1)]
+        (1, "dp", "flat", 1),
+        (3, "dp", "flat", 1),
+        (4, "dp", "flat", 1),
+        (5, "tq", "nested", 2),
+        (8, "tq", "nested", 1),
+    ]
     assert json.loads((exp.path / "1" / "meta.json").read_text()) == {"global_steps": 1}
     assert json.loads((exp.path / "5" / "1" / "meta.json").read_text()) == {"global_steps": 5, "num_trajectories": 4}
     for step in (1, 3):
@@ -198,7 +216,7 @@ def test_export_then_import_round_trip(legacy: tuple[Path, dict], tmp_path: Path
         assert_dp(got, want[step])
     (merged,) = read_step(exp.get_step(4))  # auto layout: one gen_batch.dp per step, as verl writes
     assert len(merged) == 4 and list(merged.meta_info) == ["mb"]
-    for got, payload in zip(read_step(exp.get_step(5)), want[5]):
+    for got, payload in zip(read_step(exp.get_step(5)), want[5], strict=True):
         assert_payload(got, payload)
     assert_payload(read_step(exp.get_step(8))[0], want[8])
     with verl_installed(verl_src) as verl:  # plain verl loads what was exported
@@ -225,7 +243,7 @@ def test_export_layouts_and_errors(legacy: tuple[Path, dict], tmp_path: Path) ->
     export_steps(dp, [4], tmp_path / "nested", layout="nested")
     export_steps(tq, [5], tmp_path / "flat", layout="flat")
     (exp,) = scan_legacy(tmp_path / "nested")
-    for got, src in zip(read_step(exp.get_step(4)), want[4]):
+    for got, src in zip(read_step(exp.get_step(4)), want[4], strict=True):
         assert_dp(got, src)
     (exp,) = scan_legacy(tmp_path / "flat")
     ((got,),) = [read_step(exp.get_step(5))]

@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
-from . import errors
-from .cache import Cache, open_cache
-from .chunks import Compression
-from .columns import ColumnSpec, DataProtoLike
-from .errors import (
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+from zarr_skip import errors
+from zarr_skip.cache import Cache, open_cache
+from zarr_skip.errors import (
     AmbiguousExperimentError,
     AtomicityError,
     CacheNotFoundError,
@@ -36,11 +37,19 @@ from .errors import (
     UnsupportedColumnError,
     ZarrSkipError,
 )
-from .lazy import LazyColumn, StepView
-from .state import StepInfo
-from .writer import PartInfo
+from zarr_skip.format.chunks import Compression
+from zarr_skip.format.specs import ColumnSpec, DataProtoLike
+from zarr_skip.format.state import StepInfo
+from zarr_skip.lazy import LazyColumn, StepView
+from zarr_skip.store.writer import PartInfo
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from zarr_skip.trainer.manager import SkipManager
+
+try:  # one source: the version in pyproject.toml, as installed
+    __version__ = _metadata.version("zarr-skip")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AmbiguousExperimentError",
@@ -65,6 +74,7 @@ __all__ = [
     "PartInfo",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
+    "SkipManager",
     "StepCompleteError",
     "StepInfo",
     "StepNotFoundError",
@@ -77,3 +87,12 @@ __all__ = [
     "errors",
     "open_cache",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the SkipManager loads with its trainer wing on first use, not at ``import zarr_skip``
+    if name == "SkipManager":
+        from zarr_skip.trainer.manager import SkipManager
+
+        return SkipManager
+    raise AttributeError(f"module 'zarr_skip' has no attribute {name!r}")

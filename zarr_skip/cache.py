@@ -6,14 +6,11 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
 
-from . import chunks, layout
-from .catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
-from .columns import encode_batch
-from .errors import (
+from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
     ExperimentNotFoundError,
@@ -25,11 +22,17 @@ from .errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from .lazy import StepView
-from .reads import Part
-from .state import PartRecord, StepInfo, resolve
-from .storage import Storage, open_store, parse_json
-from .writer import PartInfo, RunContext, write_part
+from zarr_skip.format import chunks, layout
+from zarr_skip.format.columns import encode_batch
+from zarr_skip.format.state import PartRecord, StepInfo, resolve
+from zarr_skip.lazy import StepView
+from zarr_skip.store.catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
+from zarr_skip.store.reads import Part
+from zarr_skip.store.storage import Storage, open_store, parse_json
+from zarr_skip.store.writer import PartInfo, RunContext, write_part
+
+if TYPE_CHECKING:
+    from zarr_skip.maintenance import GcReport, VerifyReport
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +130,11 @@ class Cache:
             if experiment is not None:
                 if experiment not in found:
                     raise ExperimentNotFoundError(
-                        f"experiment {experiment!r} not found at {self.location} "
-                        f"(found: {', '.join(found) or 'none'})"
+                        f"experiment {experiment!r} not found at {self.location} (found: {', '.join(found) or 'none'})"
                     )
                 self.experiment, self.fingerprint = experiment, found[experiment]
             elif len(found) == 1:
-                (self.experiment, self.fingerprint), = found.items()
+                ((self.experiment, self.fingerprint),) = found.items()
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -142,7 +144,7 @@ class Cache:
         if self._storage.read_ahead([(k, None) for k in keys]):
             return {}
         every = [layout.METADATA, *keys]
-        return dict(zip(every, self._storage.get_many(every)))
+        return dict(zip(every, self._storage.get_many(every), strict=True))
 
     def _get_early(self, early: dict[str, bytes | None], key: str) -> bytes | None:
         """``key``'s bytes, from ``early`` if :meth:`_read_early` read them (once: a second
@@ -229,7 +231,7 @@ class Cache:
             listings = self._storage.list_dirs(level)
             children = [
                 layout.join(parent, n)
-                for parent, names in zip(level, listings)
+                for parent, names in zip(level, listings, strict=True)
                 for n in names
                 if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
             ]
@@ -237,7 +239,7 @@ class Cache:
                 break
             docs = self._storage.get_json_many(layout.meta_key(c) for c in children)
             level = []
-            for path, doc in zip(children, docs):
+            for path, doc in zip(children, docs, strict=True):
                 exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
                 if exp is not None:
                     found[path] = dict(exp.get("fingerprint", {}))
@@ -290,9 +292,7 @@ class Cache:
             A newer run owns the step.
         """
         if self.read_only or self.experiment is None:
-            raise ReadOnlyCacheError(
-                f"{self.location}: opened read-only; pass a fingerprint to open_cache to write"
-            )
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
         layout.step_name(step)
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
         self._upgrade_root()
@@ -339,7 +339,7 @@ class Cache:
         return [i.step for i in self.status() if i.complete]
 
     def resolve(self, step: int, action: str = "cache") -> int | None:
-        """The step to load for ``step``: see :func:`zarr_skip.state.resolve`."""
+        """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
         if action == "cache":
             found = self.status([step]) if self._exp() else []
             return step if found and found[0].complete else None
@@ -399,13 +399,16 @@ class Cache:
     def _missing(self, step: int) -> str:
         have = self.steps() if self.experiment else []
         near = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
-        return f"step {step} not found in experiment {self.experiment!r} at {self.location} (complete steps: {near or 'none'})"
+        return (
+            f"step {step} not found in experiment {self.experiment!r} at {self.location} "
+            f"(complete steps: {near or 'none'})"
+        )
 
     # -- maintenance ------------------------------------------------------------------------
 
-    def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> Any:
+    def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> VerifyReport:
         """Read every chunk and check sizes and checksums: see :func:`zarr_skip.maintenance.verify`."""
-        from .maintenance import verify
+        from zarr_skip.maintenance import verify
 
         return verify(self, step, progress=progress)
 
@@ -416,18 +419,18 @@ class Cache:
         pin: Iterable[int] = (),
         dry_run: bool = False,
         partial_age: float | None = None,
-    ) -> Any:
+    ) -> GcReport:
         """Remove abandoned mini-batches, temp files and steps past retention: see maintenance.gc."""
-        from .maintenance import gc
+        from zarr_skip.maintenance import gc
 
         return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
 
     def __repr__(self) -> str:
-        from .display import cache_repr
+        from zarr_skip.notebook.display import cache_repr
 
         return cache_repr(self)
 
     def _repr_html_(self) -> str:
-        from .display import cache_html
+        from zarr_skip.notebook.display import cache_html
 
         return cache_html(self)

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import open_cache
-from .display import human_bytes
-from .synthetic import Preset, as_mapping, jagged_payload
+from zarr_skip import open_cache
+from zarr_skip.notebook.display import human_bytes
+from zarr_skip.synthetic import Preset, as_mapping, jagged_payload
 
 FINGERPRINT = {
     "experiment_name": "demo",
@@ -49,7 +49,7 @@ def minibatches(step: int) -> list[dict[str, Any]]:
     rows = len(payload["keys"])
     cuts = np.linspace(0, rows, MINIBATCHES + 1).astype(int)
     out = []
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
         mb = {}
         for name, value in payload.items():
             if hasattr(value, "is_nested") and value.is_nested:
@@ -92,14 +92,18 @@ def status_table(location: Path) -> str:
 
 def step_summary(location: Path, step: int) -> str:
     view = open_cache(location).load(step)
-    lines = [f"step {step}: {len(view)} rows in {len(view.parts)} mini-batches, "
-             f"{human_bytes(view.nbytes)} stored ({human_bytes(view.raw_nbytes)} raw)"]
+    lines = [
+        f"step {step}: {len(view)} rows in {len(view.parts)} mini-batches, "
+        f"{human_bytes(view.nbytes)} stored ({human_bytes(view.raw_nbytes)} raw)"
+    ]
     for name, spec in view.schema.items():
         col = view[name]
         lines.append(f"  {name:<15} {spec.kind:<7} {spec.dtype:<8} {human_bytes(col.nbytes):>10}")
     lengths = view["responses"].lengths()
-    lines.append(f"  response length: median {int(np.median(lengths))}, max {int(lengths.max())}, "
-                 f"{(lengths == PRESET.max_response).mean():.0%} hit the maximum")
+    lines.append(
+        f"  response length: median {int(np.median(lengths))}, max {int(lengths.max())}, "
+        f"{(lengths == PRESET.max_response).mean():.0%} hit the maximum"
+    )
     lines.append(f"  first key: {view['keys'][0]}  tag: {view['tags'][0]}")
     return "\n".join(lines)
 
@@ -117,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     write_steps(args.out, range(1, 6))
     print(f"wrote steps 1-5 ({MINIBATCHES} mini-batches each) in {time.perf_counter() - t0:.1f} s")
-    child = subprocess.Popen([sys.executable, "-m", "zarr_skip.demo", "--out", str(args.out), "--child", "6"],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "zarr_skip.demo", "--out", str(args.out), "--child", "6"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None
     if child.stdout.readline().strip() != "ready":
         raise SystemExit("the writer of step 6 did not start")

@@ -147,3 +147,15 @@ class MissingDataError(CorruptCacheError, FileNotFoundError):
 
 class MetadataError(CorruptCacheError):
     """A metadata document cannot be parsed or lacks what the format requires."""
+
+
+class VerlNotInstalledError(ZarrSkipError, ImportError):
+    """verl (``verl.utils.skip``) cannot be imported: ``pip install verl``."""
+
+
+class CachedStepMissingError(ZarrSkipError, RuntimeError, FileNotFoundError):
+    """A cached step was to be loaded but none is there (deleted meanwhile, or never written).
+
+    A ``RuntimeError`` like verl's ``RolloutSkip.warp_function`` raises and a
+    ``FileNotFoundError`` like verl's ``RolloutTqSkip.load_dump_data`` raises.
+    """

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .columns import ColumnSpec, DataProtoLike, check_same_schema, merged_spec, restore
-from .errors import MetadataError
-from .reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
-from .storage import Storage
+from zarr_skip.errors import MetadataError
+from zarr_skip.format.restore import restore
+from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
+from zarr_skip.store.storage import Storage
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
@@ -40,7 +41,8 @@ class StepView:
         first = parts[0]
         for p in parts[1:]:
             check_same_schema(
-                list(p.specs.values()), list(first.specs.values()),
+                list(p.specs.values()),
+                list(first.specs.values()),
                 f"step {step}, mini-batch {p.index} vs mini-batch {first.index}",
             )
         self._storage = storage
@@ -101,7 +103,10 @@ class StepView:
         cols = [self[name] for name in (columns or self.columns)]
         wanted = [col._whole() for col in cols]
         arrays = iter(read_ranges(self._storage, [r for ranges in wanted for r in ranges]))
-        return {col.name: col._restore_whole([next(arrays) for _ in ranges]) for col, ranges in zip(cols, wanted)}
+        return {
+            col.name: col._restore_whole([next(arrays) for _ in ranges])
+            for col, ranges in zip(cols, wanted, strict=True)
+        }
 
     def to_tensordict(self) -> Any:
         """Tensor columns as a TensorDict (needs the optional ``tensordict`` package)."""
@@ -131,12 +136,12 @@ class StepView:
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
     def __repr__(self) -> str:
-        from .display import step_repr
+        from zarr_skip.notebook.display import step_repr
 
         return step_repr(self)
 
     def _repr_html_(self) -> str:
-        from .display import step_html
+        from zarr_skip.notebook.display import step_html
 
         return step_html(self)
 
@@ -162,7 +167,9 @@ class LazyColumn:
         self._parts = [p.arrays[name] for p in parts]
         # rows of mini-batches that stored this json column as plain strings
         str_parts = [p.specs[name].kind == "str" for p in parts]
-        self._plain = np.repeat(str_parts, [p.rows for p in parts]) if self.spec.kind == "json" and any(str_parts) else None
+        self._plain = (
+            np.repeat(str_parts, [p.rows for p in parts]) if self.spec.kind == "json" and any(str_parts) else None
+        )
         self._allow_pickle = allow_pickle
         self._lengths: np.ndarray | None = None
         self._rows = sum(p.rows for p in parts)
@@ -234,22 +241,30 @@ class LazyColumn:
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
         self._lengths, values = arrays
-        return restore(self.spec, {"values": values, "lengths": self._lengths},
-                       allow_pickle=self._allow_pickle, plain=self._plain)
+        return restore(
+            self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
+        )
 
     def _select_range(self, start: int, stop: int) -> Any:
         spec = self.spec
         if start == 0 and stop == self._rows:
             return self._restore_whole(read_ranges(self._storage, self._whole()))
         if not spec.jagged:
-            data = read_range(self._storage, [p["data"] for p in self._parts], start, stop,
-                               spec.storage_dtype, spec.storage_shape)
+            data = read_range(
+                self._storage, [p["data"] for p in self._parts], start, stop, spec.storage_dtype, spec.storage_shape
+            )
             return restore(spec, {"data": data})
         fetched: Fetched = {}
         lengths, vstart = self._lengths_range(start, stop, fetched)
-        values = read_range(self._storage, [p["values"] for p in self._parts], vstart,
-                             vstart + int(lengths.sum()), spec.storage_dtype, spec.storage_shape,
-                             fetched=fetched)
+        values = read_range(
+            self._storage,
+            [p["values"] for p in self._parts],
+            vstart,
+            vstart + int(lengths.sum()),
+            spec.storage_dtype,
+            spec.storage_shape,
+            fetched=fetched,
+        )
         plain = None if self._plain is None else self._plain[start:stop]
         return restore(spec, {"values": values, "lengths": lengths}, allow_pickle=self._allow_pickle, plain=plain)
 
@@ -267,18 +282,25 @@ class LazyColumn:
         row_starts, value_starts = self._starts()
         first = max(0, int(np.searchsorted(row_starts, start, side="right")) - 1)
         last = int(np.searchsorted(row_starts, stop, side="left"))  # the parts first..last-1 hold the rows
-        ahead = self._values_ahead((i, start - int(row_starts[i]), stop - int(row_starts[i]))
-                                   for i in range(first, last))
-        lens = read_ranges(self._storage, [([p["lengths"] for p in self._parts], int(row_starts[first]),
-                                            stop, np.dtype(np.int64), ())], prefetch=ahead, fetched=fetched)[0]
+        ahead = self._values_ahead(
+            (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
+        )
+        lens = read_ranges(
+            self._storage,
+            [([p["lengths"] for p in self._parts], int(row_starts[first]), stop, np.dtype(np.int64), ())],
+            prefetch=ahead,
+            fetched=fetched,
+        )[0]
         before = start - int(row_starts[first])
         return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
 
     def _starts(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each mini-batch's rows and values start in the merged column (its row and
         value counts are in the metadata)."""
-        return (np.cumsum([0] + [p["lengths"].rows for p in self._parts]),
-                np.cumsum([0] + [p["values"].rows for p in self._parts]))
+        return (
+            np.cumsum([0] + [p["lengths"].rows for p in self._parts]),
+            np.cumsum([0] + [p["values"].rows for p in self._parts]),
+        )
 
     def _values_ahead(self, spans: Iterable[tuple[int, int, int]]) -> list[tuple[ArrayPart, int]]:
         """The values chunks holding rows ``start:stop`` of mini-batch ``part`` for each
@@ -303,18 +325,27 @@ class LazyColumn:
         which = np.searchsorted(row_starts, idx, side="right") - 1
         touched = [int(p) for p in np.unique(which)]
         few = len(idx) <= PREFETCH_CHUNKS  # else the rows' chunks are not worth a Python loop
-        ahead = self._values_ahead((p, i - int(row_starts[p]), i - int(row_starts[p]) + 1)
-                                   for i, p in zip(idx.tolist(), which.tolist())) if few else []
+        ahead = (
+            self._values_ahead(
+                (p, i - int(row_starts[p]), i - int(row_starts[p]) + 1)
+                for i, p in zip(idx.tolist(), which.tolist(), strict=True)
+            )
+            if few
+            else []
+        )
         lens = read_ranges(
             self._storage,
-            [([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), np.dtype(np.int64), ())
-             for p in touched],
-            prefetch=ahead, fetched=fetched,
+            [
+                ([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), np.dtype(np.int64), ())
+                for p in touched
+            ],
+            prefetch=ahead,
+            fetched=fetched,
         )
         if len(touched) == len(self._parts):
             self._lengths = np.concatenate(lens)
         sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
-        for p, part_lengths in zip(touched, lens):
+        for p, part_lengths in zip(touched, lens, strict=True):
             mine = which == p
             local = idx[mine] - row_starts[p]
             sel[mine] = part_lengths[local]
@@ -324,26 +355,33 @@ class LazyColumn:
     def _select(self, idx: np.ndarray) -> Any:
         spec = self.spec
         if not spec.jagged:
-            data = read_index(self._storage, [p["data"] for p in self._parts], idx,
-                               spec.storage_dtype, spec.storage_shape)
+            data = read_index(
+                self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
+            )
             return restore(spec, {"data": data})
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1
         within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
         vidx = np.repeat(starts, sel) + within
-        values = read_index(self._storage, [p["values"] for p in self._parts], vidx,
-                             spec.storage_dtype, spec.storage_shape, fetched=fetched)
+        values = read_index(
+            self._storage,
+            [p["values"] for p in self._parts],
+            vidx,
+            spec.storage_dtype,
+            spec.storage_shape,
+            fetched=fetched,
+        )
         plain = None if self._plain is None else self._plain[idx]
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 
     def __repr__(self) -> str:
-        from .display import column_repr
+        from zarr_skip.notebook.display import column_repr
 
         return column_repr(self)
 
     def _repr_html_(self) -> str:
-        from .display import column_html
+        from zarr_skip.notebook.display import column_html
 
         return column_html(self)
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import chunks, layout
-from .catalog import list_steps, scan_steps
-from .errors import ConfigError, CorruptCacheError, MetadataError
-from .reads import Part
-from .state import ABANDONED, COMPLETE, WRITING, owner, writer_alive
+from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError
+from zarr_skip.format import chunks, layout
+from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, owner, writer_alive
+from zarr_skip.store.catalog import list_steps, scan_steps
+from zarr_skip.store.reads import Part
 
 if TYPE_CHECKING:
-    from .cache import Cache
+    from zarr_skip.cache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +98,14 @@ def verify(
         for run, name in scan.broken + lost:
             if run == info.run:
                 path = storage.key_path(layout.meta_key(layout.join(scan.path, run, name)))
-                problems.append(Problem(scan.step, _int(name), None, path, "metadata missing or unreadable", "metadata"))
+                problems.append(
+                    Problem(scan.step, _int(name), None, path, "metadata missing or unreadable", "metadata")
+                )
         if not info.complete:
             if step is not None:
-                problems.append(Problem(scan.step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete"))
+                problems.append(
+                    Problem(scan.step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete")
+                )
             continue
         checked.append(scan.step)
         for rec in sorted((p for p in scan.parts if p.run == info.run and p.complete), key=lambda p: p.index):
@@ -118,21 +122,34 @@ def verify(
                         shard = storage.get(keys[0])
                         spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
                         blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
-                        if shard is not None and shard[sum(arr.sizes):] != chunks.shard_index(arr.sizes):
-                            problems.append(Problem(
-                                scan.step, rec.index, name, storage.key_path(keys[0]),
-                                f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)",
-                                "ChecksumError",
-                            ))
+                        if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
+                            problems.append(
+                                Problem(
+                                    scan.step,
+                                    rec.index,
+                                    name,
+                                    storage.key_path(keys[0]),
+                                    f"{arr.where}: the shard's index does not match its chunks "
+                                    "(zarr would misread them)",
+                                    "ChecksumError",
+                                )
+                            )
                     else:
                         blobs = storage.get_many(keys)
-                    for i, (key, blob) in enumerate(zip(keys, blobs)):
+                    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
                         n = min(arr.chunk, arr.rows - i * arr.chunk)
                         size = arr.sizes[i]
                         try:
                             if n < arr.chunk:
-                                chunks.decode_rows(blob, arr.dtype, arr.shape[1:], n, arr.compression,
-                                                   stored_size=size, where=arr.where)
+                                chunks.decode_rows(
+                                    blob,
+                                    arr.dtype,
+                                    arr.shape[1:],
+                                    n,
+                                    arr.compression,
+                                    stored_size=size,
+                                    where=arr.where,
+                                )
                             else:
                                 out = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
                                 chunks.decode_into(blob, out, arr.compression, stored_size=size, where=arr.where)
@@ -164,7 +181,7 @@ def gc(
     older than the K newest, except ``pin``-ned ones.
     """
     if cache.read_only and not dry_run:
-        from .errors import ReadOnlyCacheError
+        from zarr_skip.errors import ReadOnlyCacheError
 
         raise ReadOnlyCacheError(f"{cache.location}: opened read-only; gc needs a writable handle")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
@@ -200,10 +217,21 @@ def gc(
         own = owner(scan.runs)
         for rec in scan.runs:
             if own is not None and rec.run != own.run:
-                live = [p for p in scan.parts if p.run == rec.run and not p.complete
-                        and writer_alive(p.host, p.pid, p.heartbeat, now, cache.lease)]
+                live = [
+                    p
+                    for p in scan.parts
+                    if p.run == rec.run
+                    and not p.complete
+                    and writer_alive(p.host, p.pid, p.heartbeat, now, cache.lease)
+                ]
                 if not live:
-                    removals.append(Removal(layout.join(scan.path, rec.run), f"leftovers of run {rec.run}, displaced by {own.run}", scan.step))
+                    removals.append(
+                        Removal(
+                            layout.join(scan.path, rec.run),
+                            f"leftovers of run {rec.run}, displaced by {own.run}",
+                            scan.step,
+                        )
+                    )
         for stray in scan.strays:
             path = layout.join(scan.path, stray)
             if _mtime_age(cache, path, now) >= age:  # a brand-new run's record may not be visible yet
@@ -212,7 +240,9 @@ def gc(
             for p in scan.parts:
                 if p.run == own.run and (p.index >= info.expected or not p.complete):
                     if not writer_alive(p.host, p.pid, p.heartbeat, now, cache.lease):
-                        removals.append(Removal(layout.join(scan.path, p.run, str(p.index)), "surplus mini-batch", scan.step))
+                        removals.append(
+                            Removal(layout.join(scan.path, p.run, str(p.index)), "surplus mini-batch", scan.step)
+                        )
     removing = {r.path for r in removals}
     for key in storage.list_prefix(exp) if exp else []:
         if key.endswith(".partial") and not any(key.startswith(p + "/") for p in removing):

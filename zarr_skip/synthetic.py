@@ -218,14 +218,42 @@ def _word_pool() -> np.ndarray:
     if _WORDS is None:
         r = np.random.default_rng(12345)
         letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
-        p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4,
-                      2.2, 2.0, 2.0, 1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])
+        p = np.array(
+            [
+                12.7,
+                9.1,
+                8.2,
+                7.5,
+                7.0,
+                6.7,
+                6.3,
+                6.1,
+                6.0,
+                4.3,
+                4.0,
+                2.8,
+                2.8,
+                2.4,
+                2.4,
+                2.2,
+                2.0,
+                2.0,
+                1.9,
+                1.5,
+                1.0,
+                0.8,
+                0.15,
+                0.15,
+                0.1,
+                0.07,
+            ]
+        )
         p = p / p.sum()
         lens = r.integers(1, 10, size=2000)
         chars = r.choice(letters, size=int(lens.sum()), p=p)
         out, pos = [], 0
         for n in lens:
-            out.append("".join(chars[pos:pos + n]))
+            out.append("".join(chars[pos : pos + n]))
             pos += n
         _WORDS = np.array(out, dtype=object)
     return _WORDS
@@ -238,10 +266,7 @@ def _texts(rng: np.random.Generator, n_chars: np.ndarray) -> list[str]:
     ranks = np.minimum(_zipf_tokens(rng, int(n_words.sum()), a=1.3), len(words) - 1)
     tokens = words[ranks]
     off = _offsets(n_words)
-    return [
-        "Solve the following problem. " + " ".join(tokens[off[i]:off[i + 1]])
-        for i in range(len(n_words))
-    ]
+    return ["Solve the following problem. " + " ".join(tokens[off[i] : off[i + 1]]) for i in range(len(n_words))]
 
 
 def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
@@ -255,9 +280,7 @@ def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
     sigma = float(np.hypot(_RESP_SIGMA_GROUP, _RESP_SIGMA_ROW))
     mu = np.log(p.max_response) - _Z90 * sigma  # P(len >= max_response) == TRUNCATED_SHARE
     log_rlen = (
-        mu
-        + np.repeat(rng.normal(0.0, _RESP_SIGMA_GROUP, size=g), n)
-        + rng.normal(0.0, _RESP_SIGMA_ROW, size=rows)
+        mu + np.repeat(rng.normal(0.0, _RESP_SIGMA_GROUP, size=g), n) + rng.normal(0.0, _RESP_SIGMA_ROW, size=rows)
     )
     rlen = np.clip(np.floor(np.exp(log_rlen)), MIN_RESPONSE, p.max_response).astype(np.int64)
     plen = np.repeat(plen_g, n)
@@ -301,8 +324,7 @@ def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
     ground_truth = [str(int(x)) for x in gt]
     index = rng.choice(max(10 * g, 7473), size=g, replace=False).astype(np.int64)
 
-    return _Rollout(p, int(step), plen, rlen, ptok, rtok, lp, uids, data_source, prompt_text,
-                    ground_truth, index)
+    return _Rollout(p, int(step), plen, rlen, ptok, rtok, lp, uids, data_source, prompt_text, ground_truth, index)
 
 
 def _non_tensor_per_group(r: _Rollout) -> dict[str, list]:
@@ -393,8 +415,7 @@ def _nested(values: np.ndarray, offsets: torch.Tensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), offsets)
 
 
-def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1,
-                   non_tensor: bool = True) -> dict[str, Any]:
+def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1, non_tensor: bool = True) -> dict[str, Any]:
     """verl's TransferQueue payload for one rollout step (what verl saves as ``tq_batch.pt``).
 
     Returns ``{"tensordict": TensorDict, "tags": list[dict], "keys": list[str],
@@ -436,8 +457,7 @@ def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1,
     keys = [f"{u}_{i % p.n}_0" for i, u in enumerate(uids_row)]
     s = int(step)
     tags = [
-        {"global_steps": s, "status": "finished", "seq_len": int(L),
-         "min_global_steps": s, "max_global_steps": s}
+        {"global_steps": s, "status": "finished", "seq_len": int(L), "min_global_steps": s, "max_global_steps": s}
         for L in seq_len.tolist()
     ]
     return {"tensordict": td, "tags": tags, "keys": keys, "global_steps": s}

@@ -29,7 +29,7 @@ from verl_fakes import (
 
 import zarr_skip as zs
 import zarr_skip.integrations.verl as zv
-from zarr_skip.skipconfig import fingerprint
+from zarr_skip.trainer.skipconfig import fingerprint
 
 HERE = Path(__file__).resolve().parent
 
@@ -74,7 +74,7 @@ def test_actors_of_one_run_complete_each_step_exactly_once(cluster: None, tmp_pa
         (s, "complete", ranks, ranks, rows, run_id, ()) for s in steps
     ]
     for step in steps:
-        mine = [r for r in results[(step - 1) * ranks: step * ranks]]
+        mine = [r for r in results[(step - 1) * ranks : step * ranks]]
         view = cache.load(step)
         keys = list(view["keys"].read())
         assert sorted(keys) == sorted(k for r in mine for k in r["keys"])  # all data, none twice
@@ -83,9 +83,9 @@ def test_actors_of_one_run_complete_each_step_exactly_once(cluster: None, tmp_pa
         responses = view["responses"].read().unbind()
         expected = {}
         for r in mine:
-            for key, row in zip(r["keys"], trajectory_fields(step, r["pairs"]).get("responses").unbind()):
+            for key, row in zip(r["keys"], trajectory_fields(step, r["pairs"]).get("responses").unbind(), strict=True):
                 expected[key] = row
-        for key, row in zip(keys, responses):
+        for key, row in zip(keys, responses, strict=True):
             assert row.equal(expected[key]), f"step {step} {key}"
         assert [t["rank"] for t in view["tags"].read()] == [int(k[1:].split("p")[0]) for k in keys]
 
@@ -114,8 +114,12 @@ def test_real_transfer_queue_round_trip_matches_verl(cluster: None, tmp_path: Pa
                     assert trainer.generated == []
                     listed = tq.kv_list("train")["train"]
                     traj = sorted(k for k, t in listed.items() if not t.get("is_prompt"))
-                    got[impl] = (traj, [listed[k] for k in traj], tq.kv_batch_get(keys=traj, partition_id="train"),
-                                 sorted(k for k, t in listed.items() if t.get("is_prompt")))
+                    got[impl] = (
+                        traj,
+                        [listed[k] for k in traj],
+                        tq.kv_batch_get(keys=traj, partition_id="train"),
+                        sorted(k for k, t in listed.items() if t.get("is_prompt")),
+                    )
                 buffer = ReplayBuffer(tq)
                 for _ in range(2):
                     buffer.sample(1, "train", 3)

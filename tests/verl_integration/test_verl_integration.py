@@ -32,7 +32,7 @@ from verl_fakes import (
 import zarr_skip as zs
 import zarr_skip.integrations.verl as zv
 from zarr_skip.integrations import _verl_skip
-from zarr_skip.skipconfig import fingerprint
+from zarr_skip.trainer.skipconfig import fingerprint
 
 IMPLS = ("verl", "zarr")
 
@@ -153,7 +153,7 @@ def test_rollout_miss_then_hit(tmp_path: Path, impl: str) -> None:
     assert calls == [1, 2, 3]
     again, calls = rollout_run(impl, cfg, [1, 2, 3])
     assert calls == [3]  # unlisted step 3 was neither stored nor served
-    for step, (a, b) in enumerate(zip(first[:2], again[:2]), start=1):
+    for step, (a, b) in enumerate(zip(first[:2], again[:2], strict=True), start=1):
         assert_same(b, a, f"step {step}")
         assert_same(b, generated_dataproto(step), f"step {step}")
     if impl == "zarr":
@@ -167,7 +167,7 @@ def test_rollout_hit_equals_verls_own_cache(tmp_path: Path) -> None:
         rollout_run(impl, cfg, [1, 4])
         results[impl], calls = rollout_run(impl, cfg, [1, 4])
         assert calls == []
-    for a, b in zip(results["zarr"], results["verl"]):
+    for a, b in zip(results["zarr"], results["verl"], strict=True):
         assert_same(a, b)
 
 
@@ -179,7 +179,7 @@ def test_rollout_repeat_chooses_the_same_step_as_verl(tmp_path: Path) -> None:
         served[impl], calls = rollout_run(impl, cfg, [1, 3, 5, 7])
         assert calls == []
     expected = [2, 2, 5, 5]  # exact, else the largest smaller, else the smallest larger
-    for got_zarr, got_verl, source in zip(served["zarr"], served["verl"], expected):
+    for got_zarr, got_verl, source in zip(served["zarr"], served["verl"], expected, strict=True):
         assert_same(got_zarr, got_verl)
         assert_same(got_zarr, generated_dataproto(source))
 
@@ -222,8 +222,9 @@ def test_rollout_dump_dir_may_be_a_url(tmp_path: Path) -> None:
     assert (tmp_path / "url-cache" / "zarr.json").is_file()
 
 
-def test_rollout_column_the_codec_refuses_is_logged_or_pickled(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollout_column_the_codec_refuses_is_logged_or_pickled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def odd(step: int, rows: int = 8) -> DataProto:
         dp = generated_dataproto(step, rows)
         dp.non_tensor_batch["odd"] = np.array([frozenset({i}) for i in range(rows)], dtype=object)
@@ -266,7 +267,7 @@ def test_async_rollout_uses_the_sample_index(tmp_path: Path) -> None:
         assert calls == [3]
         assert_same(results[impl][0], first[1])
         assert_same(results[impl][1], first[0])
-    for a, b in zip(results["zarr"], results["verl"]):
+    for a, b in zip(results["zarr"], results["verl"], strict=True):
         assert_same(a, b)
     cfg = make_config(tmp_path / "zarr", role="async_rollout", steps=[1, 2])
     assert [i.step for i in role_cache(cfg, "async_rollout").status()] == [1, 2]
@@ -326,7 +327,7 @@ def test_meta_info_types_survive_the_json_metadata() -> None:
 
 
 def test_zarr_skip_skipmanager_serves_what_the_integration_stored(tmp_path: Path) -> None:
-    from zarr_skip.manager import SkipManager as ZarrSkipManager
+    from zarr_skip.trainer.manager import SkipManager as ZarrSkipManager
 
     cfg = make_config(tmp_path, steps=[1])
     stored, _ = rollout_run("zarr", cfg, [1])

@@ -29,7 +29,7 @@ from verl_fakes import (
 
 import zarr_skip as zs
 import zarr_skip.integrations.verl as zv
-from zarr_skip.skipconfig import fingerprint
+from zarr_skip.trainer.skipconfig import fingerprint
 
 IMPLS = ("verl", "zarr")
 
@@ -40,8 +40,9 @@ def use(impl: str, **options: Any) -> None:
         zv.install(**options)
 
 
-def tq_run(impl: str, cfg: Any, steps: list[int], *, seed: int, prompts: int | None = None,
-           **options: Any) -> tuple[FakeTransferQueue, TqTrainer]:
+def tq_run(
+    impl: str, cfg: Any, steps: list[int], *, seed: int, prompts: int | None = None, **options: Any
+) -> tuple[FakeTransferQueue, TqTrainer]:
     """A fresh process's view of the V1 trainer: init, then one training step per ``steps``."""
     use(impl, **options)
     tq = FakeTransferQueue().install()
@@ -75,7 +76,7 @@ def test_rollout_tq_injects_what_verl_injects(tmp_path: Path, psync: int, prompt
         assert trainer.generated == []  # no rollout on a hit
         puts[impl] = injected(tq)
         assert len(puts[impl]) == 4  # trajectories + prompt markers, for each of 2 steps
-    for i, (ours, theirs) in enumerate(zip(puts["zarr"], puts["verl"])):
+    for i, (ours, theirs) in enumerate(zip(puts["zarr"], puts["verl"], strict=True)):
         assert_same(ours, theirs, f"put {i}")
     info = tq_cache(make_config(tmp_path / "zarr", role="rollout_tq", steps=[1, 2], psync=psync)).status()
     assert [(i.step, i.complete, i.expected, i.rows) for i in info] == [(1, True, psync, 8), (2, True, psync, 8)]
@@ -84,11 +85,13 @@ def test_rollout_tq_injects_what_verl_injects(tmp_path: Path, psync: int, prompt
 def test_rollout_tq_injected_rows_are_the_generated_groups(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, role="rollout_tq", steps=[1], psync=2, prompts=3, n=2)
     first, trainer1 = tq_run("zarr", cfg, [1], seed=1)
-    generated = {k: v for k, v in zip(first.puts[0]["keys"], first.puts[0]["fields"].get("responses").unbind())}
+    generated = {
+        k: v for k, v in zip(first.puts[0]["keys"], first.puts[0]["fields"].get("responses").unbind(), strict=True)
+    }
     tq, trainer2 = tq_run("zarr", cfg, [1], seed=2)
     put = tq.puts[0]
-    old_uid = {new: old for new, old in zip(trainer2.last_uids, trainer1.last_uids)}
-    for key, row, tag in zip(put["keys"], put["fields"].get("responses").unbind(), put["tags"]):
+    old_uid = {new: old for new, old in zip(trainer2.last_uids, trainer1.last_uids, strict=True)}
+    for key, row, tag in zip(put["keys"], put["fields"].get("responses").unbind(), put["tags"], strict=True):
         uid, session, _ = key.rsplit("_", 2)
         assert row.equal(generated[f"{old_uid[uid]}_{session}_0"])
         assert tag["global_steps"] == tag["min_global_steps"] == tag["max_global_steps"] == 1
@@ -105,7 +108,7 @@ def test_rollout_tq_repeat_retags_for_the_current_step(tmp_path: Path) -> None:
         assert trainer.generated == []
         puts[impl] = tq.puts
     assert {t["global_steps"] for t in puts["zarr"][0]["tags"]} == {5}
-    for ours, theirs in zip(puts["zarr"], puts["verl"]):
+    for ours, theirs in zip(puts["zarr"], puts["verl"], strict=True):
         assert_same(ours, theirs)
 
 
@@ -135,8 +138,7 @@ def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path) -
     assert trainer.generated == []
 
 
-def test_rollout_tq_without_transfer_queue_says_how_to_install(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollout_tq_without_transfer_queue_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = make_config(tmp_path, role="rollout_tq", steps=[1])
     tq_run("zarr", cfg, [1], seed=1)
     monkeypatch.setitem(__import__("sys").modules, "transfer_queue", None)
@@ -187,7 +189,7 @@ def test_import_legacy_from_the_environment_for_rollout_tq(tmp_path: Path, monke
     monkeypatch.setenv("ZARR_SKIP_IMPORT_LEGACY", "1")
     ours, trainer = tq_run("zarr", cfg, [1], seed=2)
     assert trainer.generated == []
-    for a, b in zip(ours.puts, verl_tq.puts):
+    for a, b in zip(ours.puts, verl_tq.puts, strict=True):
         assert_same(a, b)
     assert tq_cache(cfg).info(1).expected == 2
 
@@ -211,7 +213,7 @@ def test_import_legacy_repeat_counts_legacy_and_zarr_steps(tmp_path: Path) -> No
         SkipManager.set_step(step)
         served.append(worker.generate_sequences(prompts_dataproto()))
     assert worker.calls == []
-    for got, source in zip(served, (2, 2, 4)):
+    for got, source in zip(served, (2, 2, 4), strict=True):
         assert_same(got, generated_dataproto(source))
 
 
@@ -220,8 +222,9 @@ class _Boom:
         return (os.system, ("touch pwned",))
 
 
-def test_import_legacy_refuses_an_unsafe_pickle(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_import_legacy_refuses_an_unsafe_pickle(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     step_dir = tmp_path / "it_exp_it_proj" / "GBS4_N2_in6_out5" / "1"
     step_dir.mkdir(parents=True)
@@ -241,14 +244,18 @@ def test_import_legacy_refuses_an_unsafe_pickle(tmp_path: Path, caplog: pytest.L
 def test_import_legacy_failing_half_way_leaves_nothing_behind(tmp_path: Path) -> None:
     from tensordict import TensorDict
 
-    from zarr_skip.legacy import write_legacy_tq
+    from zarr_skip.legacy.dumps import write_legacy_tq
 
     cfg = make_config(tmp_path, role="rollout_tq", steps=[1], psync=2)
     tq_run("verl", cfg, [1], seed=1)
     step_dir = tmp_path / "it_exp_it_proj" / "GBS4_N2_in6_out5" / "1"
     odd = TensorDict({"other": __import__("torch").zeros(4, 2)}, batch_size=[4])
-    write_legacy_tq(step_dir, {"tensordict": odd, "tags": [{}] * 4, "keys": [f"u{i}_0_0" for i in range(4)]},
-                    minibatch=1, overwrite=True)  # mini-batch 1 no longer matches mini-batch 0
+    write_legacy_tq(
+        step_dir,
+        {"tensordict": odd, "tags": [{}] * 4, "keys": [f"u{i}_0_0" for i in range(4)]},
+        minibatch=1,
+        overwrite=True,
+    )  # mini-batch 1 no longer matches mini-batch 0
 
     _, trainer = tq_run("zarr", cfg, [1], seed=2, import_legacy=True)
     assert trainer.generated == [1]  # legacy mini-batch 0 was stored, then removed again

@@ -23,19 +23,39 @@ from verl.utils.skip import SkipManager
 # ------------------------------------------------------------------------------- config
 
 
-def make_config(dump_dir: Any, *, role: str = "rollout", steps: list[int] | None = None, action: str = "cache",
-                n: int = 2, prompts: int = 4, psync: int = 1, mode: str = "separate_async") -> Any:
+def make_config(
+    dump_dir: Any,
+    *,
+    role: str = "rollout",
+    steps: list[int] | None = None,
+    action: str = "cache",
+    n: int = 2,
+    prompts: int = 4,
+    psync: int = 1,
+    mode: str = "separate_async",
+) -> Any:
     """A trainer configuration as verl's Hydra would give it, with ``skip.<role>`` enabled."""
-    skip = {r: {"enable": r == role, "dump_dir": str(dump_dir), "steps": list(steps or [1]), "action": action}
-            for r in ("rollout", "rollout_tq", "async_rollout")}
-    return OmegaConf.create({
-        "skip": skip,
-        "actor_rollout_ref": {"rollout": {"n": n, "skip": {"enable": False}}},
-        "trainer": {"experiment_name": "it_exp", "project_name": "it_proj",
-                    "v1": {"trainer_mode": mode, mode: {"parameter_sync_step": psync}}},
-        "data": {"train_batch_size": prompts, "gen_batch_size": prompts,
-                 "max_prompt_length": 6, "max_response_length": 5},
-    })
+    skip = {
+        r: {"enable": r == role, "dump_dir": str(dump_dir), "steps": list(steps or [1]), "action": action}
+        for r in ("rollout", "rollout_tq", "async_rollout")
+    }
+    return OmegaConf.create(
+        {
+            "skip": skip,
+            "actor_rollout_ref": {"rollout": {"n": n, "skip": {"enable": False}}},
+            "trainer": {
+                "experiment_name": "it_exp",
+                "project_name": "it_proj",
+                "v1": {"trainer_mode": mode, mode: {"parameter_sync_step": psync}},
+            },
+            "data": {
+                "train_batch_size": prompts,
+                "gen_batch_size": prompts,
+                "max_prompt_length": 6,
+                "max_response_length": 5,
+            },
+        }
+    )
 
 
 def reset_skip_manager() -> None:
@@ -64,14 +84,17 @@ def generated_dataproto(step: int, rows: int = 8) -> DataProto:
         non_tensors={
             "uid": np.array([f"uid-{step}-{i // 2}" for i in range(rows)], dtype=object),
             "data_source": np.array(["openai/gsm8k"] * rows, dtype=object),
-            "raw_prompt": np.array([[{"role": "user", "content": f"q{step}.{i} é"}] for i in range(rows)] + [None],
-                                   dtype=object)[:rows],
+            "raw_prompt": np.array(
+                [[{"role": "user", "content": f"q{step}.{i} é"}] for i in range(rows)] + [None], dtype=object
+            )[:rows],
             "reward_model": np.array([{"ground_truth": str(i), "style": "rule"} for i in range(rows)], dtype=object),
             "__num_turns__": num_turns,
         },
         meta_info={
-            "timing": {"agent_loop/generate_sequences/mean": np.float64(0.25 * step),
-                       "agent_loop/num_preempted/max": np.int64(step)},
+            "timing": {
+                "agent_loop/generate_sequences/mean": np.float64(0.25 * step),
+                "agent_loop/num_preempted/max": np.int64(step),
+            },
             "global_token_num": [int(x) for x in range(rows)],
             "shape": (rows, 11),
         },
@@ -125,7 +148,8 @@ class FakeTransferQueue(types.ModuleType):
     """An in-memory ``transfer_queue`` module: ``kv_batch_put``, ``kv_batch_get``, ``kv_clear``.
 
     Rows are kept per key; ``kv_batch_get`` stacks them back: fields put as jagged
-    NestedTensors as one again, other tensors stacked, other values as a ``NonTensorStack``. Every put is recorded in :attr:`puts`.
+    NestedTensors as one again, other tensors stacked, other values as a ``NonTensorStack``.
+    Every put is recorded in :attr:`puts`.
     """
 
     KVBatchMeta = KVBatchMeta
@@ -137,11 +161,23 @@ class FakeTransferQueue(types.ModuleType):
         self.puts: list[dict[str, Any]] = []
         self.nested: set[str] = set()  # fields put as jagged NestedTensors come back jagged
 
-    def kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None,
-                     tags: list[dict[str, Any]] | None = None, data_parser: Any = None) -> KVBatchMeta:
+    def kv_batch_put(
+        self,
+        keys: list[str],
+        partition_id: str,
+        fields: Any = None,
+        tags: list[dict[str, Any]] | None = None,
+        data_parser: Any = None,
+    ) -> KVBatchMeta:
         keys = list(keys)
-        self.puts.append({"keys": keys, "partition_id": partition_id, "fields": fields,
-                          "tags": None if tags is None else [dict(t) for t in tags]})
+        self.puts.append(
+            {
+                "keys": keys,
+                "partition_id": partition_id,
+                "fields": fields,
+                "tags": None if tags is None else [dict(t) for t in tags],
+            }
+        )
         rows = self.rows.setdefault(partition_id, {})
         store_tags = self.tags.setdefault(partition_id, {})
         if fields is not None:
@@ -151,7 +187,7 @@ class FakeTransferQueue(types.ModuleType):
                 if isinstance(value, torch.Tensor) and value.is_nested:
                     self.nested.add(name)
                 per_row = value.unbind() if isinstance(value, torch.Tensor) else value.tolist()
-                for key, row in zip(keys, per_row):
+                for key, row in zip(keys, per_row, strict=True):
                     rows.setdefault(key, {})[name] = row
         for i, key in enumerate(keys):
             store_tags[key] = dict(tags[i]) if tags is not None else store_tags.get(key, {})
@@ -195,13 +231,16 @@ def trajectory_fields(step: int, rows: list[tuple[int, int]]) -> TensorDict:
         mask.append(torch.ones(4, dtype=torch.int64))
         scores.append(torch.randn((), generator=g))
         raw.append([{"role": "user", "content": f"s{step} p{p}"}])
-    return TensorDict({
-        "prompts": torch.nested.as_nested_tensor(prompts, layout=torch.jagged),
-        "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
-        "attention_mask": torch.stack(mask),
-        "rm_scores": torch.stack(scores),
-        "raw_prompt": NonTensorStack.from_list(raw),
-    }, batch_size=[len(rows)])
+    return TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor(prompts, layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
+            "attention_mask": torch.stack(mask),
+            "rm_scores": torch.stack(scores),
+            "raw_prompt": NonTensorStack.from_list(raw),
+        },
+        batch_size=[len(rows)],
+    )
 
 
 class TqTrainer:
@@ -216,8 +255,10 @@ class TqTrainer:
     def _next_train_batch(self) -> TensorDict:
         uids = [str(uuid.UUID(int=self.rng.getrandbits(128), version=4)) for _ in range(self.prompts)]
         self.last_uids = uids
-        return TensorDict({"uid": NonTensorStack.from_list(uids),
-                           "input_ids": torch.zeros(self.prompts, 3, dtype=torch.long)}, batch_size=[self.prompts])
+        return TensorDict(
+            {"uid": NonTensorStack.from_list(uids), "input_ids": torch.zeros(self.prompts, 3, dtype=torch.long)},
+            batch_size=[self.prompts],
+        )
 
     def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
         step = SkipManager.step
@@ -227,8 +268,11 @@ class TqTrainer:
         keys = [f"{uids[p]}_{s}_0" for p, s in pairs]
         tags = [{"global_steps": step, "status": "finished", "seq_len": 4 + (p + s) % 4} for p, s in pairs]
         self.tq.kv_batch_put(keys=keys, partition_id="train", fields=trajectory_fields(step, pairs), tags=tags)
-        self.tq.kv_batch_put(keys=uids, partition_id="train",
-                             tags=[{"is_prompt": True, "status": "finished", "global_steps": step}] * len(uids))
+        self.tq.kv_batch_put(
+            keys=uids,
+            partition_id="train",
+            tags=[{"is_prompt": True, "status": "finished", "global_steps": step}] * len(uids),
+        )
         return len(uids)
 
     @SkipManager.annotate_tq(role="rollout_tq", phase="submit")
@@ -305,8 +349,13 @@ class TqWriter:
         self.tq.kv_clear(partition_id="train")
         self.buffer.sampled.clear()
         role = SkipManager.skip_instances["rollout_tq"]
-        return {"keys": keys, "pairs": pairs, "run": role.cache().run_id, "hooked": self.hooked,
-                "role_class": type(role).__name__}
+        return {
+            "keys": keys,
+            "pairs": pairs,
+            "run": role.cache().run_id,
+            "hooked": self.hooked,
+            "role_class": type(role).__name__,
+        }
 
 
 # ------------------------------------------------------------------------------- comparison
@@ -333,19 +382,21 @@ def assert_same(a: Any, b: Any, path: str = "value") -> None:
         return
     assert type(a) is type(b), f"{path}: {type(a).__name__} vs {type(b).__name__}"
     if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.is_nested) == (b.dtype, b.is_nested), f"{path}: {a.dtype}/{a.is_nested} vs {b.dtype}/{b.is_nested}"
+        assert (a.dtype, a.is_nested) == (b.dtype, b.is_nested), (
+            f"{path}: {a.dtype}/{a.is_nested} vs {b.dtype}/{b.is_nested}"
+        )
         if a.is_nested:
             assert a.layout == b.layout, f"{path}: layout {a.layout} vs {b.layout}"
             ra, rb = a.unbind(), b.unbind()
             assert len(ra) == len(rb), f"{path}: {len(ra)} vs {len(rb)} rows"
-            for i, (x, y) in enumerate(zip(ra, rb)):
+            for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
                 assert torch.equal(x, y), f"{path}[{i}] differs"
         else:
             assert a.shape == b.shape and torch.equal(a, b), f"{path}: tensors differ"
     elif isinstance(a, np.ndarray):
         assert (a.dtype, a.shape) == (b.dtype, b.shape), f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
         if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a, b)):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
                 assert_same(x, y, f"{path}[{i}]")
         else:
             assert np.array_equal(a, b), f"{path}: arrays differ"
@@ -355,7 +406,7 @@ def assert_same(a: Any, b: Any, path: str = "value") -> None:
             assert_same(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), f"{path}: length {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} vs {b!r}"

@@ -2,7 +2,7 @@
 
 verl's own cache lives at ``{dump_dir}/{exp}_{proj}/GBS{gbs}_N{n}_in{p}_out{r}/{step}/``, the
 directory whose ``{role}/`` subgroup holds the Zarr cache of the same settings. A step missing
-from Zarr whose legacy dump is complete is read through :mod:`zarr_skip.legacy` (its
+from Zarr whose legacy dump is complete is read through :mod:`zarr_skip.legacy.dumps` (its
 restricted unpickler: no code from the files runs), written into Zarr, and then loaded from Zarr
 like any cached step. Only local ``dump_dir`` s have legacy dumps.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import StepCompleteError, StepNotFoundError, UnsafePickleError
-from ..legacy import LegacyStep, legacy_experiment_dir, read_step, scan_legacy
-from ..state import resolve
+from zarr_skip.errors import StepCompleteError, StepNotFoundError, UnsafePickleError
+from zarr_skip.format.state import resolve
+from zarr_skip.legacy.dumps import LegacyStep, legacy_experiment_dir, read_step, scan_legacy
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class LegacySource:
     location : str
         The role's ``dump_dir`` (absolute path, or a URL: then there are no legacy dumps).
     fingerprint : mapping
-        :func:`zarr_skip.skipconfig.fingerprint` of the role.
+        :func:`zarr_skip.trainer.skipconfig.fingerprint` of the role.
     kind : {"dp", "tq"}
         ``gen_batch.dp`` dumps (``rollout``, ``async_rollout``) or ``tq_batch.pt`` ones.
     expected : int or None
@@ -138,8 +138,9 @@ class LegacySource:
             logger.exception("import_legacy: could not store legacy step %d from %s", lstep.step, lstep.path)
             self._discard_partial(cache, lstep.step)
             return False
-        logger.info("import_legacy: step %d imported from %s (%d mini-batch(es))",
-                    lstep.step, lstep.path, len(minibatches))
+        logger.info(
+            "import_legacy: step %d imported from %s (%d mini-batch(es))", lstep.step, lstep.path, len(minibatches)
+        )
         return True
 
     @staticmethod

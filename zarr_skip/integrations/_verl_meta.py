@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MetadataError
+from zarr_skip.errors import MetadataError
 
 __all__ = ["TYPES_KEY", "decode_meta", "encode_meta"]
 

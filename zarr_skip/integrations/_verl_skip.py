@@ -7,7 +7,7 @@ TensorDict (jagged NestedTensors, ``NonTensorStack`` s) put into TransferQueue.
 
 Storage goes through :func:`zarr_skip.open_cache` (one handle, so one run, per role object):
 a step counts as cached only when complete, and a newer run takes over a step an older
-run left unfinished. Caches written here and by :class:`zarr_skip.manager.SkipManager` are
+run left unfinished. Caches written here and by :class:`zarr_skip.trainer.manager.SkipManager` are
 the same (same fingerprint, same columns).
 """
 
@@ -21,14 +21,20 @@ from typing import Any, ClassVar
 from verl.protocol import DataProto
 from verl.utils.skip.base_skip import BaseSkip, SkipAction
 
-from .. import open_cache
-from ..errors import ConfigError, StepCompleteError, UnsupportedColumnError
-from ..manager import fields_to_mapping, inject_step
-from ..remap import parse_sample_step
-from ..skipconfig import RoleConfig, fingerprint, parameter_sync_step
-from ._verl_legacy import LegacySource
-from ._verl_meta import decode_meta, encode_meta
-from .verl import CachedStepMissingError, VerlNotInstalledError, options
+from zarr_skip import open_cache
+from zarr_skip.errors import (
+    CachedStepMissingError,
+    ConfigError,
+    StepCompleteError,
+    UnsupportedColumnError,
+    VerlNotInstalledError,
+)
+from zarr_skip.integrations._verl_legacy import LegacySource
+from zarr_skip.integrations._verl_meta import decode_meta, encode_meta
+from zarr_skip.integrations._verl_options import options
+from zarr_skip.trainer.manager import fields_to_mapping, inject_step
+from zarr_skip.trainer.remap import parse_sample_step
+from zarr_skip.trainer.skipconfig import RoleConfig, fingerprint, parameter_sync_step
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +61,13 @@ class ZarrSkipBase(BaseSkip):
     def __init__(self, local_config: Any, global_config: Any) -> None:
         super().__init__(local_config, global_config)
         self.options = options()
-        cfg = RoleConfig(self.role, enable=bool(self.enable), dump_dir=self.dump_dir,
-                         steps=tuple(self.steps), action=self.action.value)
+        cfg = RoleConfig(
+            self.role,
+            enable=bool(self.enable),
+            dump_dir=self.dump_dir,
+            steps=tuple(self.steps),
+            action=self.action.value,
+        )
         self.location = cfg.dump_dir  # absolute path or URL
         try:
             self.fingerprint = fingerprint(global_config, self.role)
@@ -86,13 +97,20 @@ class ZarrSkipBase(BaseSkip):
         """The role's :class:`zarr_skip.Cache`, opened on first use."""
         with self._lock:
             if self._cache is None:
-                kwargs: dict[str, Any] = {"run_id": self.options.run_id,
-                                          "storage_options": self.options.storage_options}
+                kwargs: dict[str, Any] = {
+                    "run_id": self.options.run_id,
+                    "storage_options": self.options.storage_options,
+                }
                 if self.options.compression is not None:
                     kwargs["compression"] = self.options.compression
                 self._cache = open_cache(self.location, self.fingerprint, **kwargs)
-                logger.info("skip.%s: Zarr cache %s (experiment %s, run %s)", self.role, self.location,
-                            self._cache.experiment, self._cache.run_id)
+                logger.info(
+                    "skip.%s: Zarr cache %s (experiment %s, run %s)",
+                    self.role,
+                    self.location,
+                    self._cache.experiment,
+                    self._cache.run_id,
+                )
             return self._cache
 
     def resolve_step(self, step: int) -> int | None:
@@ -111,8 +129,9 @@ class ZarrSkipBase(BaseSkip):
         """Store one mini-batch; failures are logged, never raised (training goes on)."""
         try:
             with self._lock:
-                info = self.cache().write(step, batch, expected=self.expected, meta_info=meta_info,
-                                          allow_pickle=self.options.allow_pickle)
+                info = self.cache().write(
+                    step, batch, expected=self.expected, meta_info=meta_info, allow_pickle=self.options.allow_pickle
+                )
         except StepCompleteError:
             logger.info("skip.%s: step %d is already complete; kept the stored one", self.role, step)
         except UnsupportedColumnError as exc:
@@ -120,8 +139,15 @@ class ZarrSkipBase(BaseSkip):
         except Exception:
             logger.exception("skip.%s: could not store step %d; training goes on without caching it", self.role, step)
         else:
-            logger.info("skip.%s: stored mini-batch %d/%d of step %d (%d rows) in %s", self.role, info.index + 1,
-                        self.expected, step, info.rows, self.location)
+            logger.info(
+                "skip.%s: stored mini-batch %d/%d of step %d (%d rows) in %s",
+                self.role,
+                info.index + 1,
+                self.expected,
+                step,
+                info.rows,
+                self.location,
+            )
 
 
 class ZarrRolloutSkip(ZarrSkipBase):
@@ -153,11 +179,15 @@ class ZarrRolloutSkip(ZarrSkipBase):
         with self._lock:
             view = self.cache().load(source, allow_pickle=self.options.allow_pickle)
             loaded = view.to_dataproto()
-        result = loaded if isinstance(loaded, DataProto) else DataProto(
-            batch=loaded.batch, non_tensor_batch=loaded.non_tensor_batch, meta_info=loaded.meta_info)
+        result = (
+            loaded
+            if isinstance(loaded, DataProto)
+            else DataProto(batch=loaded.batch, non_tensor_batch=loaded.non_tensor_batch, meta_info=loaded.meta_info)
+        )
         result.meta_info = decode_meta(result.meta_info)
-        logger.info("skip.%s: step %d served from the Zarr cache (stored step %d, %d rows)",
-                    self.role, step, source, len(view))
+        logger.info(
+            "skip.%s: step %d served from the Zarr cache (stored step %d, %d rows)", self.role, step, source, len(view)
+        )
         return result
 
     def prepare_data(self, step: int, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -171,8 +201,13 @@ class ZarrRolloutSkip(ZarrSkipBase):
 
     def _store_legacy(self, step: int, minibatch: Any, expected: int) -> None:
         with self._lock:
-            self.cache().write(step, minibatch, expected=expected, meta_info=encode_meta(minibatch.meta_info),
-                               allow_pickle=self.options.allow_pickle)
+            self.cache().write(
+                step,
+                minibatch,
+                expected=expected,
+                meta_info=encode_meta(minibatch.meta_info),
+                allow_pickle=self.options.allow_pickle,
+            )
 
 
 class ZarrAsyncRolloutSkip(ZarrRolloutSkip):
@@ -223,8 +258,9 @@ class ZarrRolloutTqSkip(ZarrSkipBase):
         if not self.meet_precondition(step):
             logger.info("skip.%s: step %d not cached in %s; generating and storing it", self.role, step, self.location)
             return False
-        self.load_dump_data(step=step, new_prompt_uids=new_prompt_uids, n=int(self.n), global_steps=step,
-                            partition_id=partition_id)
+        self.load_dump_data(
+            step=step, new_prompt_uids=new_prompt_uids, n=int(self.n), global_steps=step, partition_id=partition_id
+        )
         return True
 
     def prepare_data(  # type: ignore[override]  # verl's RolloutTqSkip.prepare_data signature
@@ -239,8 +275,9 @@ class ZarrRolloutTqSkip(ZarrSkipBase):
         payload = {**fields_to_mapping(data), "tags": list(batch.tags), "keys": keys}
         self._write(step, payload, {"global_steps": int(step if global_steps is None else global_steps)})
 
-    def load_dump_data(self, step: int, new_prompt_uids: Sequence[str], n: int, global_steps: int,
-                       partition_id: str = "train") -> None:
+    def load_dump_data(
+        self, step: int, new_prompt_uids: Sequence[str], n: int, global_steps: int, partition_id: str = "train"
+    ) -> None:
         """Put the cached step into TransferQueue: ``n`` trajectories of one cached group per new prompt.
 
         Raises
@@ -256,18 +293,41 @@ class ZarrRolloutTqSkip(ZarrSkipBase):
             raise CachedStepMissingError(f"skip.{self.role}: no cached step for step {step} in {self.location}")
         with self._lock:
             view = self.cache().load(source, allow_pickle=self.options.allow_pickle)
-            plan = inject_step(view, new_prompt_uids, n, global_steps, self.options.on_group_mismatch,
-                               _transfer_queue(), partition_id, f"skip.{self.role}")
-        logger.info("skip.%s: injected %d cached trajectories of step %d (%d prompts x %d) into partition %r "
-                    "at step %d", self.role, len(plan.keys), source, len(plan.prompt_keys), n, partition_id, step)
+            plan = inject_step(
+                view,
+                new_prompt_uids,
+                n,
+                global_steps,
+                self.options.on_group_mismatch,
+                _transfer_queue(),
+                partition_id,
+                f"skip.{self.role}",
+            )
+        logger.info(
+            "skip.%s: injected %d cached trajectories of step %d (%d prompts x %d) into partition %r at step %d",
+            self.role,
+            len(plan.keys),
+            source,
+            len(plan.prompt_keys),
+            n,
+            partition_id,
+            step,
+        )
 
     def _store_legacy(self, step: int, minibatch: Any, expected: int) -> None:
-        payload = {**fields_to_mapping(minibatch["tensordict"]), "tags": list(minibatch["tags"]),
-                   "keys": [str(k) for k in minibatch["keys"]]}
+        payload = {
+            **fields_to_mapping(minibatch["tensordict"]),
+            "tags": list(minibatch["tags"]),
+            "keys": [str(k) for k in minibatch["keys"]],
+        }
         with self._lock:
-            self.cache().write(step, payload, expected=expected,
-                               meta_info={"global_steps": int(minibatch.get("global_steps", step))},
-                               allow_pickle=self.options.allow_pickle)
+            self.cache().write(
+                step,
+                payload,
+                expected=expected,
+                meta_info={"global_steps": int(minibatch.get("global_steps", step))},
+                allow_pickle=self.options.allow_pickle,
+            )
 
 
 def _transfer_queue() -> Any:

@@ -36,18 +36,22 @@ calls ``SkipManager.init`` inside a Ray actor, so install there too: pass
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from ..chunks import Compression
-from ..errors import ConfigError, ZarrSkipError
-from ..remap import POLICIES
+from zarr_skip.errors import CachedStepMissingError, VerlNotInstalledError
+from zarr_skip.integrations._verl_options import ENV_PREFIX, Options, _explicit, _lock, options
 
 logger = logging.getLogger(__name__)
+
+#: the roles whose classes :func:`install` replaces
+ROLES: tuple[str, ...] = ("rollout", "rollout_tq", "async_rollout")
+#: the verl release this integration is tested against
+TESTED_VERL = "0.9.1"
+_originals: dict[str, Any] = {}  # role -> verl's class (or _ABSENT) replaced by install()
+_ABSENT = object()
 
 __all__ = [
     "ENV_PREFIX",
@@ -61,111 +65,6 @@ __all__ = [
     "require_verl",
     "uninstall",
 ]
-
-#: the roles whose classes :func:`install` replaces
-ROLES: tuple[str, ...] = ("rollout", "rollout_tq", "async_rollout")
-#: prefix of the environment variables read by :func:`options`
-ENV_PREFIX = "ZARR_SKIP_"
-#: the verl release this integration is tested against
-TESTED_VERL = "0.9.1"
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-class VerlNotInstalledError(ZarrSkipError, ImportError):
-    """verl (``verl.utils.skip``) cannot be imported: ``pip install verl``."""
-
-
-class CachedStepMissingError(ZarrSkipError, RuntimeError, FileNotFoundError):
-    """A cached step was to be loaded but none is there (deleted meanwhile, or never written).
-
-    A ``RuntimeError`` like verl's ``RolloutSkip.warp_function`` raises and a
-    ``FileNotFoundError`` like verl's ``RolloutTqSkip.load_dump_data`` raises.
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """zarr_skip settings of the verl integration (see the module docstring).
-
-    Attributes
-    ----------
-    import_legacy : bool
-        Fall back to legacy verl dumps under ``dump_dir`` for steps missing from Zarr.
-    run_id : str or None
-        Run id for :func:`zarr_skip.open_cache`; ``None``: a fresh one per role object.
-    compression : str or None
-        Codec for :func:`zarr_skip.open_cache`; ``None``: zarr_skip's default.
-    allow_pickle : bool
-        Pickle columns that cannot be stored exactly (written and read back).
-    on_group_mismatch : str
-        ``"cycle"`` or ``"error"``: :func:`zarr_skip.remap.remap` policy for ``rollout_tq``.
-    storage_options : mapping or None
-        Passed to :func:`zarr_skip.open_cache` for URLs.
-    """
-
-    import_legacy: bool = False
-    run_id: str | None = None
-    compression: str | None = None
-    allow_pickle: bool = False
-    on_group_mismatch: str = "cycle"
-    storage_options: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("import_legacy", "allow_pickle"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        if self.on_group_mismatch not in POLICIES:
-            raise ConfigError(f"on_group_mismatch: expected 'cycle' or 'error', got {self.on_group_mismatch!r}")
-        if self.compression is not None:
-            Compression.parse(self.compression)  # raises ConfigError naming the codec
-        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
-            raise ConfigError(f"run_id: expected a non-empty string, got {self.run_id!r}")
-
-
-_lock = threading.RLock()
-_explicit: dict[str, Any] = {}  # install() keyword arguments that were given
-_originals: dict[str, Any] = {}  # role -> verl's class (or _ABSENT) replaced by install()
-_ABSENT = object()
-
-
-def _env_bool(name: str) -> bool | None:
-    raw = os.environ.get(ENV_PREFIX + name)
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{ENV_PREFIX}{name}: expected 1/0, true/false, yes/no or on/off, got {raw!r}")
-
-
-def _env_str(name: str) -> str | None:
-    raw = os.environ.get(ENV_PREFIX + name)
-    return raw.strip() or None if raw is not None else None
-
-
-def options() -> Options:
-    """The settings role objects use now: install() arguments, else environment, else defaults.
-
-    Raises
-    ------
-    ConfigError
-        If a setting is invalid (the message names the argument or variable).
-    """
-    env: dict[str, Any] = {
-        "import_legacy": _env_bool("IMPORT_LEGACY"),
-        "run_id": _env_str("RUN_ID"),
-        "compression": _env_str("COMPRESSION"),
-        "allow_pickle": _env_bool("ALLOW_PICKLE"),
-        "on_group_mismatch": _env_str("ON_GROUP_MISMATCH"),
-    }
-    merged = {k: v for k, v in env.items() if v is not None}
-    with _lock:
-        merged.update(_explicit)
-    return replace(Options(), **merged)
 
 
 def require_verl() -> str:
@@ -182,8 +81,7 @@ def require_verl() -> str:
     except ImportError as exc:
         if exc.name == "verl":
             raise VerlNotInstalledError(
-                "zarr_skip.integrations.verl needs verl: pip install verl "
-                f"(tested with verl=={TESTED_VERL})"
+                f"zarr_skip.integrations.verl needs verl: pip install verl (tested with verl=={TESTED_VERL})"
             ) from exc
         raise VerlNotInstalledError(
             f"verl is installed but verl.utils.skip cannot be imported ({exc}); this integration "
@@ -222,7 +120,7 @@ def install(
     version = require_verl()
     from verl.utils.skip.base_skip import SKIP_REGISTRY
 
-    from . import _verl_skip
+    from zarr_skip.integrations import _verl_skip
 
     given = {
         "import_legacy": import_legacy,
@@ -282,10 +180,11 @@ def _warn_if_initialized() -> None:
     """Warn when verl's SkipManager already built role objects that are not ours."""
     module = sys.modules.get("verl.utils.skip.skip_manager")
     instances = getattr(getattr(module, "SkipManager", None), "skip_instances", None) or {}
-    from . import _verl_skip
+    from zarr_skip.integrations import _verl_skip
 
     stale = sorted(
-        role for role, obj in instances.items()
+        role
+        for role, obj in instances.items()
         if role in _verl_skip.CLASSES and getattr(obj, "enable", False) and not isinstance(obj, _verl_skip.ZarrSkipBase)
     )
     if stale:

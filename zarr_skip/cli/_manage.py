@@ -1,0 +1,168 @@
+"""``zarr-skip gc``, ``rm``, ``import`` and ``export``: commands that change something."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zarr_skip.cli._format import clip, human_bytes, table
+from zarr_skip.errors import StepNotFoundError
+
+if TYPE_CHECKING:
+    from zarr_skip.cli._context import Context
+
+__all__ = ["cmd_export", "cmd_gc", "cmd_import", "cmd_rm"]
+
+
+def _gc_doc(cache: Any, name: str, report: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "removals": [
+            {"path": cache.storage.key_path(r.path), "reason": r.reason, "step": r.step} for r in report.removed
+        ],
+        "kept_writing": list(report.kept_writing),
+    }
+
+
+def _say_gc(ctx: Context, docs: list[dict[str, Any]], done: bool) -> None:
+    for doc in docs:
+        writing = f"; steps being written, kept: {doc['kept_writing']}" if doc["kept_writing"] else ""
+        n = len(doc["removals"])
+        ctx.say(f"{doc['name']}: {'removed' if done else 'to remove:'} {n} item(s){writing}")
+        for r in doc["removals"]:
+            ctx.say(f"  {'removed' if done else 'would remove'} {r['path']}  ({r['reason']})")
+
+
+def cmd_gc(ctx: Context) -> int:
+    """Show what gc would remove, then (confirmed) remove it."""
+    from zarr_skip.cli._context import UsageError
+
+    a = ctx.args
+    found = ctx.experiments()
+    if not found:
+        raise UsageError(f"no zarr_skip experiments at {a.location}")
+    plan: dict[str, dict[str, Any]] = {}
+    for name in found:
+        cache = ctx.open(name)
+        plan[name] = _gc_doc(cache, name, cache.gc(keep_last=a.keep_last, pin=a.pin, dry_run=True))
+    total = sum(len(d["removals"]) for d in plan.values())
+    _say_gc(ctx, list(plan.values()), done=False)
+    if a.dry_run or total == 0:
+        ctx.say("dry run: nothing removed" if total else "nothing to remove")
+        if ctx.json:
+            ctx.emit({"dry_run": True, "removed": False, "experiments": list(plan.values())})
+        return 0
+    if not ctx.confirm(f"remove {total} item(s)?"):
+        ctx.note("nothing removed")
+        return 1
+    done = []
+    todo = [name for name, d in plan.items() if d["removals"]]
+    with ctx.bar("gc", "experiment", total=len(todo)) as bar:
+        for k, name in enumerate(todo, 1):
+            cache = ctx.open(name, fingerprint=found[name])
+            done.append(_gc_doc(cache, name, cache.gc(keep_last=a.keep_last, pin=a.pin)))
+            bar.to(k)
+    _say_gc(ctx, done, done=True)
+    if ctx.json:
+        ctx.emit({"dry_run": False, "removed": True, "experiments": done})
+    return 0
+
+
+def cmd_rm(ctx: Context) -> int:
+    """Remove explicit steps of one experiment (after confirmation)."""
+    from zarr_skip.cli._context import parse_steps
+
+    steps = parse_steps(ctx.args.steps) or []
+    name, fp = ctx.one_experiment()
+    cache = ctx.open(name, fingerprint=fp)
+    infos = {i.step: i for i in cache.status()}
+    missing = [s for s in steps if s not in infos]
+    if missing:
+        raise StepNotFoundError(
+            f"step(s) {', '.join(map(str, missing))} not found in experiment {name!r}; nothing removed"
+        )
+    ctx.say(f"{name}: removing {len(steps)} step(s)")
+    for s in steps:
+        i = infos[s]
+        ctx.say(f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes)}")
+    live = [s for s in steps if infos[s].state == "writing"]
+    if live:
+        ctx.note(f"warning: step(s) {live} are being written by a live run; its writes will fail")
+    if not ctx.confirm(f"remove {len(steps)} step(s) of {name}?"):
+        ctx.note("nothing removed")
+        return 1
+    with ctx.bar("rm", "step", total=len(steps)) as bar:
+        for k, s in enumerate(steps, 1):
+            cache.delete(s)
+            bar.to(k)
+    ctx.say(f"removed step(s) {', '.join(map(str, steps))}")
+    if ctx.json:
+        ctx.emit({"experiment": name, "removed": steps})
+    return 0
+
+
+def cmd_import(ctx: Context) -> int:
+    """Import legacy verl dump directories; exit 1 when a step failed."""
+    from zarr_skip.cli._context import UsageError
+    from zarr_skip.legacy.transfer import import_legacy
+
+    a = ctx.args
+    with ctx.bar("import", "step") as bar, ctx.quiet("zarr_skip.legacy.transfer"):
+        report = import_legacy(
+            a.legacy_dir,
+            a.location,
+            trust_pickle=a.trust_pickle,
+            role=a.role,
+            overwrite=a.overwrite,
+            progress=bar.callback(),
+            experiment_name=a.experiment_name,
+            project_name=a.project_name,
+            expected_minibatches=a.parameter_sync_step,
+            allow_pickle=a.allow_pickle,
+            coerce_meta=a.coerce_meta,
+            storage_options=a.storage_options,
+        )
+    if not report.steps:
+        raise UsageError("; ".join(report.warnings) or f"no legacy steps under {a.legacy_dir}")
+    for w in report.warnings:
+        ctx.note(f"warning: {w}")
+    rows = [
+        (
+            s.step,
+            s.action.upper() if s.action == "failed" else s.action,
+            s.minibatches or "-",
+            s.rows or "-",
+            s.experiment,
+            clip(s.reason, 80),
+        )
+        for s in report.steps
+    ]
+    ctx.say(table(rows, ("step", "result", "mini-batches", "rows", "experiment", "reason"), right=(0, 2, 3)))
+    ctx.say(
+        f"imported {len(report.imported)} step(s), skipped {len(report.skipped)}, failed {len(report.failed)} "
+        f"into {report.location}"
+    )
+    for s in report.failed:
+        ctx.note(f"failed: step {s.step} ({s.path}): {s.reason}")
+    if ctx.json:
+        ctx.emit(report.to_json())
+    return 0 if report.ok else 1
+
+
+def cmd_export(ctx: Context) -> int:
+    """Write steps of one experiment in verl's dump layout."""
+    from zarr_skip.cli._context import parse_steps
+    from zarr_skip.legacy.transfer import export_steps
+
+    a = ctx.args
+    steps = parse_steps(a.steps, allow_all=True)
+    name, _ = ctx.one_experiment()
+    cache = ctx.open(name)
+    if steps is None:
+        steps = cache.steps()
+    with ctx.bar("export", "step", total=len(steps)) as bar:
+        report = export_steps(cache, steps, a.dest, layout=a.layout, overwrite=a.overwrite, progress=bar.callback())
+    for s in report.steps:
+        ctx.say(f"step {s.step}: {s.reason}, {s.minibatches} file(s), {s.rows} rows -> {s.path}")
+    if ctx.json:
+        ctx.emit(report.to_json())
+    return 0

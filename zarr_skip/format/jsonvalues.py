@@ -1,0 +1,146 @@
+"""Exact JSON for per-row objects and batch metadata (pure: no store, no torch).
+
+Plain JSON loses tuples (they come back as lists), numpy scalars (refused) and the payload
+bits of NaNs. These are written as small tagged objects and restored on load::
+
+    (1, 2)            -> {"$tuple": [1, 2]}
+    np.float32(2.5)   -> {"$numpy": "<f4", "hex": "00002040"}
+    NaN with payload  -> {"$float": "<f8", "hex": "..."}
+
+A whole column is encoded row by row (rows that are one object, as verl repeats a prompt's
+dicts for its ``n`` samples, once) and checked with one C-speed round trip; only a column that
+fails it takes the slower exact path.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zarr_skip.errors import UnsupportedColumnError
+
+_CANONICAL_NAN = struct.pack("<d", float("nan"))
+
+NUMPY_TAG, TUPLE_TAG, FLOAT_TAG = "$numpy", "$tuple", "$float"
+_TAGS = (NUMPY_TAG, TUPLE_TAG, FLOAT_TAG)
+
+
+class _NotJSON(Exception):
+    """A value :func:`_tagged` cannot represent; the message says what and where."""
+
+
+def _tag_numpy(value: Any) -> Any:
+    """JSON stand-in for a numpy scalar: its dtype and exact bytes (verl's timings are numpy)."""
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return {NUMPY_TAG: value.dtype.str, "hex": value.tobytes().hex()}
+    raise TypeError(f"{type(value).__qualname__} is not JSON-able")
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 2 and "hex" in obj:
+        if NUMPY_TAG in obj:
+            return np.frombuffer(bytes.fromhex(obj["hex"]), dtype=np.dtype(obj[NUMPY_TAG]))[0]
+        if FLOAT_TAG in obj:
+            return struct.unpack("<d", bytes.fromhex(obj["hex"]))[0]
+    if len(obj) == 1 and TUPLE_TAG in obj:
+        return tuple(obj[TUPLE_TAG])
+    return obj
+
+
+def _tagged(value: Any) -> Any:
+    """``value`` as exact JSON data: tuples, numpy scalars and NaN payloads tagged.
+
+    Raises :class:`_NotJSON` naming the first value that cannot be represented.
+    """
+    t = type(value)
+    if value is None or t in (bool, int, str):
+        return value
+    if t is float:
+        if value != value and struct.pack("<d", value) != _CANONICAL_NAN:
+            return {FLOAT_TAG: "<f8", "hex": struct.pack("<d", value).hex()}
+        return value
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return _tag_numpy(value)
+    if t is list or t is tuple:
+        items = [_tagged(v) for v in value]
+        return items if t is list else {TUPLE_TAG: items}
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _NotJSON(f"dict key {k!r} ({type(k).__qualname__}, JSON keys must be str)")
+            if k in _TAGS:
+                raise _NotJSON(f"dict key {k!r} (reserved by zarr_skip's JSON encoding)")
+            out[k] = _tagged(v)
+        return out
+    raise _NotJSON(f"{t.__qualname__} value {value!r:.60}")
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_tag_numpy)
+
+
+def json_loads(text: str | bytes) -> Any:
+    """Parse JSON written by this codec (tagged values come back as what they were)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogatepass")
+    if '"$' not in text:
+        return json.loads(text)
+    return json.loads(text, object_hook=_untag)
+
+
+def to_json_value(value: Any) -> Any:
+    """``value`` as plain, exact JSON data, for metadata attributes (raises UnsupportedColumnError)."""
+    try:
+        return _tagged(value)
+    except _NotJSON as exc:
+        raise UnsupportedColumnError(f"meta_info: cannot store {exc}; it must be JSON-able") from None
+
+
+def from_json_value(value: Any) -> Any:
+    """Inverse of :func:`to_json_value`."""
+    if isinstance(value, dict):
+        return _untag({k: from_json_value(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [from_json_value(v) for v in value]
+    return value
+
+
+def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
+    """Each row as UTF-8 JSON, or the first row's problem.
+
+    Rows that are the same object (verl repeats a prompt's dicts for its ``n`` samples) are
+    encoded once.
+    """
+    rows = list(rows)
+    try:
+        seen: dict[int, bytes] = {}
+        unique: list[Any] = []
+        for r in rows:
+            if id(r) not in seen:
+                seen[id(r)] = _JSON.encode(r).encode("utf-8", "surrogatepass")
+                unique.append(r)
+        blobs = [seen[id(r)] for r in rows]
+        # one C-speed round trip of the distinct rows catches tuples, non-str keys, reserved
+        # keys, NaN payloads and the like; the exact (slower) row-by-row path runs only then
+        if json_loads(b"[" + b",".join(seen[id(r)] for r in unique) + b"]") == unique:
+            return blobs, None
+    except (TypeError, ValueError):
+        pass
+    blobs = []
+    for i, r in enumerate(rows):
+        try:
+            text = _JSON.encode(r)
+            exact = json_loads(text) == r
+        except (TypeError, ValueError):
+            exact = False
+        if not exact:
+            try:
+                text = _JSON.encode(_tagged(r))
+            except _NotJSON as exc:
+                return [], f"row {i}: {exc}"
+        blobs.append(text.encode("utf-8", "surrogatepass"))
+    return blobs, None

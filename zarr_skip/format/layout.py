@@ -1,0 +1,167 @@
+"""Names and keys of the on-disk layout (pure: no I/O).
+
+The layout, documented in ``docs/format.md``::
+
+    zarr.json                               root group: {"zarr_skip": {"format", "version"}}
+    {experiment}/zarr.json                  {"zarr_skip.experiment": {"name", "fingerprint"}}
+    {experiment}/{step}/zarr.json           step group; {"zarr_skip.complete": summary} once complete
+    {experiment}/{step}/{run}/zarr.json     {"zarr_skip.run": {"run", "started", "expected"}}
+    {experiment}/{step}/{run}/{i}/zarr.json {"zarr_skip.part": {... "state": "writing"|"complete"}}
+    {experiment}/{step}/{run}/{i}/{column}  arrays (a group of arrays for multi-array columns)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from zarr_skip.errors import ConfigError
+
+FORMAT_NAME = "zarr_skip"
+#: 2: arrays of several chunks are shards, chunk keys ``c.N``, every chunk full-shape; version 1
+#: caches are read, and marked 2 by the first write (zarr_skip 0.1 would not read those steps)
+FORMAT_VERSION = 2
+
+ROOT_ATTR = "zarr_skip"
+EXPERIMENT_ATTR = "zarr_skip.experiment"
+STEP_ATTR = "zarr_skip.complete"
+RUN_ATTR = "zarr_skip.run"
+PART_ATTR = "zarr_skip.part"
+
+METADATA = "zarr.json"
+
+#: fingerprint keys that give verl's readable directory names
+VERL_KEYS = (
+    "experiment_name",
+    "project_name",
+    "gen_batch_size",
+    "n",
+    "max_prompt_length",
+    "max_response_length",
+)
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
+_RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
+_STEP = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def _segment(value: object) -> str:
+    """Turn a fingerprint value into a safe path segment (no '/', no leading dot)."""
+    text = re.sub(r"[^A-Za-z0-9._=+-]", "-", str(value)).strip(".-") or "x"
+    return text
+
+
+def experiment_name(fingerprint: Mapping[str, Any]) -> str:
+    """The experiment group's path for a fingerprint.
+
+    A verl fingerprint gives verl's own names, ``{experiment}_{project}/GBS{gbs}_N{n}_in{p}_out{r}``,
+    followed by ``/{role}`` when it has one. Any other fingerprint is named by a stable hash of
+    its canonical JSON, ``fp-{12 hex}``. Other keys of a verl fingerprint are kept in the
+    attributes and checked on open, but do not change the name.
+    """
+    if not isinstance(fingerprint, Mapping) or not fingerprint:
+        raise ConfigError("fingerprint: expected a non-empty mapping of settings")
+    if all(key in fingerprint for key in VERL_KEYS):
+        f = fingerprint
+        parts = [
+            _segment(f"{f['experiment_name']}_{f['project_name']}"),
+            _segment(f"GBS{f['gen_batch_size']}_N{f['n']}_in{f['max_prompt_length']}_out{f['max_response_length']}"),
+        ]
+        if fingerprint.get("role"):
+            parts.append(_segment(fingerprint["role"]))
+        return "/".join(parts)
+    digest = hashlib.sha256(canonical_json(fingerprint).encode()).hexdigest()[:12]
+    return f"fp-{digest}"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: equal values give equal text."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"fingerprint: values must be JSON-able ({exc})") from None
+
+
+def doc_checksum(doc: Mapping[str, Any]) -> str:
+    """crc32c of a metadata document's canonical JSON, its own ``checksum`` field left out."""
+    import google_crc32c
+
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return f"{int(google_crc32c.value(text.encode())):08x}"
+
+
+def normalize_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint as stored: a plain JSON round trip, so comparisons are exact."""
+    return json.loads(canonical_json(dict(fingerprint)))
+
+
+def check_experiment_name(name: str) -> str:
+    """Validate a user-given experiment path (segments separated by '/')."""
+    segments = name.split("/")
+    if not name or not all(_SEGMENT.match(s) for s in segments) or any(is_step_name(s) for s in segments):
+        raise ConfigError(
+            f"experiment: {name!r} is not a valid experiment path (segments of letters, digits, "
+            "'._=+-', not starting with a dot, not all digits)"
+        )
+    return name
+
+
+def is_step_name(name: str) -> bool:
+    """True for the group names of steps: non-negative decimal integers without leading zeros."""
+    return bool(_STEP.match(name))
+
+
+def step_name(step: int) -> str:
+    """The group name of a step; steps are non-negative integers."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"step: expected a non-negative int, got {step!r}")
+    return str(step)
+
+
+def check_run_id(run_id: str) -> str:
+    """Validate a user-given run id (a letter, then letters, digits and '._-')."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ConfigError(
+            f"run_id: {run_id!r} is not valid (start with a letter; letters, digits, '._-'; at most 128 characters)"
+        )
+    return run_id
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A fresh run id: ``r`` + UTC time + random hex, e.g. ``r20261129T140501-3fa9c2d1``."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"r{stamp}-{secrets.token_hex(4)}"
+
+
+def new_writer_id() -> str:
+    """A token unique to one writer (handle) of a run: host, pid and random hex."""
+    return f"{_segment(socket.gethostname())}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def join(*parts: str) -> str:
+    """Join key parts with '/', skipping empty ones."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def meta_key(path: str) -> str:
+    """The key of a node's ``zarr.json``."""
+    return join(path, METADATA)
+
+
+#: separator of chunk keys in arrays we write: ``c.0`` (``.``) saves a ``c/`` directory per array
+#: on file systems, where creating a directory costs as much as writing a small chunk
+CHUNK_SEPARATOR = "."
+
+
+def chunk_key(array_path: str, index: int, ndim: int, separator: str = "/") -> str:
+    """Key of chunk ``index`` along axis 0 of an array chunked only along rows (zarr's default
+    chunk key encoding with ``separator``)."""
+    return join(array_path, separator.join(["c", str(index)] + ["0"] * (ndim - 1)))

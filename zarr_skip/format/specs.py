@@ -1,0 +1,243 @@
+"""What a column is: its spec, the stored-array types, dtype names and schema checks (pure).
+
+The codec (:mod:`zarr_skip.format.columns` encodes, :mod:`zarr_skip.format.restore` decodes)
+turns a batch into columns; this module holds the types both sides share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from zarr_skip.errors import SchemaMismatchError
+
+JAGGED_KINDS = frozenset({"nested", "rows", "str", "json", "pickle"})
+BYTES_KINDS = frozenset({"str", "json", "pickle"})
+
+TORCH_NUMPY: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(bool),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+UINT_OF_SIZE = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
+NARROW_ORDER = [np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8")]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnSpec:
+    """What a column is and how to rebuild it; equal specs mean mergeable mini-batches.
+
+    Attributes
+    ----------
+    name : column name.
+    kind : one of ``tensor nested ndarray rows str json pickle`` (see the module docstring).
+    dtype : logical element type: a torch dtype name (``bfloat16``) or a numpy dtype string.
+    shape : per-row trailing shape (for jagged kinds: the shape after the ragged axis).
+    container : how rows are handed back: ``torch``, ``numpy``, ``list`` or ``object`` (a
+        numpy object array).
+    section : ``batch``/``non_tensor_batch`` for DataProto columns, else ``""``.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    container: str
+    section: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "container": self.container,
+            "section": self.section,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, doc: Mapping[str, Any]) -> ColumnSpec:
+        return cls(
+            name=name,
+            kind=doc["kind"],
+            dtype=doc["dtype"],
+            shape=tuple(doc["shape"]),
+            container=doc["container"],
+            section=doc.get("section", ""),
+        )
+
+    @property
+    def jagged(self) -> bool:
+        return self.kind in JAGGED_KINDS
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The numpy dtype rows are rebuilt in (before a torch view, after widening)."""
+        if self.kind in BYTES_KINDS:
+            return np.dtype(np.uint8)
+        if self.kind in ("tensor", "nested"):
+            tdt = torch_dtype(self.dtype)
+            return TORCH_NUMPY.get(tdt) or TORCH_NUMPY[UINT_OF_SIZE[tdt.itemsize]]
+        dt = numpy_dtype(self.dtype)
+        if dt.kind in "biufc":
+            return dt.newbyteorder("<") if dt.byteorder == ">" else dt
+        return np.dtype(np.uint8)  # raw bytes; the last stored axis holds the item bytes
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """Per-row (per-element for jagged) trailing shape of the stored values."""
+        if self.kind in ("ndarray", "rows"):
+            dt = numpy_dtype(self.dtype)
+            if dt.kind not in "biufc":
+                return (*self.shape, dt.itemsize)
+        return self.shape
+
+
+@dataclass(frozen=True, slots=True)
+class Narrowed:
+    """An integer array to be stored as the narrower integer ``dtype`` that holds its values.
+
+    Converted slice by slice when it is written (``self[a:b]``), so the writer's threads narrow
+    chunks in parallel and no full-size narrowed copy is ever made.
+    """
+
+    source: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.source.ndim
+
+    @property
+    def size(self) -> int:
+        return self.source.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.size * self.dtype.itemsize
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self.source[key].astype(self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.source.astype(self.dtype)
+        return out if dtype is None else out.astype(dtype)
+
+    def astype(self, dtype: Any, copy: bool = True) -> np.ndarray:
+        return np.asarray(self).astype(dtype, copy=copy)
+
+
+#: what a stored array is before it is written
+StoredArray = np.ndarray | Narrowed
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedColumn:
+    """One column ready to store: its spec, its row count and its arrays (name -> array)."""
+
+    spec: ColumnSpec
+    rows: int
+    arrays: dict[str, StoredArray]
+
+
+@dataclass(slots=True)
+class DataProtoLike:
+    """A stand-in for ``verl.protocol.DataProto`` when verl is not installed."""
+
+    batch: Any = None
+    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        if self.batch is not None:
+            return (
+                int(self.batch.batch_size[0])
+                if hasattr(self.batch, "batch_size")
+                else len(next(iter(self.batch.values())))
+            )
+        return len(next(iter(self.non_tensor_batch.values()), ()))
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """A whole mini-batch: columns in order, the batch-level metadata and the batch type."""
+
+    columns: list[EncodedColumn]
+    rows: int
+    meta_info: dict[str, Any]
+    batch_type: str
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (``"bfloat16"``)."""
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise SchemaMismatchError(f"unknown torch dtype {name!r} in stored column metadata")
+    return dt
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def is_tensordict(obj: object) -> bool:
+    return any(c.__name__ == "TensorDictBase" for c in type(obj).__mro__)
+
+
+def is_dataproto(obj: object) -> bool:
+    return all(hasattr(obj, a) for a in ("batch", "non_tensor_batch", "meta_info"))
+
+
+def check_same_schema(specs: Sequence[ColumnSpec], other: Sequence[ColumnSpec], where: str) -> None:
+    """Raise :class:`SchemaMismatchError` naming the first difference between two schemas."""
+    mine = {s.name: s for s in specs}
+    theirs = {s.name: s for s in other}
+    if mine.keys() != theirs.keys():
+        extra, missing = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
+        raise SchemaMismatchError(
+            f"{where}: columns differ from the step's other mini-batches "
+            f"(new here: {extra or 'none'}; missing here: {missing or 'none'})"
+        )
+    for name, spec in mine.items():
+        if spec != theirs[name] and not _text_kinds(spec, theirs[name]):
+            a, b = spec.to_json(), theirs[name].to_json()
+            diff = ", ".join(f"{k} {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b[k])
+            raise SchemaMismatchError(f"{where}, column {name!r}: {diff}")
+
+
+def _text_kinds(a: ColumnSpec, b: ColumnSpec) -> bool:
+    """Rows of strings and rows of JSON (an empty or all-str mini-batch) merge as JSON."""
+    return {a.kind, b.kind} == {"str", "json"} and (a.container, a.section) == (b.container, b.section)
+
+
+def merged_spec(specs: Sequence[ColumnSpec]) -> ColumnSpec:
+    """The spec of a column merged across mini-batches (``json`` when str and json mix)."""
+    first = specs[0]
+    if any(s.kind == "json" for s in specs) and any(s.kind == "str" for s in specs):
+        return ColumnSpec(first.name, "json", "json", (), first.container, first.section)
+    return first
+
+
+def numpy_dtype(text: str) -> np.dtype:
+    if text.startswith("["):
+        return np.dtype([(f[0], f[1], tuple(f[2])) if len(f) > 2 else tuple(f) for f in json.loads(text)])
+    return np.dtype(text)

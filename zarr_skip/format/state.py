@@ -1,0 +1,222 @@
+"""What a step's metadata says about it, and which step to load (pure: no I/O).
+
+A step may hold mini-batches of several runs. Its owner is the run that started last; only
+the owner's mini-batches count. The step is ``complete`` when the owner has a complete
+mini-batch at every index ``0 .. expected-1``; otherwise it is ``writing`` while some writer of
+the owner is alive (its process exists on this host, or its heartbeat is younger than the
+lease elsewhere) and ``abandoned`` when none is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zarr_skip.errors import ConfigError
+
+COMPLETE, WRITING, ABANDONED = "complete", "writing", "abandoned"
+HOST = socket.gethostname()
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A run's record in one step: who, when the run started, how many mini-batches it expects."""
+
+    run: str
+    started: float
+    created: float
+    expected: int
+    host: str = ""
+    pid: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RunRecord:
+        return cls(
+            run=str(doc["run"]),
+            started=float(doc["started"]),
+            created=float(doc.get("created", doc["started"])),
+            expected=int(doc["expected"]),
+            host=str(doc.get("host", "")),
+            pid=int(doc.get("pid", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartRecord:
+    """One mini-batch as its metadata describes it (``doc`` is the whole attribute)."""
+
+    run: str
+    index: int
+    state: str
+    host: str
+    pid: int
+    heartbeat: float
+    rows: int = 0
+    nbytes: int = 0
+    raw_nbytes: int = 0
+    doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PartRecord:
+        return cls(
+            run=str(doc["run"]),
+            index=int(doc["index"]),
+            state=str(doc["state"]),
+            host=str(doc.get("host", "")),
+            pid=int(doc.get("pid", 0)),
+            heartbeat=float(doc.get("heartbeat", 0.0)),
+            rows=int(doc.get("rows", 0)),
+            nbytes=int(doc.get("nbytes", 0)),
+            raw_nbytes=int(doc.get("raw_nbytes", 0)),
+            doc=doc,
+        )
+
+    @property
+    def complete(self) -> bool:
+        return self.state == COMPLETE
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The state of one step, computed from metadata alone.
+
+    Attributes
+    ----------
+    step : the global step.
+    state : ``complete``, ``writing`` or ``abandoned``.
+    complete : ``state == "complete"``.
+    expected : mini-batches the owning run expects.
+    done : complete mini-batches of the owning run.
+    rows : rows of those mini-batches.
+    nbytes : stored (compressed) bytes of those mini-batches.
+    raw_nbytes : their uncompressed bytes.
+    run : the owning run.
+    updated : last write or heartbeat seen (seconds since the epoch).
+    stale_runs : older runs whose leftovers are still stored.
+    """
+
+    step: int
+    state: str
+    complete: bool
+    expected: int
+    done: int
+    rows: int
+    nbytes: int
+    raw_nbytes: int = 0
+    run: str = ""
+    updated: float = 0.0
+    stale_runs: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        """Compression ratio (raw / stored bytes); 0 when nothing is stored."""
+        return self.raw_nbytes / self.nbytes if self.nbytes else 0.0
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def writer_alive(host: str, pid: int, heartbeat: float, now: float, lease: float) -> bool:
+    """Whether a writer may still be at work: its process on this host, else a fresh heartbeat."""
+    if host == HOST and pid:
+        return pid_alive(pid) and now - heartbeat <= max(lease, 0) * 10
+    return now - heartbeat <= lease
+
+
+def owner(runs: Iterable[RunRecord]) -> RunRecord | None:
+    """The run that started last (ties broken by run id)."""
+    return max(runs, key=lambda r: (r.started, r.run), default=None)
+
+
+def step_info(
+    step: int,
+    runs: Sequence[RunRecord],
+    parts: Sequence[PartRecord],
+    *,
+    now: float,
+    lease: float,
+) -> StepInfo:
+    """Derive a step's :class:`StepInfo` from its run and part records."""
+    own = owner(runs)
+    if own is None:
+        return StepInfo(step, ABANDONED, False, 0, 0, 0, 0)
+    mine = [p for p in parts if p.run == own.run and 0 <= p.index < own.expected]
+    complete = {p.index: p for p in mine if p.complete}
+    rows = sum(p.rows for p in complete.values())
+    nbytes = sum(p.nbytes for p in complete.values())
+    raw = sum(p.raw_nbytes for p in complete.values())
+    updated = max([own.created, *(p.heartbeat for p in mine)])
+    stale = tuple(sorted(r.run for r in runs if r.run != own.run))
+    if len(complete) == own.expected:
+        state = COMPLETE
+    else:
+        writing = [p for p in mine if not p.complete]
+        alive = any(writer_alive(p.host, p.pid, p.heartbeat, now, lease) for p in writing)
+        # between mini-batches nobody is writing: the run lives while its first writer does,
+        # or (elsewhere) while its last activity is younger than the lease
+        alive = alive or writer_alive(own.host, own.pid, updated, now, lease)
+        state = WRITING if alive else ABANDONED
+    return StepInfo(
+        step,
+        state,
+        state == COMPLETE,
+        own.expected,
+        len(complete),
+        rows,
+        nbytes,
+        raw,
+        own.run,
+        updated,
+        stale,
+    )
+
+
+def summary_info(step: int, summary: Mapping[str, Any]) -> StepInfo:
+    """The :class:`StepInfo` a complete step's summary attribute records."""
+    return StepInfo(
+        step,
+        COMPLETE,
+        True,
+        int(summary["expected"]),
+        int(summary["expected"]),
+        int(summary["rows"]),
+        int(summary["nbytes"]),
+        int(summary.get("raw_nbytes", 0)),
+        str(summary["run"]),
+        float(summary.get("completed", 0.0)),
+    )
+
+
+ACTIONS = ("cache", "repeat")
+
+
+def resolve(step: int, action: str, complete_steps: Iterable[int]) -> int | None:
+    """The step to load for ``step`` under ``action`` (verl's semantics).
+
+    ``cache``: the step itself if complete, else None. ``repeat``: the step if complete, else
+    the largest complete smaller step, else the smallest complete larger one, else None.
+    """
+    if action not in ACTIONS:
+        raise ConfigError(f"action: expected 'cache' or 'repeat', got {action!r}")
+    done = set(complete_steps)
+    if step in done:
+        return step
+    if action == "cache":
+        return None
+    smaller = [s for s in done if s < step]
+    if smaller:
+        return max(smaller)
+    larger = [s for s in done if s > step]
+    return min(larger) if larger else None

@@ -1,0 +1,1 @@
+"""Notebook views (HTML reprs) and plots."""

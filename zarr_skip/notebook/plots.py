@@ -1,0 +1,401 @@
+"""Plots for the questions people ask of rollouts (needs ``pip install zarr-skip[notebooks]``).
+
+Every function takes a :class:`~zarr_skip.Cache` (its complete steps, or those given as
+``steps``), one :class:`~zarr_skip.StepView` or a list of step views, and returns a
+``matplotlib.figure.Figure``. Figures are built without pyplot, so nothing global is opened:
+Jupyter shows a returned figure (after ``%matplotlib inline``), scripts call ``fig.savefig``.
+Pass ``ax`` to draw into an existing axes instead (its figure is returned).
+
+Only what a plot needs is read: response lengths of a jagged column come from its stored
+per-row lengths (no token is read); a padded batch's lengths need its ``response_mask``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from zarr_skip.cache import Cache
+from zarr_skip.lazy import StepView
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+logger = logging.getLogger(__name__)
+
+#: columns tried, in order, for response lengths when none is named
+LENGTH_COLUMNS = ("responses", "response_mask")
+#: columns tried, in order, for scores when none is named
+SCORE_COLUMNS = ("token_level_scores", "token_level_rewards", "scores", "score", "rewards", "reward", "acc")
+#: steps of a cache plotted at most when ``steps`` is not given (evenly spaced)
+MAX_STEPS = 40
+_BLOCK = 4096  # rows of a padded mask read at a time
+
+Source = Cache | StepView | Sequence[StepView]
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+        import matplotlib.figure
+    except ImportError as exc:
+        raise ImportError("zarr_skip.notebook.plots needs matplotlib: pip install 'zarr-skip[notebooks]'") from exc
+    return matplotlib
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float] = (7.0, 3.6)) -> tuple[Figure, Axes]:
+    mpl = _matplotlib()
+    if ax is not None:
+        return cast("Figure", ax.figure), ax
+    fig = mpl.figure.Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _subsample(steps: list[int]) -> list[int]:
+    if len(steps) <= MAX_STEPS:
+        return steps
+    pick = np.unique(np.linspace(0, len(steps) - 1, MAX_STEPS).round().astype(int))
+    logger.info("plotting %d of %d steps (pass steps= to choose)", len(pick), len(steps))
+    return [steps[i] for i in pick]
+
+
+def _views(source: Source, steps: Sequence[int] | None) -> list[StepView]:
+    """The step views a plot covers: a cache's ``steps`` (default: its complete ones)."""
+    if isinstance(source, StepView):
+        if steps is not None:
+            raise ValueError("steps: only with a cache (a step view is one step)")
+        return [source]
+    if isinstance(source, Cache):
+        chosen = list(steps) if steps is not None else _subsample(source.steps())
+        if not chosen:
+            raise ValueError(f"{source.location}: no complete step to plot")
+        return [source.load(s) for s in chosen]
+    views = list(source)
+    if not views or not all(isinstance(v, StepView) for v in views):
+        raise TypeError("source: expected a Cache, a StepView or a non-empty list of StepViews")
+    if steps is not None:
+        raise ValueError("steps: only with a cache")
+    return views
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A numeric torch tensor or numpy array as float64 numpy (bf16 and float8 included)."""
+    if hasattr(value, "detach"):
+        import torch
+
+        t = value.detach()
+        if t.is_complex():
+            raise TypeError("complex values cannot be plotted")
+        return t.to(torch.float64).numpy()
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
+    return arr.astype(np.float64)
+
+
+def _pick(view: StepView, column: str | None, candidates: Sequence[str], what: str) -> str:
+    if column is not None:
+        view[column]  # KeyError naming the columns when absent
+        return column
+    for name in candidates:
+        if name in view:
+            return name
+    raise KeyError(
+        f"step {view.step}: no {what} column (looked for {', '.join(candidates)}; "
+        f"columns: {', '.join(view.columns)}); name one with column="
+    )
+
+
+def _lengths(view: StepView, column: str | None) -> tuple[np.ndarray, int | None]:
+    """Per-row response lengths and, for a padded column, its width (the max length)."""
+    name = _pick(view, column, LENGTH_COLUMNS, "response")
+    col = view[name]
+    if col.spec.jagged:
+        if col.spec.kind not in ("nested", "rows"):
+            raise TypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
+        return col.lengths().astype(np.int64), None
+    if column is None and name == "responses" and "response_mask" in view:
+        return _lengths(view, "response_mask")
+    if len(col.spec.shape) != 1:
+        raise TypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
+    if not name.endswith("mask"):
+        raise TypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
+    out = np.empty(len(col), dtype=np.int64)
+    for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
+        block = col[start : start + _BLOCK]
+        out[start : start + len(block)] = np.asarray((block != 0).sum(-1))
+    return out, int(col.spec.shape[0])
+
+
+def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
+    """Per-row response lengths of a step.
+
+    Parameters
+    ----------
+    view : the step.
+    column : a jagged column (its stored lengths, no token read) or a padded mask (its
+        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``.
+    """
+    return _lengths(view, column)[0]
+
+
+def _max_length(source: Source, width: int | None, max_length: int | None) -> int | None:
+    if max_length is not None:
+        return int(max_length)
+    if width is not None:
+        return width
+    if isinstance(source, Cache) and source.fingerprint and "max_response_length" in source.fingerprint:
+        return int(source.fingerprint["max_response_length"])
+    return None
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("box", "violin"):
+        raise ValueError(f"kind: expected 'box' or 'violin', got {kind!r}")
+
+
+def _distribution(ax: Axes, data: list[np.ndarray], labels: list[str], kind: str) -> None:
+    positions = np.arange(1, len(data) + 1)
+    if kind == "box":
+        ax.boxplot(
+            data,
+            positions=positions,
+            patch_artist=True,
+            widths=0.6,
+            showfliers=True,
+            boxprops={"facecolor": "#9ecae1", "edgecolor": "#3182bd"},
+            medianprops={"color": "#08306b"},
+            flierprops={"markersize": 2, "alpha": 0.5},
+        )
+    else:
+        ok = [i for i, d in enumerate(data) if d.size]
+        if ok:
+            ax.violinplot([data[i] for i in ok], positions=positions[ok], showmedians=True, widths=0.8)
+    ax.set_xticks(positions, labels)
+    ax.set_xlim(0.4, len(data) + 0.6)
+
+
+def _step_labels(views: Sequence[StepView]) -> list[str]:
+    return [str(v.step) for v in views]
+
+
+def plot_response_lengths(
+    source: Source,
+    *,
+    steps: Sequence[int] | None = None,
+    column: str | None = None,
+    max_length: int | None = None,
+    kind: str = "box",
+    bins: int = 40,
+    ax: Axes | None = None,
+) -> Figure:
+    """Response lengths: a histogram for one step, one box (or violin) per step for several.
+
+    Parameters
+    ----------
+    source : a cache (its complete steps, or ``steps``), a step view or a list of them.
+    column : see :func:`response_lengths`.
+    max_length : drawn as a dashed line; default: the padded width, else the cache
+        fingerprint's ``max_response_length``.
+    kind : ``box`` or ``violin`` (several steps).
+    """
+    _check_kind(kind)
+    views = _views(source, steps)
+    found = [_lengths(v, column) for v in views]
+    limit = _max_length(source, found[0][1], max_length)
+    fig, ax = _axes(ax)
+    if len(views) == 1:
+        lengths = found[0][0]
+        ax.hist(lengths, bins=bins, color="#6baed6", edgecolor="white")
+        med = float(np.median(lengths)) if lengths.size else 0.0
+        ax.axvline(med, color="#08306b", lw=1.2, label=f"median {med:.0f}")
+        if limit is not None:
+            share = float((lengths >= limit).mean()) if lengths.size else 0.0
+            ax.axvline(limit, color="#cb181d", ls="--", lw=1.2, label=f"max {limit} ({share:.0%} hit it)")
+        ax.set_xlabel("response length (tokens)")
+        ax.set_ylabel("responses")
+        ax.set_title(f"response lengths, step {views[0].step} ({lengths.size} responses)")
+        ax.legend(frameon=False)
+    else:
+        _distribution(ax, [f[0] for f in found], _step_labels(views), kind)
+        if limit is not None:
+            ax.axhline(limit, color="#cb181d", ls="--", lw=1)
+            ax.annotate(
+                f"max {limit}",
+                xy=(1.0, limit),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                color="#cb181d",
+                xytext=(-2, 1),
+                textcoords="offset points",
+            )
+            ax.set_ylim(0, max(limit, max((float(f[0].max()) for f in found if f[0].size), default=0)) * 1.08)
+        ax.set_xlabel("step")
+        ax.set_ylabel("response length (tokens)")
+        ax.set_title("response lengths per step")
+    return fig
+
+
+def plot_truncation(
+    source: Source,
+    *,
+    steps: Sequence[int] | None = None,
+    column: str | None = None,
+    max_length: int | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Share of responses that reached the maximum length, one bar per step.
+
+    ``max_length`` defaults to the padded width of a padded batch, else the cache
+    fingerprint's ``max_response_length``; pass it for step views of jagged batches.
+    """
+    views = _views(source, steps)
+    found = [_lengths(v, column) for v in views]
+    limit = _max_length(source, found[0][1], max_length)
+    if limit is None:
+        raise ValueError("max_length: unknown for jagged step views; pass max_length=")
+    shares = np.array([float((f[0] >= limit).mean()) if f[0].size else 0.0 for f in found])
+    fig, ax = _axes(ax)
+    x = np.arange(len(views))
+    bars = ax.bar(x, shares * 100, color="#fc9272", edgecolor="#cb181d", width=0.6)
+    ax.bar_label(bars, labels=[f"{s:.0%}" for s in shares], padding=2, fontsize=8)
+    ax.set_xticks(x, _step_labels(views))
+    ax.set_ylim(0, max(10.0, float(shares.max()) * 100 * 1.25))
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"% of responses at {limit} tokens")
+    ax.set_title("truncated responses per step")
+    return fig
+
+
+def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -> np.ndarray:
+    """One number per row of a numeric column: itself, or the sum (or mean) of its row.
+
+    Token-level columns (verl's ``token_level_scores``, padded or jagged) reduce over each
+    row: ``sum`` gives the sequence reward; ``mean`` averages a row's stored elements (for a
+    padded column, padding included).
+    """
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+    name = _pick(view, column, SCORE_COLUMNS, "score")
+    col = view[name]
+    kind = col.spec.kind
+    if kind in ("tensor", "ndarray"):
+        data = _numpy(col[:]).reshape(len(col), -1)
+        return data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
+    if kind not in ("nested", "rows"):
+        raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
+    lengths = col.lengths().astype(np.int64)
+    value = col[:]
+    if kind == "nested":
+        values = _numpy(value.values())
+    else:
+        values = np.concatenate([_numpy(r) for r in value]) if len(value) else np.empty(0)
+    values = values.reshape(int(lengths.sum()), -1).sum(axis=1)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    sums = np.bincount(owner, weights=values, minlength=len(lengths))
+    if reduce == "sum":
+        return sums
+    return np.where(lengths > 0, sums / np.maximum(lengths, 1), np.nan)
+
+
+def plot_scores(
+    source: Source,
+    column: str | None = None,
+    *,
+    steps: Sequence[int] | None = None,
+    reduce: str = "sum",
+    kind: str = "box",
+    bins: int = 40,
+    ax: Axes | None = None,
+) -> Figure:
+    """Scores or rewards: a histogram for one step, one box (or violin) per step for several.
+
+    Parameters
+    ----------
+    column : the score column; default: the first of :data:`SCORE_COLUMNS` present.
+    reduce : for token-level columns, ``sum`` or ``mean`` per row (see :func:`row_scores`).
+    """
+    _check_kind(kind)
+    views = _views(source, steps)
+    scores = [row_scores(v, column, reduce) for v in views]
+    name = _pick(views[0], column, SCORE_COLUMNS, "score")
+    spec = views[0][name].spec
+    label = name if not spec.jagged and not spec.shape else f"{name} ({reduce} per row)"
+    fig, ax = _axes(ax)
+    if len(views) == 1:
+        data = scores[0][np.isfinite(scores[0])]
+        ax.hist(data, bins=bins, color="#74c476", edgecolor="white")
+        if data.size:
+            ax.axvline(float(np.mean(data)), color="#00441b", lw=1.2, label=f"mean {np.mean(data):.3g}")
+            ax.legend(frameon=False)
+        ax.set_xlabel(label)
+        ax.set_ylabel("responses")
+        ax.set_title(f"{label}, step {views[0].step}")
+    else:
+        _distribution(ax, [s[np.isfinite(s)] for s in scores], _step_labels(views), kind)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} per step")
+    return fig
+
+
+def plot_minibatches(source: Source, *, steps: Sequence[int] | None = None, ax: Axes | None = None) -> Figure:
+    """Rows per mini-batch, stacked per step (mini-batch metadata only).
+
+    With a cache and no ``steps``, steps that are not complete are drawn too, as one hatched
+    bar of the rows their complete mini-batches hold, labelled with their state.
+    """
+    partial: list[Any] = []
+    if isinstance(source, Cache) and steps is None:
+        infos = source.status()
+        partial = [i for i in infos if not i.complete]
+        complete = _subsample([i.step for i in infos if i.complete])
+        views = [source.load(s) for s in complete]
+    else:
+        views = _views(source, steps)
+    entries = sorted([(v.step, v) for v in views] + [(i.step, i) for i in partial], key=lambda e: e[0])
+    if not entries:
+        raise ValueError(f"{getattr(source, 'location', source)}: no step to plot")
+    fig, ax = _axes(ax)
+    colours = _matplotlib().colormaps["tab10"]
+    indices: set[int] = set()
+    for x, (_, item) in enumerate(entries):
+        if isinstance(item, StepView):
+            bottom = 0
+            for p in item.parts:
+                ax.bar(x, p.rows, bottom=bottom, width=0.6, color=colours(p.index % 10), edgecolor="white")
+                bottom += p.rows
+                indices.add(p.index)
+        else:
+            ax.bar(x, item.rows, width=0.6, color="none", edgecolor="#cb181d", hatch="//")
+            ax.annotate(
+                f"{item.state} {item.done}/{item.expected}",
+                (x, item.rows),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="#cb181d",
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    if 0 < len(indices) <= 10:
+        from matplotlib.patches import Patch
+
+        ax.legend(
+            handles=[Patch(color=colours(i % 10), label=f"mini-batch {i}") for i in sorted(indices)],
+            frameon=False,
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+        )
+    ax.set_xticks(np.arange(len(entries)), [str(e[0]) for e in entries])
+    ax.set_xlabel("step")
+    ax.set_ylabel("rows")
+    ax.set_title("rows per mini-batch")
+    return fig

@@ -1,0 +1,290 @@
+"""The stored arrays of complete mini-batches, and reading rows of them.
+
+A :class:`Part` is one complete mini-batch as its completion record describes it; an
+:class:`ArrayPart` one of its arrays (a file per chunk, or one shard). :func:`read_ranges` and
+:func:`read_index` fetch the chunks holding the wanted rows of arrays concatenated across
+mini-batches, concurrently, and decode each straight into the output when it can (a narrowed
+chunk into the back of its rows, widened in place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
+from typing import Any
+
+import numpy as np
+
+from zarr_skip.errors import MetadataError, SchemaMismatchError
+from zarr_skip.format import chunks, layout
+from zarr_skip.format.jsonvalues import from_json_value
+from zarr_skip.format.specs import ColumnSpec
+from zarr_skip.store.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayPart:
+    """One stored array of one mini-batch."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    chunk: int
+    sizes: tuple[int, ...]
+    compression: chunks.Compression
+    where: str
+    separator: str = "/"
+    shard: bool = False  # the chunks lie back to back in one file, chunk key 0
+    #: of a jagged column's values: the row each chunk's first value belongs to (None if unknown)
+    first_rows: tuple[int, ...] | None = None
+    starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", tuple(accumulate(self.sizes, initial=0)))
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def key(self, i: int) -> str:
+        """The key holding chunk ``i``."""
+        return layout.chunk_key(self.path, 0 if self.shard else i, len(self.shape), self.separator)
+
+    def span(self, i: int) -> tuple[int, int] | None:
+        """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
+        return (self.starts[i], self.sizes[i]) if self.shard else None
+
+    def chunks_of_rows(self, start: int, stop: int) -> range | None:
+        """The chunks of these values that hold rows ``start:stop`` of their column (at most one
+        more), known without the rows' lengths; None when this array does not say."""
+        if len(self.sizes) <= 1:
+            return range(len(self.sizes) if start < stop else 0)
+        if self.first_rows is None:
+            return None
+        return chunks.chunks_of_rows(self.first_rows, start, stop)
+
+    def describe(self, storage: Storage, i: int) -> str:
+        """Chunk ``i`` for messages: its file, and its place in the shard."""
+        path = storage.key_path(self.key(i))
+        return f"{self.where}, chunk {i} of shard {path}" if self.shard else f"{self.where}, chunk {path}"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One complete mini-batch: where it is and what its metadata says."""
+
+    step: int
+    index: int
+    run: str
+    path: str
+    rows: int
+    meta_info: dict[str, Any]
+    batch_type: str
+    specs: dict[str, ColumnSpec]
+    arrays: dict[str, dict[str, ArrayPart]]
+    nbytes: int
+    raw_nbytes: int
+
+    @classmethod
+    def from_doc(cls, step: int, path: str, doc: Mapping[str, Any]) -> Part:
+        if doc.get("checksum") != layout.doc_checksum(doc):
+            raise MetadataError(
+                f"step {step}, mini-batch {doc.get('index')}: metadata checksum mismatch at {path} "
+                "(the zarr.json was altered after it was written)"
+            )
+        try:
+            index = int(doc["index"])
+            default = chunks.Compression(**doc["compression"])
+            data = layout.join(path, str(doc["data"]))
+            specs, arrays = {}, {}
+            for name, entry in doc["columns"].items():
+                specs[name] = ColumnSpec.from_json(name, entry)
+                multi = len(entry["arrays"]) > 1
+                arrays[name] = {
+                    aname: ArrayPart(
+                        path=layout.join(data, name, aname if multi else ""),
+                        dtype=np.dtype(a["dtype"]),
+                        shape=tuple(a["shape"]),
+                        chunk=int(a["chunk"]),
+                        sizes=tuple(a["sizes"]),
+                        compression=chunks.Compression(**a["codec"]) if "codec" in a else default,
+                        where=f"step {step}, mini-batch {index}, column {name!r}",
+                        separator=_separator(a.get("separator", "/")),
+                        shard=a.get("shard", False) is True,
+                        first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
+                    )
+                    for aname, a in entry["arrays"].items()
+                }
+            return cls(
+                step,
+                index,
+                str(doc["run"]),
+                path,
+                int(doc["rows"]),
+                from_json_value(doc.get("meta_info", {})),
+                str(doc.get("batch_type", "mapping")),
+                specs,
+                arrays,
+                int(doc["nbytes"]),
+                int(doc.get("raw_nbytes", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r})") from None
+
+
+def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    first = tuple(int(r) for r in value)
+    if len(first) != count or any(b < a for a, b in pairwise(first)):
+        raise ValueError(f"first_rows {value!r} for {count} chunks")
+    return first
+
+
+def _separator(value: Any) -> str:
+    if value not in ("/", "."):
+        raise ValueError(f"chunk key separator {value!r}")
+    return str(value)
+
+
+def _check_shape(parts: Sequence[ArrayPart], trailing: tuple[int, ...]) -> None:
+    for a in parts:
+        if tuple(a.shape[1:]) != tuple(trailing):
+            raise SchemaMismatchError(
+                f"{a.where}: stored array {a.path} has trailing shape {a.shape[1:]}, expected {trailing}"
+            )
+
+
+#: rows ``start:stop`` of arrays concatenated along axis 0, as ``dtype`` with ``trailing`` shape
+Range = tuple[Sequence[ArrayPart], int, int, np.dtype, tuple[int, ...]]
+
+#: stored bytes of chunks fetched ahead of their decoding, by (array path, chunk index)
+Fetched = dict[tuple[str, int], "bytes | None"]
+
+
+def read_range(
+    storage: Storage,
+    parts: Sequence[ArrayPart],
+    start: int,
+    stop: int,
+    dtype: np.dtype,
+    trailing: tuple[int, ...],
+    *,
+    fetched: Fetched | None = None,
+) -> np.ndarray:
+    """Rows ``start:stop`` of arrays concatenated along axis 0, decoded into one output."""
+    return read_ranges(storage, [(parts, start, stop, dtype, trailing)], fetched=fetched)[0]
+
+
+def read_ranges(
+    storage: Storage,
+    ranges: Sequence[Range],
+    *,
+    prefetch: Sequence[tuple[ArrayPart, int]] = (),
+    fetched: Fetched | None = None,
+) -> list[np.ndarray]:
+    """Several :func:`read_range` at once: their chunks are fetched and decoded together.
+
+    ``prefetch``: chunks (of other arrays) a later call will decode: from an object store they
+    are fetched in this batch into ``fetched`` (the later call decodes them from there); from
+    local files the kernel is asked to read them meanwhile (:meth:`Storage.read_ahead`).
+    """
+    outs, jobs = [], []
+    for parts, start, stop, dtype, trailing in ranges:
+        _check_shape(parts, trailing)
+        out = np.empty((stop - start, *trailing), dtype=dtype)
+        outs.append(out)
+        base = 0
+        for a in parts:
+            lo, hi = max(start, base), min(stop, base + a.rows)
+            if lo < hi and a.sizes:
+                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
+                    c0 = base + c * a.chunk
+                    c1 = min(c0 + a.chunk, base + a.rows)
+                    s0, s1 = max(lo, c0), min(hi, c1)
+                    jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
+            base += a.rows
+    _decode_jobs(storage, jobs, prefetch, fetched)
+    return outs
+
+
+def read_index(
+    storage: Storage,
+    parts: Sequence[ArrayPart],
+    idx: np.ndarray,
+    dtype: np.dtype,
+    trailing: tuple[int, ...],
+    *,
+    fetched: Fetched | None = None,
+) -> np.ndarray:
+    """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
+    _check_shape(parts, trailing)
+    out = np.empty((len(idx), *trailing), dtype=dtype)
+    if not len(idx):
+        return out
+    starts = np.cumsum([0] + [a.rows for a in parts])
+    which = np.searchsorted(starts, idx, side="right") - 1
+    jobs = []
+    for p in np.unique(which):
+        a = parts[p]
+        if not a.sizes:
+            continue
+        sel = np.flatnonzero(which == p)
+        local = idx[sel] - starts[p]
+        chunk_of = local // a.chunk
+        for c in np.unique(chunk_of):
+            mine = chunk_of == c
+            n = min(a.chunk, a.rows - int(c) * a.chunk)
+            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine], out))
+    _decode_jobs(storage, jobs, fetched=fetched)
+    return out
+
+
+def _decode_jobs(
+    storage: Storage,
+    jobs: list[tuple[Any, ...]],
+    prefetch: Sequence[tuple[ArrayPart, int]] = (),
+    fetched: Fetched | None = None,
+) -> None:
+    """Fetch and decode chunks concurrently, each straight into its output when it can (and
+    fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again)."""
+    fetched = {} if fetched is None else fetched
+
+    def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
+        a, c, n, src, dst, out = job
+        where = a.describe(storage, c)
+        size = a.sizes[c]
+        if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
+            rows = chunks.decode_rows(blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where)
+            out[dst] = rows[src]
+            return
+        whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
+        if whole and a.dtype == out.dtype:
+            chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where)
+        elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
+            region = out[dst]  # a narrowed chunk decodes into the back of its rows and widens there
+            narrow = chunks.decode_into(
+                blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where
+            )
+            chunks.widen_in_place(region, narrow)
+        else:
+            tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where)
+            out[dst] = tmp[src]
+
+    def apply(job: tuple[Any, ...], blob: bytes | None) -> None:
+        if len(job) == 2:  # fetched ahead: a later call decodes it
+            fetched[job[0].path, job[1]] = blob
+        else:
+            decode(job, blob)
+
+    ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
+    todo = [job for job in jobs if (job[0].path, job[1]) not in fetched]
+    ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
+    if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
+        todo += ahead
+    if todo:
+        storage.map_get(todo, lambda job: job[0].key(job[1]), apply, lambda job: job[0].span(job[1]))
+    if ready:
+        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), ready)

@@ -1,0 +1,449 @@
+"""The thin layer over a zarr Store: open a location, and synchronous, concurrent key I/O.
+
+Only :mod:`zarr_skip.cache`, :mod:`zarr_skip.store.writer`, :mod:`zarr_skip.lazy` and
+:mod:`zarr_skip.maintenance` use it; nothing here knows columns or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import Future, wait
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from zarr.abc.store import RangeByteRequest, Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import LocalStore, MemoryStore
+
+from zarr_skip.errors import (
+    AtomicityError,
+    ConfigError,
+    MetadataError,
+    ReadOnlyCacheError,
+    StorageError,
+)
+from zarr_skip.store import _localfs
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: what is stored at a key: bytes, or pieces of them stored as one
+Value = bytes | Sequence[bytes]
+_PROTO = default_buffer_prototype()
+#: requests in flight at once; object stores are latency-bound, local disks don't mind
+CONCURRENCY = 64
+
+
+def open_store(
+    location: str | os.PathLike[str] | Store,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    read_only: bool = False,
+) -> Store:
+    """A zarr Store for a path, a ``file://`` or ``s3://`` URL, or a Store object.
+
+    Plain paths use zarr's ``LocalStore`` (atomic temp-file + rename writes), never fsspec.
+    """
+    if isinstance(location, Store):
+        if read_only and not location.read_only and hasattr(location, "with_read_only"):
+            return location.with_read_only(True)
+        return location
+    text = os.fspath(location)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return LocalStore(Path(text).expanduser(), read_only=read_only)
+    if scheme == "file":
+        return LocalStore(Path(rest).expanduser(), read_only=read_only)
+    if scheme in ("s3", "s3a"):
+        from zarr_skip.store._s3 import open_s3_store
+
+        return open_s3_store(text, dict(storage_options or {}), read_only)
+    if scheme == "memory":
+        raise ConfigError(
+            f"location: {text!r}: 'memory://' is fsspec's process-global filesystem; pass a "
+            "zarr.storage.MemoryStore() object instead"
+        )
+    raise ConfigError(f"location: {text!r}: unsupported scheme {scheme!r} (use a path, file://, s3:// or a zarr Store)")
+
+
+def describe(store: Store) -> str:
+    """A short human-readable name of the store's location, for messages."""
+    if isinstance(store, LocalStore):
+        return str(store.root)
+    return str(store)
+
+
+class Storage:
+    """Synchronous, concurrent access to the keys of one zarr Store.
+
+    Parameters
+    ----------
+    store : the zarr Store.
+    claim_settle : seconds to wait between writing a claim and reading it back; raise it on
+        shared filesystems whose exclusive create is unreliable (see ``docs/format.md``).
+    """
+
+    def __init__(self, store: Store, *, claim_settle: float = 0.0) -> None:
+        self.store = store
+        self.claim_settle = claim_settle
+        self._probed = False  # whether check_exclusive_create ran
+        self.where = describe(store)
+        #: the directory of a LocalStore: its keys are read and written directly (_localfs)
+        self.root: Path | None = Path(store.root) if type(store) is LocalStore else None
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.store.read_only)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return sync(coro)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def aget(self, key: str, span: tuple[int, int] | None = None) -> bytes | None:
+        """The bytes at ``key`` (None if absent), or ``span = (start, length)`` of them."""
+        if span is None:
+            buf = await self.store.get(key, _PROTO)
+        else:
+            start, length = span
+            try:
+                buf = await self.store.get(key, _PROTO, RangeByteRequest(start, start + length))
+            except Exception:  # a range past the end: S3 answers 416, stores raise their own
+                if not await self.store.exists(key):
+                    return None
+                return b""  # a truncated object; the caller's size check reports it
+        return None if buf is None else buf.to_bytes()
+
+    def get(self, key: str) -> bytes | None:
+        if self.root is not None:
+            return _localfs.read(self.root / key)
+        return self.run(self.aget(key))
+
+    def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
+        keys = list(keys)
+        if self.root is not None:
+            root = self.root  # concurrent: cold metadata reads overlap their disk latency
+            return _localfs.parallel(lambda k: _localfs.read(root / k), keys)
+        if not keys:
+            return []
+        return self.run(gather_limited([partial(self.aget, k) for k in keys]))
+
+    def map_get(
+        self,
+        items: Sequence[T],
+        key: Callable[[T], str],
+        fn: Callable[[T, bytes | None], Any],
+        span: Callable[[T], tuple[int, int] | None] = lambda _: None,
+    ) -> list[Any]:
+        """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied
+        concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read."""
+        if self.root is not None:
+            root = self.root
+
+            def one(it: T) -> Any:
+                where = span(it)
+                path = root / key(it)
+                return fn(it, _localfs.read(path) if where is None else _localfs.read_range(path, *where))
+
+            return _localfs.parallel(one, items)
+        spans = [span(it) for it in items]
+        keys = [key(it) for it in items]
+        blobs = self.run(gather_limited([partial(self.aget, k, w) for k, w in zip(keys, spans, strict=True)]))
+        return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs, strict=True)))
+
+    def read_ahead(self, items: Sequence[tuple[str, tuple[int, int] | None]]) -> bool:
+        """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
+        them (no thread, no wait) and True is returned. Other stores: False, and the caller
+        fetches them itself, concurrently with what it reads now: one round trip, not two."""
+        if self.root is None or not hasattr(os, "posix_fadvise"):
+            return False
+        for key, span in items:
+            start, length = span if span is not None else (0, 0)
+            _localfs.will_need(self.root / key, start, length)
+        return True
+
+    def parallel(self, fn: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
+        """``[fn(x) for x in items]`` in the I/O and codec pool (see :func:`_localfs.parallel`)."""
+        return _localfs.parallel(fn, items)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` in the I/O and codec pool (see :func:`_localfs.submit`)."""
+        return _localfs.submit(fn, *args)
+
+    def put_many(self, items: Sequence[tuple[str, Callable[[], Value]]], *, fresh: bool = False) -> dict[str, int]:
+        """Make (e.g. encode) and store values concurrently; the stored size of every key.
+
+        A value may come in pieces (a list of bytes, e.g. the chunks of a shard): they are
+        stored as one.
+
+        ``fresh``: the keys are new and unread until a later record names them (a writer's
+        own data group), so local files are written in place, without temp file and rename.
+        """
+        if items:
+            self._check_writable(items[0][0])
+        if self.root is not None:
+            return self._put_local(items, fresh)
+        values = _localfs.parallel(lambda item: _joined(item[1]()), items)
+        data = {key: value for (key, _), value in zip(items, values, strict=True)}
+        self.set_many(data)
+        return {key: len(value) for key, value in data.items()}
+
+    def _put_local(self, items: Sequence[tuple[str, Callable[[], Value]]], fresh: bool) -> dict[str, int]:
+        root = self.root
+        assert root is not None
+        if not fresh:
+
+            def put(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
+                key, make = item
+                try:
+                    return key, _localfs.write(root / key, _joined(make()))
+                except OSError as exc:
+                    raise storage_error(exc, self.key_path(key)) from exc
+
+            return dict(_localfs.parallel(put, items))
+        # a fresh group's directories are made by this thread while the pool already encodes
+        # (creating a directory costs about as much as compressing a chunk)
+        ready = threading.Event()
+        failed: list[OSError] = []
+
+        def put_fresh(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
+            key, make = item
+            try:
+                value = make()
+                ready.wait()
+                if failed:
+                    raise failed[0]
+                return key, _localfs.write_fresh(root / key, value)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+
+        futures = [_localfs.submit(put_fresh, item) for item in items]
+        try:
+            _localfs.make_dirs([root / key for key, _ in items])
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            ready.set()
+        try:
+            return dict(f.result() for f in futures)
+        except BaseException:
+            # nothing may still be writing once the caller cleans up after the failure
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            raise
+
+    def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
+        """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
+        keys = list(keys)
+        return [parse_json(blob, self.key_path(k)) for k, blob in zip(keys, self.get_many(keys), strict=True)]
+
+    def list_dir(self, prefix: str) -> list[str]:
+        """Names directly below ``prefix`` (keys and 'directories'), sorted."""
+        return self.list_dirs([prefix])[0]
+
+    def list_dirs(self, prefixes: Iterable[str]) -> list[list[str]]:
+        """:meth:`list_dir` of several prefixes, concurrently."""
+        return self.list_and_get(prefixes, [])[0]
+
+    def list_and_get(self, prefixes: Iterable[str], keys: Iterable[str]) -> tuple[list[list[str]], list[bytes | None]]:
+        """:meth:`list_dirs` of ``prefixes`` and :meth:`get_many` of ``keys``: from an object
+        store in one round of requests; from local files the listings, then the reads."""
+        prefixes, keys = list(prefixes), list(keys)
+        if self.root is not None:
+            return [_localfs.list_dir(self.root / p) for p in prefixes], self.get_many(keys)
+        if not prefixes and not keys:
+            return [], []
+
+        async def listing(prefix: str) -> list[str]:
+            return sorted({name async for name in self.store.list_dir(prefix)})
+
+        async def both() -> tuple[list[list[str]], list[bytes | None]]:
+            listings, blobs = await asyncio.gather(
+                gather_limited([partial(listing, p) for p in prefixes]),
+                gather_limited([partial(self.aget, k) for k in keys]),
+            )
+            return listings, blobs
+
+        return self.run(both())
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        if self.root is not None:
+            return _localfs.list_files(self.root / prefix, self.root)
+
+        async def collect() -> list[str]:
+            return [key async for key in self.store.list_prefix(prefix)]
+
+        return sorted(self.run(collect()))
+
+    def key_path(self, key: str) -> str:
+        """The key as a user would find it: a file path for local stores."""
+        if isinstance(self.store, LocalStore):
+            return str(Path(self.store.root) / key)
+        return f"{self.where}/{key}"
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _check_writable(self, key: str) -> None:
+        if self.read_only:
+            raise ReadOnlyCacheError(f"{self.key_path(key)}: the cache was opened read-only")
+
+    async def aset(self, key: str, data: bytes) -> None:
+        try:
+            await self.store.set(key, _PROTO.buffer.from_bytes(data))
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(key)) from exc
+
+    def set(self, key: str, data: bytes) -> None:
+        self._check_writable(key)
+        if self.root is not None:
+            try:
+                _localfs.write(self.root / key, data)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+            return
+        self.run(self.aset(key, data))
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        if items:
+            self._check_writable(next(iter(items)))
+        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()]))
+
+    def create_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
+
+        ``data`` must be unique to the caller (it carries a writer token): the key is written
+        with the store's exclusive create, then read back, and the caller won only if the bytes
+        read are its own. That stays correct where the exclusive create is not (a store that
+        swallows the "exists" error, a shared mount that lets two creators through and keeps
+        the last): whoever's bytes remain is the one winner.
+        """
+        self._check_writable(key)
+        if self.root is not None:
+            try:
+                _localfs.create(self.root / key, data)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+            if self.claim_settle:
+                time.sleep(self.claim_settle)
+            return _localfs.read(self.root / key) == data
+        if not self._probed:  # at the first create, not at open: readers never pay for it
+            self._probed = True
+            self.check_exclusive_create("")
+        return self.run(self._create_if_absent(key, data))
+
+    async def _create_if_absent(self, key: str, data: bytes) -> bool:
+        store = self.store
+        try:
+            if isinstance(store, (LocalStore, MemoryStore)):
+                await store.set_if_not_exists(key, _PROTO.buffer.from_bytes(data))
+            else:
+                from zarr_skip.store._s3_claims import create_if_absent
+
+                if not await create_if_absent(store, key, data):
+                    return False
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(key)) from exc
+        except (NotImplementedError, TypeError):
+            raise AtomicityError(
+                f"{self.where}: {type(store).__name__} cannot create keys exclusively, so "
+                "concurrent writers would be unsafe; use a LocalStore path, s3:// or MemoryStore"
+            ) from None
+        if self.claim_settle:
+            await asyncio.sleep(self.claim_settle)
+        return await self.aget(key) == data
+
+    def check_exclusive_create(self, prefix: str) -> bool:
+        """Whether an object store really refuses a second conditional create (a probe of
+        three requests; :meth:`create_if_absent` runs it before its first create, so opening
+        and reading a cache never writes).
+
+        Local and in-memory stores always do. When a server ignores ``If-None-Match``, the
+        claim protocol stays correct through writer-unique data groups and the claim re-check
+        (docs/format.md), and a claim settle time is added so that races resolve early.
+        """
+        if isinstance(self.store, (LocalStore, MemoryStore)) or self.read_only:
+            return True
+        from zarr_skip.store._s3_claims import probe_conditional_put
+
+        try:
+            enforced = self.run(probe_conditional_put(self.store, prefix))
+        except (TypeError, NotImplementedError):
+            enforced = False
+        if not enforced:
+            logger.warning(
+                "%s ignores conditional creates (If-None-Match): concurrent writers stay correct "
+                "but slower (claims now wait %.1f s before checking)",
+                self.where,
+                max(self.claim_settle, 0.5),
+            )
+            self.claim_settle = max(self.claim_settle, 0.5)
+        return enforced
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key below ``prefix`` (a 'directory')."""
+        self._check_writable(prefix)
+        try:
+            if self.root is not None:
+                _localfs.delete_tree(self.root / prefix)
+                return
+            self.run(self.store.delete_dir(prefix))
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(prefix)) from exc
+
+    def delete(self, key: str) -> None:
+        self._check_writable(key)
+        if self.root is not None:
+            (self.root / key).unlink(missing_ok=True)
+            return
+        self.run(self.store.delete(key))
+
+
+async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY) -> list[T]:
+    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order."""
+    if len(factories) <= 1:
+        return [await f() for f in factories]
+    sem = asyncio.Semaphore(limit)
+
+    async def bounded(f: Callable[[], Awaitable[T]]) -> T:
+        async with sem:
+            return await f()
+
+    return list(await asyncio.gather(*(bounded(f) for f in factories)))
+
+
+def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
+    if blob is None:
+        return None
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetadataError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise MetadataError(f"{where}: expected a JSON object")
+    return doc
+
+
+def storage_error(exc: OSError, where: str) -> Exception:
+    """Map an OSError from the store to a typed error naming the location."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ReadOnlyCacheError(f"{where}: the location refuses writes ({exc.strerror})")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        err = StorageError(f"{where}: no space left on the device")
+    else:
+        err = StorageError(f"{where}: write failed ({exc})")
+    err.errno = exc.errno
+    return err
+
+
+def _joined(value: Value) -> bytes:
+    return value if isinstance(value, bytes) else b"".join(value)

@@ -1,0 +1,402 @@
+"""Writing one mini-batch of a step: take the step over, claim an index, store, mark complete.
+
+The protocol (``docs/format.md`` has the long version):
+
+1. Scan the step's metadata. A complete step is refused (``StepCompleteError``) unless
+   ``overwrite``, which deletes it first. A step owned by a newer run is refused
+   (``DisplacedWriterError``).
+2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
+   leftovers of older runs, logging what goes.
+3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
+   exclusively with a writer token (read back: the token that stays wins).
+4. Write every array's metadata and chunks concurrently; a heartbeat thread refreshes the
+   claim while that takes long.
+5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
+   ``state: complete`` and the manifest (columns, chunk sizes, rows, bytes). This is the only
+   completion marker: a writer killed before it leaves an incomplete mini-batch.
+6. When indices ``0 .. expected-1`` are all complete, write the step's summary attribute (a
+   cache for fast status; its content is the same whichever writer writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
+from zarr_skip.format import chunks, layout
+from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
+from zarr_skip.format.state import HOST, owner
+from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
+from zarr_skip.store.storage import Storage, parse_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """Who writes: the run (shared by every writer of one training run) and this writer."""
+
+    run: str
+    started: float
+    writer: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    """What :meth:`Cache.write` stored: one mini-batch of a step."""
+
+    step: int
+    index: int
+    run: str
+    rows: int
+    nbytes: int
+    raw_nbytes: int
+    step_complete: bool
+    path: str
+
+
+class _Heartbeat:
+    """Refreshes a claim's heartbeat every ``interval`` seconds until stopped."""
+
+    def __init__(self, storage: Storage, key: str, doc: dict[str, Any], interval: float) -> None:
+        self._stop = threading.Event()
+        self._storage, self._key, self._doc, self._interval = storage, key, doc, interval
+        self._thread = threading.Thread(target=self._loop, name="zarr-skip-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            if not _holds(self._storage, self._key, self._doc):
+                logger.warning("heartbeat of %s stopped: the record names another writer", self._key)
+                return
+            doc = dict(self._doc, heartbeat=time.time())
+            try:
+                self._storage.set(self._key, group_doc({layout.PART_ATTR: doc}))
+            except (OSError, ZarrSkipError) as exc:  # the write itself will report the failure
+                logger.warning("heartbeat of %s failed: %s", self._key, exc)
+
+
+def write_part(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    batch: EncodedBatch,
+    *,
+    ctx: RunContext,
+    expected: int,
+    overwrite: bool,
+    compression: chunks.Compression,
+    chunk_bytes: int,
+    lease: float,
+) -> PartInfo:
+    """Store one mini-batch of ``step`` (see the module docstring for the protocol)."""
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
+        raise ConfigError(f"expected: must be a positive int, got {expected!r}")
+    step_path = layout.join(experiment, layout.step_name(step))
+    scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite)
+    own = [p for p in scan.parts if p.run == ctx.run and p.complete]
+    if own:
+        first = min(own, key=lambda p: p.index)
+        theirs = [ColumnSpec.from_json(n, d) for n, d in first.doc["columns"].items()]
+        check_same_schema(
+            [c.spec for c in batch.columns], theirs, f"step {step}, new mini-batch vs mini-batch {first.index}"
+        )
+    run_path = layout.join(step_path, ctx.run)
+    # indices with unreadable records are left to the exclusive create to decide
+    taken = {p.index for p in scan.parts if p.run == ctx.run}
+    while True:
+        index, claim = _claim(storage, step, run_path, taken, ctx, expected)
+        taken.add(index)
+        part_path = layout.join(run_path, str(index))
+        record_key = layout.meta_key(part_path)
+        data_path = layout.join(part_path, claim["data"])
+        where = f"step {step}, mini-batch {index}"
+        try:
+            with _Heartbeat(storage, record_key, claim, max(lease / 4, 0.05)):
+                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, compression, chunk_bytes)
+            _check_owner(storage, step_path, ctx, where)
+            if not _holds(storage, record_key, claim):
+                # two writers both "won" the exclusive create (seen on shared FUSE mounts);
+                # the record names the other one: give the index up, our data is our own
+                logger.warning("%s: claimed by another writer at the same time; retrying", where)
+                _discard(storage, data_path)
+                continue
+            done = dict(
+                claim,
+                state="complete",
+                heartbeat=time.time(),
+                completed=time.time(),
+                rows=batch.rows,
+                nbytes=nbytes,
+                raw_nbytes=raw,
+                batch_type=batch.batch_type,
+                meta_info=batch.meta_info,
+                compression=compression.to_json(),
+                columns=manifest,
+            )
+            done["checksum"] = layout.doc_checksum(done)
+            storage.set(record_key, group_doc({layout.PART_ATTR: done}))
+        except BaseException:
+            _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
+            raise
+        break
+    logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
+    complete = _maybe_complete(storage, experiment, step, step_path, ctx)
+    return PartInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+
+
+def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
+    """Whether the record at ``key`` is still this writer's claim."""
+    try:
+        doc = parse_json(storage.get(key), key)
+    except (OSError, ZarrSkipError):
+        return False
+    rec = (doc or {}).get("attributes", {}).get(layout.PART_ATTR) or {}
+    return rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"]
+
+
+def _take_over(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    step_path: str,
+    ctx: RunContext,
+    expected: int,
+    overwrite: bool,
+) -> StepScan:
+    scan = scan_step(storage, experiment, step)
+    newest = owner(scan.runs)
+    if (
+        newest is not None
+        and newest.run != ctx.run
+        and (newest.started, newest.run)
+        > (
+            ctx.started,
+            ctx.run,
+        )
+    ):
+        raise DisplacedWriterError(
+            f"step {step}: run {newest.run} started after this run ({ctx.run}) and owns the step "
+            f"at {storage.key_path(step_path)}; this run's mini-batches would not count"
+        )
+    info = scan.info(time.time(), 0.0)
+    if info.complete:
+        if not overwrite:
+            raise StepCompleteError(
+                f"step {step} is complete ({info.done} mini-batches of run {info.run}) at "
+                f"{storage.key_path(step_path)}; pass overwrite=True to replace it"
+            )
+        logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
+        storage.delete_prefix(step_path)
+        scan = scan_step(storage, experiment, step)
+    storage.create_if_absent(layout.meta_key(step_path), group_doc())
+    record = {
+        "run": ctx.run,
+        "started": ctx.started,
+        "created": time.time(),
+        "expected": expected,
+        "host": HOST,
+        "pid": os.getpid(),
+        "writer": ctx.writer,
+    }
+    run_key = layout.meta_key(layout.join(step_path, ctx.run))
+    if not storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
+        scan = scan_step(storage, experiment, step)
+    mine = next((r for r in scan.runs if r.run == ctx.run), None)
+    if mine is not None and mine.expected != expected:
+        raise ConfigError(
+            f"expected: step {step} was started by this run with expected={mine.expected}, "
+            f"this write says expected={expected}"
+        )
+    # only recorded, older runs are removed: a directory without a readable record may be a
+    # run being created right now, or a stale view through a shared mount (gc handles debris)
+    for stale in [r for r in scan.runs if r.run != ctx.run]:
+        n_parts = sum(1 for p in scan.parts if p.run == stale.run)
+        logger.warning(
+            "step %d: discarding %d mini-batch(es) left by run %s at %s",
+            step,
+            n_parts,
+            stale.run,
+            storage.key_path(layout.join(step_path, stale.run)),
+        )
+        storage.delete_prefix(layout.join(step_path, stale.run))
+    if mine is None:
+        scan = scan_step(storage, experiment, step)
+    return scan
+
+
+def _claim(
+    storage: Storage, step: int, run_path: str, taken: set[int], ctx: RunContext, expected: int
+) -> tuple[int, dict[str, Any]]:
+    for index in range(expected):
+        if index in taken:
+            continue
+        now = time.time()
+        claim = {
+            "run": ctx.run,
+            "index": index,
+            "writer": ctx.writer,
+            "data": f"w-{ctx.writer}",
+            "host": HOST,
+            "pid": os.getpid(),
+            "started": now,
+            "heartbeat": now,
+            "state": "writing",
+        }
+        key = layout.meta_key(layout.join(run_path, str(index)))
+        if storage.create_if_absent(key, group_doc({layout.PART_ATTR: claim})):
+            return index, claim
+        taken.add(index)
+    raise StepCompleteError(
+        f"step {step}: all {expected} mini-batches of run {ctx.run} are written or being written "
+        f"at {storage.key_path(run_path)}; pass overwrite=True to replace the step"
+    )
+
+
+def _write_arrays(
+    storage: Storage,
+    part_path: str,
+    batch: EncodedBatch,
+    compression: chunks.Compression,
+    chunk_bytes: int,
+) -> tuple[dict[str, Any], int, int]:
+    """Write every array's metadata and chunks concurrently; return the manifest and sizes.
+
+    Chunks are encoded in the pool as soon as they are known; an array of several chunks is
+    written as one shard once its chunks are encoded.
+    """
+    manifest: dict[str, Any] = {}
+    docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
+    items: list[tuple[str, Callable[[], Any]]] = []
+    encoded: list[bytes | None] = []  # filled by the pool, emptied as chunks are written
+    sep = layout.CHUNK_SEPARATOR
+    for col in batch.columns:
+        entry = dict(col.spec.to_json(), arrays={})
+        multi = len(col.arrays) > 1
+        if multi:
+            docs[layout.meta_key(layout.join(part_path, col.spec.name))] = group_doc()
+        for aname, arr in col.arrays.items():
+            apath = layout.join(part_path, col.spec.name, aname if multi else "")
+            row_bytes = arr.dtype.itemsize * int(_prod(arr.shape[1:]))
+            per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
+            count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
+            shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
+            codec = compression.for_dtype(arr.dtype)
+            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec, sep, shard=count)
+            docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
+            slots = list(range(len(encoded), len(encoded) + count))
+            encoded += [None] * count
+            jobs = [
+                storage.submit(_encode, encoded, j, arr, slice(i * per, (i + 1) * per), codec)
+                for i, j in enumerate(slots)
+            ]
+            key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+            sizes: list[int] = []  # filled as the chunks are written
+            if count:
+                items.append((key, partial(_take, encoded, jobs, slots, sizes, count > 1)))
+            entry["arrays"][aname] = {
+                "dtype": arr.dtype.str,
+                "shape": list(arr.shape),
+                "chunk": per,
+                "raw": int(arr.nbytes),
+                "codec": codec.to_json(),
+                "separator": sep,
+                **({"shard": True} if count > 1 else {}),
+                "sizes": sizes,
+            }
+            if aname == "values" and count > 1 and "lengths" in col.arrays:
+                lengths = col.arrays["lengths"]
+                first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
+                entry["arrays"][aname]["first_rows"] = first
+        manifest[col.spec.name] = entry
+    items = [(k, lambda d=d: d) for k, d in docs.items()] + items
+    storage.put_many(items, fresh=True)
+    nbytes = raw = 0
+    for entry in manifest.values():
+        for arr in entry["arrays"].values():
+            nbytes += sum(arr["sizes"])
+            raw += arr["raw"]
+    return manifest, nbytes, raw
+
+
+def _encode(out: list[bytes | None], slot: int, arr: Any, rows: slice, codec: chunks.Compression) -> None:
+    # slicing a Narrowed array narrows those rows: done here, in the pool, chunk by chunk
+    out[slot] = chunks.encode(chunks.full_chunk(arr[rows], rows.stop - rows.start), codec)
+
+
+def _take(
+    encoded: list[bytes | None], jobs: list[Future[None]], slots: list[int], sizes: list[int], shard: bool
+) -> bytes | list[bytes]:
+    """The encoded chunk (or the chunks of a shard and its index) to write, freed from the list."""
+    pieces: list[bytes] = []
+    for job, slot in zip(jobs, slots, strict=True):
+        job.result()
+        blob = encoded[slot]
+        assert blob is not None
+        encoded[slot] = None
+        pieces.append(blob)
+        sizes.append(len(blob))
+    return pieces + [chunks.shard_index(sizes)] if shard else pieces[0]
+
+
+def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
+    """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
+    names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
+    if ctx.run not in names:
+        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+    others = [n for n in names if n != ctx.run]
+    blobs = storage.get_many([layout.meta_key(layout.join(step_path, n)) for n in others])
+    for name, blob in zip(others, blobs, strict=True):
+        rec = run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
+        if rec is not None and (rec.started, rec.run) > (ctx.started, ctx.run):
+            raise DisplacedWriterError(
+                f"{where}: run {rec.run} took the step over while this run ({ctx.run}) was writing"
+            )
+
+
+def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext) -> bool:
+    scan = scan_step(storage, experiment, step)
+    info = scan.info(time.time(), 0.0)
+    if not info.complete or info.run != ctx.run:
+        return False
+    summary = {
+        "run": info.run,
+        "expected": info.expected,
+        "rows": info.rows,
+        "nbytes": info.nbytes,
+        "raw_nbytes": info.raw_nbytes,
+        "completed": max(p.doc.get("completed", 0.0) for p in scan.parts if p.run == info.run),
+    }
+    storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
+    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, info.expected, info.rows, info.run)
+    return True
+
+
+def _discard(storage: Storage, part_path: str) -> None:
+    try:
+        storage.delete_prefix(part_path)
+    except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
+        logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out

@@ -1,0 +1,1 @@
+"""The trainer face: the SkipManager, its verl-compatible configuration and uid remapping."""
