@@ -25,6 +25,7 @@ RANKS: dict[str, int] = {
     "cache": 4,
     "maintenance": 4,
     "synthetic": 5,
+    "readable": 5,
     "trainer": 5,
     "legacy": 6,
     "notebook": 6,

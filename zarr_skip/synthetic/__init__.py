@@ -1,0 +1,33 @@
+"""Synthetic rollouts shaped like real GRPO steps, for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+from zarr_skip.synthetic.rollouts import (
+    EOS_ID,
+    LOG_PROB_MIN,
+    LOG_PROB_MIX,
+    PAD_ID,
+    PRESETS,
+    VOCAB_SIZE,
+    DataProtoLike,
+    Preset,
+    as_mapping,
+    get_preset,
+    jagged_payload,
+    padded_batch,
+)
+
+__all__ = [
+    "EOS_ID",
+    "LOG_PROB_MIN",
+    "LOG_PROB_MIX",
+    "PAD_ID",
+    "PRESETS",
+    "VOCAB_SIZE",
+    "DataProtoLike",
+    "Preset",
+    "as_mapping",
+    "get_preset",
+    "jagged_payload",
+    "padded_batch",
+]
