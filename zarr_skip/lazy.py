@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import MetadataError
+from zarr_skip.format import records
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
@@ -194,8 +195,22 @@ class LazyColumn:
             raise TypeError(f"column {self.name!r} is not jagged")
         if self._lengths is None:
             parts = [p["lengths"] for p in self._parts]
-            self._lengths = read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
+            lengths = read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
+            self._lengths = self._checked(lengths, range(len(self._parts)))
         return self._lengths
+
+    def _checked(self, lengths: np.ndarray, parts: Iterable[int]) -> np.ndarray:
+        """``lengths``, all of mini-batches ``parts`` concatenated, once each mini-batch's are
+        known to be non-negative and to add to the values its record says it stored (else a
+        MetadataError, never rows cut from the wrong values)."""
+        arrays = [self._parts[p] for p in parts]
+        records.split_lengths(
+            lengths,
+            [a["lengths"].rows for a in arrays],
+            [a["values"].rows for a in arrays],
+            [a["lengths"].where for a in arrays],
+        )
+        return lengths
 
     def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> Any:
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
@@ -240,7 +255,8 @@ class LazyColumn:
         """The column from the arrays :meth:`_whole` named."""
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
-        self._lengths, values = arrays
+        lengths, values = arrays
+        self._lengths = self._checked(lengths, range(len(self._parts)))
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
         )
@@ -285,14 +301,24 @@ class LazyColumn:
         ahead = self._values_ahead(
             (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
         )
+        # every row of those mini-batches: their lengths are checked against their values
         lens = read_ranges(
             self._storage,
-            [([p["lengths"] for p in self._parts], int(row_starts[first]), stop, np.dtype(np.int64), ())],
+            [
+                (
+                    [p["lengths"] for p in self._parts],
+                    int(row_starts[first]),
+                    int(row_starts[last]),
+                    np.dtype(np.int64),
+                    (),
+                )
+            ],
             prefetch=ahead,
             fetched=fetched,
         )[0]
+        self._checked(lens, range(first, last))
         before = start - int(row_starts[first])
-        return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
+        return lens[before : stop - int(row_starts[first])], int(value_starts[first]) + int(lens[:before].sum())
 
     def _starts(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each mini-batch's rows and values start in the merged column (its row and
@@ -342,6 +368,8 @@ class LazyColumn:
             prefetch=ahead,
             fetched=fetched,
         )
+        for p, part_lengths in zip(touched, lens, strict=True):
+            self._checked(part_lengths, [p])
         if len(touched) == len(self._parts):
             self._lengths = np.concatenate(lens)
         sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)

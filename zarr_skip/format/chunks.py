@@ -192,15 +192,25 @@ def encode(data: np.ndarray, compression: Compression) -> bytes:
     return body + np.uint32(crc32c(body)).tobytes()
 
 
-def _checked_body(blob: bytes | None, stored_size: int, where: str) -> memoryview:
+def trailer(blob: bytes) -> int:
+    """The crc32c a chunk ends with (of the bytes before it)."""
+    return int.from_bytes(blob[-4:], "little")
+
+
+def _checked_body(blob: bytes | None, stored_size: int, where: str, crc: int | None) -> memoryview:
     if blob is None:
         raise MissingDataError(f"{where}: chunk is missing")
     if len(blob) != stored_size:
         raise MissingDataError(f"{where}: chunk has {len(blob)} bytes, {stored_size} were written (truncated?)")
     body = memoryview(blob)[:-4]
-    crc = np.frombuffer(blob[-4:], dtype="<u4")[0]
-    if crc32c(body) != int(crc):
-        raise ChecksumError(f"{where}: checksum mismatch (stored {int(crc):#010x})")
+    found = trailer(blob)
+    if crc32c(body) != found:
+        raise ChecksumError(f"{where}: checksum mismatch (stored {found:#010x})")
+    if crc is not None and found != crc:
+        raise ChecksumError(
+            f"{where}: holds another chunk than the one its mini-batch recorded (crc32c {found:#010x}, "
+            f"recorded {crc:#010x}): it was moved or swapped from elsewhere"
+        )
     return body
 
 
@@ -211,17 +221,22 @@ def decode_into(
     *,
     stored_size: int,
     where: str,
+    crc: int | None = None,
 ) -> np.ndarray:
     """Decode one chunk holding exactly ``out``'s rows into ``out`` (contiguous, stored dtype).
+
+    ``crc``: the chunk's crc32c as its mini-batch's record names it (None for records of
+    older writers): a chunk whose own checksum holds but which is not that one was moved or
+    swapped here from another place.
 
     Raises
     ------
     MissingDataError
         The chunk is absent or its size differs from the size recorded at write time.
     ChecksumError
-        Its crc32c does not match, or it does not decode to ``out``'s size.
+        Its crc32c does not match, is not the recorded one, or it does not decode to ``out``'s size.
     """
-    body = _checked_body(blob, stored_size, where)
+    body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
     try:
         if codec is None:
@@ -242,10 +257,11 @@ def decode_rows(
     *,
     stored_size: int,
     where: str,
+    crc: int | None = None,
 ) -> np.ndarray:
     """Decode the last chunk of an array: its first ``rows`` rows, whether it was stored at the
     full chunk shape (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
-    body = _checked_body(blob, stored_size, where)
+    body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
     try:
         raw = body if codec is None else codec.decode(body)
