@@ -267,8 +267,10 @@ class Cache:
                         self._damaged[path] = str(exc)
                         continue
                     found[path] = dict(exp.get("fingerprint", {}))
-                if doc is not None and doc.get("node_type") == "group":
-                    level.append(path)  # experiments may nest (a role below its verl name)
+                if doc is None or doc.get("node_type") != "array":
+                    # experiments may nest (a role below its verl name); a group whose record
+                    # was lost or damaged is walked too, so the steps below it are not hidden
+                    level.append(path)
         return dict(sorted(found.items()))
 
     def damaged_experiments(self) -> dict[str, str]:

@@ -216,7 +216,7 @@ def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> n
     size, crc = arr.sizes[i], arr.crc(i)
     if n < arr.chunk:
         return chunks.decode_rows(
-            blob, arr.dtype, arr.shape[1:], n, arr.compression, stored_size=size, where=where, crc=crc
+            blob, arr.dtype, arr.shape[1:], n, arr.compression, stored_size=size, where=where, crc=crc, chunk=arr.chunk
         )
     if blob is None or len(blob) != size:  # before allocating what the record says it holds
         chunks.decode_rows(blob, arr.dtype, arr.shape[1:], 0, arr.compression, stored_size=size, where=where)

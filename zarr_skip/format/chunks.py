@@ -214,6 +214,32 @@ def _checked_body(blob: bytes | None, stored_size: int, where: str, crc: int | N
     return body
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def decoded_size(body: bytes | memoryview, compression: Compression) -> int | None:
+    """The bytes a chunk's body decodes to, from its header (None when it does not say).
+
+    Decoding into a buffer larger than the chunk leaves the rest untouched without an error
+    (zstd and blosc both), so a record lying about a chunk's rows must be caught here.
+    """
+    if compression.name == "none":
+        return len(body)
+    head = bytes(body[:18])
+    if compression.name in _BLOSC:  # blosc 1 header: version, versionlz, flags, typesize, nbytes
+        return int.from_bytes(head[4:8], "little") if len(head) >= 8 else None
+    if len(head) < 5 or int.from_bytes(head[:4], "little") != _ZSTD_MAGIC:
+        return None
+    fhd = head[4]
+    single, fcs_flag, dict_flag = (fhd >> 5) & 1, fhd >> 6, fhd & 3
+    start = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if not width or len(head) < start + width:
+        return None
+    value = int.from_bytes(head[start : start + width], "little")
+    return value + 256 if width == 2 else value
+
+
 def decode_into(
     blob: bytes | None,
     out: np.ndarray,
@@ -238,9 +264,17 @@ def decode_into(
     """
     body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
+    size = decoded_size(body, compression)
+    if size is not None and size != out.nbytes:
+        raise ChecksumError(f"{where}: chunk decodes to {size} bytes, its record says {out.nbytes}")
     try:
         if codec is None:
             np.copyto(out.reshape(-1), np.frombuffer(body, dtype=out.dtype))
+        elif size is None:  # the header does not say: decode apart and compare
+            raw = np.frombuffer(codec.decode(body), dtype=np.uint8)
+            if raw.nbytes != out.nbytes:
+                raise ChecksumError(f"{where}: chunk decodes to {raw.nbytes} bytes, its record says {out.nbytes}")
+            np.copyto(out.reshape(-1).view(np.uint8), raw)
         else:
             codec.decode(body, out=out)
     except (ValueError, RuntimeError) as exc:
@@ -258,9 +292,10 @@ def decode_rows(
     stored_size: int,
     where: str,
     crc: int | None = None,
+    chunk: int | None = None,
 ) -> np.ndarray:
     """Decode the last chunk of an array: its first ``rows`` rows, whether it was stored at the
-    full chunk shape (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
+    full chunk shape of ``chunk`` rows (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
     body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
     try:
@@ -271,6 +306,8 @@ def decode_rows(
     per_row = dtype.itemsize * math.prod(trailing)
     if per_row and (flat.nbytes % per_row or flat.nbytes // per_row < rows):
         raise ChecksumError(f"{where}: chunk decodes to {flat.nbytes} bytes, not {rows} rows of {per_row}")
+    if per_row and chunk is not None and flat.nbytes // per_row not in (rows, chunk):
+        raise ChecksumError(f"{where}: chunk holds {flat.nbytes // per_row} rows, its record says {rows} of {chunk}")
     return flat.reshape(-1, *trailing)[:rows]
 
 

@@ -292,7 +292,7 @@ def _decode_jobs(
         size, crc = a.sizes[c], a.crc(c)
         if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
             rows = chunks.decode_rows(
-                blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc
+                blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc, chunk=a.chunk
             )
             out[dst] = rows[src]
             return
