@@ -8,21 +8,28 @@ output array when it can (no per-mini-batch copies followed by a concatenation).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Sequence, ValuesView
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zarr_skip.errors import MetadataError
-from zarr_skip.format import records
+from zarr_skip.format import arrays, records
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.store.blocks import iter_rows
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
+
+if TYPE_CHECKING:
+    import pandas
+    import torch
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
 PREFETCH_CHUNKS = 8
+#: iterating a column reads this many chunks at a time
+ITER_CHUNKS = 8
 
 
 class StepView:
@@ -95,6 +102,26 @@ class StepView:
         if name not in self._cols:
             self._cols[name] = LazyColumn(self._storage, self.step, self.parts, name, self._allow_pickle)
         return self._cols[name]
+
+    # -- a mapping of columns (``len()`` stays the row count, as in pandas) ------------------
+
+    def keys(self) -> KeysView[str]:
+        return self.parts[0].specs.keys()
+
+    def values(self) -> ValuesView[LazyColumn]:
+        return {name: self[name] for name in self.columns}.values()
+
+    def items(self) -> ItemsView[str, LazyColumn]:
+        return {name: self[name] for name in self.columns}.items()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
+        """This step as a table: see :meth:`zarr_skip.Cache.table` (needs ``zarr-skip[pandas]``)."""
+        from zarr_skip.tables import views_table
+
+        return views_table(self._storage, [self], columns)
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Every column (or those named) read in full, as the types that were written.
@@ -194,21 +221,23 @@ class LazyColumn:
         if not self.spec.jagged:
             raise TypeError(f"column {self.name!r} is not jagged")
         if self._lengths is None:
-            parts = [p["lengths"] for p in self._parts]
-            lengths = read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
+            lengths = read_ranges(self._storage, [self._lengths_whole()])[0]
             self._lengths = self._checked(lengths, range(len(self._parts)))
         return self._lengths
+
+    def _lengths_whole(self) -> Range:
+        return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
 
     def _checked(self, lengths: np.ndarray, parts: Iterable[int]) -> np.ndarray:
         """``lengths``, all of mini-batches ``parts`` concatenated, once each mini-batch's are
         known to be non-negative and to add to the values its record says it stored (else a
         MetadataError, never rows cut from the wrong values)."""
-        arrays = [self._parts[p] for p in parts]
+        stored = [self._parts[p] for p in parts]
         records.split_lengths(
             lengths,
-            [a["lengths"].rows for a in arrays],
-            [a["values"].rows for a in arrays],
-            [a["lengths"].where for a in arrays],
+            [a["lengths"].rows for a in stored],
+            [a["values"].rows for a in stored],
+            [a["lengths"].where for a in stored],
         )
         return lengths
 
@@ -238,6 +267,37 @@ class LazyColumn:
         if idx.size and (idx.min() < 0 or idx.max() >= self._rows):
             raise IndexError(f"column {self.name!r}: row index out of range for {self._rows} rows")
         return self._select(idx)
+
+    # -- the array protocol: see zarr_skip.format.arrays for what each kind answers -----------
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        """Rows, ``None`` for a ragged dimension, the per-row shape (``(rows,)`` for objects)."""
+        return arrays.logical_shape(self.spec, self._rows)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype | torch.dtype:
+        """What ``col[:]`` holds: a torch dtype for torch columns, numpy's for the others."""
+        return arrays.logical_dtype(self.spec)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(col)``: every row (see :mod:`zarr_skip.format.arrays`); ValueError for
+        ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
+        if copy is False:
+            raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
+        whole = self._whole()
+        names = ["data"] if len(whole) == 1 else ["lengths", "values"]
+        stored = dict(zip(names, read_ranges(self._storage, whole), strict=True))
+        return arrays.as_numpy(self.spec, stored, dtype, allow_pickle=self._allow_pickle, plain=self._plain)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
+        lengths = self.lengths() if self.spec.jagged else None
+        return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
     def _whole(self) -> list[Range]:
         """What reading every row takes: the data, or the lengths and the values (whose range

@@ -155,28 +155,56 @@ def summarized_parts(storage: Storage, experiment: str, step: int) -> tuple[str,
     requests (the step's listing and summary, then its mini-batch records), or None when
     anything is off: no summary, another run beside it, a record missing, incomplete or not
     the one expected. The caller then scans the step (:func:`scan_step`), which says why."""
-    path = layout.join(experiment, str(step))
-    (names,), (blob,) = storage.list_and_get([path], [layout.meta_key(path)])
-    try:
-        summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
-        if summary is None or _children(names) != [summary["run"]]:
-            return None
-        run, expected = str(summary["run"]), int(summary["expected"])  # bounded by _summary
-    except (MetadataError, TypeError, ValueError):
-        return None
-    keys = [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]
-    parts = []
-    for i, (key, blob) in enumerate(zip(keys, storage.get_many(keys), strict=True)):
+    return summarized_steps(storage, experiment, [step])[0]
+
+
+def summarized_steps(
+    storage: Storage, experiment: str, steps: Sequence[int]
+) -> list[tuple[str, list[PartRecord]] | None]:
+    """:func:`summarized_parts` of several steps, in the same two rounds of requests."""
+    paths = [layout.join(experiment, str(step)) for step in steps]
+    listings, blobs = storage.list_and_get(paths, [layout.meta_key(p) for p in paths])
+    owners: list[tuple[str, dict[str, Any], list[str]] | None] = []
+    for step, path, names, blob in zip(steps, paths, listings, blobs, strict=True):
         try:
-            record = _part_record(blob, storage.key_path(key), Place(experiment, step, run, i))
+            summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
+            if summary is None or _children(names) != [summary["run"]]:
+                owners.append(None)
+                continue
+            run, expected = str(summary["run"]), int(summary["expected"])  # bounded by _summary
+        except (MetadataError, TypeError, ValueError):
+            owners.append(None)
+            continue
+        owners.append((run, summary, [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]))
+    fetched = iter(storage.get_many([k for o in owners if o is not None for k in o[2]]))
+    found: list[tuple[str, list[PartRecord]] | None] = []
+    for step, owner in zip(steps, owners, strict=True):
+        if owner is None:
+            found.append(None)
+            continue
+        run, summary, keys = owner
+        blobs = [next(fetched) for _ in keys]
+        found.append(_summarized(storage, Place(experiment, step, run), summary, keys, blobs))
+    return found
+
+
+def _summarized(
+    storage: Storage, here: Place, summary: Mapping[str, Any], keys: Sequence[str], blobs: Sequence[bytes | None]
+) -> tuple[str, list[PartRecord]] | None:
+    """The owner and mini-batch records a step's summary vouches for, or None when any is off:
+    missing, incomplete, misplaced, written for another count, or not what the summary says."""
+    parts = []
+    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+        try:
+            record = _part_record(blob, storage.key_path(key), Place(here.experiment, here.step, here.run, i))
         except MetadataError:
             return None
-        if record is None or not record.complete or record.doc.get("expected", expected) != expected:
+        if record is None or not record.complete or record.doc.get("expected", len(keys)) != len(keys):
             return None
         parts.append(record)
     if _disagrees(summary, parts) is not None:
         return None
-    return run, parts
+    return str(here.run), parts
 
 
 def _disagrees(summary: Mapping[str, Any], parts: Sequence[PartRecord]) -> str | None:

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarr_skip.format.specs import jagged_tensor
+
 __all__ = [
     "EOS_ID",
     "PAD_ID",
@@ -412,7 +414,7 @@ def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1) -> DataP
 
 
 def _nested(values: np.ndarray, offsets: torch.Tensor) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), offsets)
+    return jagged_tensor(torch.from_numpy(values), offsets)
 
 
 def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1, non_tensor: bool = True) -> dict[str, Any]:
