@@ -251,12 +251,12 @@ def edit_record(rng: random.Random, root: Path) -> str:
     elif field_ == "index":
         rec["index"] = 1 - rec["index"]
     elif field_ == "step":
-        rec["step"] = rng.choice([s for s in STEPS if s != rec["step"]])
-    elif field_ == "crc" and arr["crc32c"]:
+        rec["step"] = rng.choice([s for s in STEPS if s != rec.get("step")])
+    elif field_ == "crc" and arr.get("crc32c"):
         i = rng.randrange(len(arr["crc32c"]))
         arr["crc32c"][i] ^= 1 << rng.randrange(32)
     elif field_ == "expected":
-        rec["expected"] = max(1, rec["expected"] + delta)
+        rec["expected"] = max(1, rec.get("expected", 2) + delta)
     else:
         rec["nbytes"] = max(0, rec["nbytes"] + delta)
     _rewrite(path, doc, layout.PART_ATTR)
@@ -271,7 +271,7 @@ def edit_other(rng: random.Random, root: Path) -> str:
     rec = doc["attributes"][attr]
     key = rng.choice(["expected", "step"] + (["rows", "nbytes"] if attr == layout.STEP_ATTR else []))
     if key == "step":
-        rec["step"] = rng.choice([s for s in STEPS if s != rec["step"]])
+        rec["step"] = rng.choice([s for s in STEPS if s != rec.get("step")])
     else:
         rec[key] = rng.choice([1, 3, rec[key] + 1, 2_000_000, 10**8])
     _rewrite(path, doc, attr)

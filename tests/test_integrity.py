@@ -194,6 +194,24 @@ def test_a_step_summary_is_checked_against_its_records(three: Any) -> None:
     assert "checksum mismatch" in problem.error
 
 
+@pytest.mark.parametrize("damage", ["swapped", "deleted"])
+def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage: str) -> None:
+    """zarr_skip reads chunks by its records; a plain zarr reader by the arrays' zarr.json."""
+    root, written = three
+    a = _chunk(root, 1, 0, "input_ids").parent / "zarr.json"
+    b = _chunk(root, 1, 0, "scores").parent / "zarr.json"
+    if damage == "swapped":
+        da, db = a.read_bytes(), b.read_bytes()
+        a.write_bytes(db)
+        b.write_bytes(da)
+    else:
+        a.unlink()
+    cache = zs.open_cache(root)
+    assert_equal(cache.load(1).to_dict(), written[1])
+    found = {(p.column, p.kind) for p in cache.verify().problems}
+    assert ("input_ids", "zarr metadata") in found
+
+
 # -- point 2: every number read from a record is checked -----------------------------------------
 
 

@@ -15,7 +15,7 @@ from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
 from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part
-from zarr_skip.store.storage import Storage
+from zarr_skip.store.storage import Storage, parse_json
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
@@ -161,7 +161,12 @@ def _check_chunks(
     for step, rec, part in todo:
         for name, arrays in part.arrays.items():
             lengths: list[np.ndarray] = []
-            for aname, arr in arrays.items():
+            docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
+            for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
+                why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
+                if why is not None:
+                    path = storage.key_path(layout.meta_key(arr.path))
+                    problems.append(Problem(step, rec.index, name, path, why, "zarr metadata"))
                 keys = [arr.key(i) for i in range(len(arr.sizes))]
                 if arr.shard:
                     shard = storage.get(keys[0])
@@ -209,6 +214,28 @@ def _check_chunks(
         if progress is not None:
             progress(n_chunks)
     return n_chunks, n_bytes
+
+
+#: what a plain zarr reader takes from an array's zarr.json to read its chunks
+_ZARR_KEYS = ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs")
+
+
+def _zarr_metadata_problem(arr: ArrayPart, blob: bytes | None, where: str) -> str | None:
+    """Why an array's ``zarr.json`` would make plain zarr misread its chunks (zarr_skip reads
+    them by the record alone), or None when it says what the record does."""
+    try:
+        doc = parse_json(blob, where)
+    except MetadataError as exc:
+        return str(exc)
+    if doc is None:
+        return f"{where}: missing (plain zarr readers cannot open the array)"
+    if arr.compression.name == "auto":  # a record too old to name each array's codec
+        return None
+    grid = (arr.chunk, *(max(1, d) for d in arr.shape[1:]))
+    shard = len(arr.sizes) if arr.shard else 1
+    want = chunks.array_metadata(arr.shape, grid, arr.dtype, arr.compression, arr.separator, shard=shard)
+    wrong = [k for k in _ZARR_KEYS if doc.get(k) != want[k]]
+    return f"{where}: {', '.join(wrong)} differ from the mini-batch's record (zarr would misread it)" if wrong else None
 
 
 def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> np.ndarray:
