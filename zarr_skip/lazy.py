@@ -16,6 +16,7 @@ import numpy as np
 from zarr_skip.errors import MetadataError
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
 
@@ -173,6 +174,12 @@ class LazyColumn:
         self._allow_pickle = allow_pickle
         self._lengths: np.ndarray | None = None
         self._rows = sum(p.rows for p in parts)
+        # mini-batches storing repeated rows once (dictionary-encoded) are read by DictColumn
+        self._dict = (
+            DictColumn(storage, self.spec, [p.specs[name] for p in parts], self._parts, allow_pickle)
+            if any(is_dictionary(a) for a in self._parts)
+            else None
+        )
 
     def __len__(self) -> int:
         return self._rows
@@ -192,6 +199,8 @@ class LazyColumn:
         """Per-row lengths of a jagged column (tokens, bytes or elements), read once."""
         if not self.spec.jagged:
             raise TypeError(f"column {self.name!r} is not jagged")
+        if self._lengths is None and self._dict is not None:
+            self._lengths = self._dict.lengths()
         if self._lengths is None:
             parts = [p["lengths"] for p in self._parts]
             self._lengths = read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
@@ -230,6 +239,8 @@ class LazyColumn:
         spec = self.spec
         if not spec.jagged:
             return [([p["data"] for p in self._parts], 0, self._rows, spec.storage_dtype, spec.storage_shape)]
+        if self._dict is not None:
+            return self._dict.whole_ranges()
         values = [p["values"] for p in self._parts]
         return [
             ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ()),
@@ -240,6 +251,8 @@ class LazyColumn:
         """The column from the arrays :meth:`_whole` named."""
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
+        if self._dict is not None:
+            return self._dict.restore_whole(arrays)
         self._lengths, values = arrays
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
@@ -254,6 +267,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], start, stop, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(np.arange(start, stop, dtype=np.int64))
         fetched: Fetched = {}
         lengths, vstart = self._lengths_range(start, stop, fetched)
         values = read_range(
@@ -359,6 +374,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(idx)
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1

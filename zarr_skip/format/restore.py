@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format.dictionary import gather_rows
 from zarr_skip.format.jsonvalues import json_loads
 from zarr_skip.format.specs import ColumnSpec, numpy_dtype, torch_dtype
 
@@ -40,6 +41,8 @@ def restore(
         return np.ascontiguousarray(data).view(dt).reshape(data.shape[:-1])
     lengths = arrays["lengths"].astype(np.int64, copy=False)
     values = arrays["values"]
+    if "codes" in arrays:  # dictionary-encoded: the entries, expanded row by row
+        values, lengths = gather_rows(values, lengths, arrays["codes"])
     if kind == "nested":
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
