@@ -205,13 +205,11 @@ def test_old_caches_without_dictionaries_read_and_the_version_is_3(
 @given(st.lists(st.integers(0, 5), min_size=2, max_size=40), st.integers(1, 3))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_dictionary_rows_through_a_cache(
-    tmp_path_factory: pytest.TempPathFactory, picks: list[int], minibatches: int
+    tmp_path_factory: pytest.TempPathFactory, fingerprint: dict[str, Any], picks: list[int], minibatches: int
 ) -> None:
-    from conftest import FINGERPRINT
-
     pool = [f"text {i} " * i for i in range(6)]
     location = tmp_path_factory.mktemp("h")
-    cache = zs.open_cache(location, FINGERPRINT, chunk_bytes=32)
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=32)
     batches = []
     for m in range(minibatches):
         rows = [pool[p] for p in picks[m:]]
