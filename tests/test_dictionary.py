@@ -203,7 +203,7 @@ def test_old_caches_without_dictionaries_read_and_the_version_is_3(
 
 
 @given(st.lists(st.integers(0, 5), min_size=2, max_size=40), st.integers(1, 3))
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_dictionary_rows_through_a_cache(
     tmp_path_factory: pytest.TempPathFactory, fingerprint: dict[str, Any], picks: list[int], minibatches: int
 ) -> None:
