@@ -62,6 +62,17 @@ def test_shared_and_equal_rows_are_stored_once() -> None:
     assert "codes" not in plain.arrays
 
 
+def test_repeated_per_row_numpy_arrays_roundtrip() -> None:
+    a, b = np.arange(6, dtype=np.float32).reshape(3, 2), np.ones((1, 2), np.float32)
+    rows = np.empty(5, dtype=object)
+    for i, r in enumerate([a, a, b, a.copy(), b]):
+        rows[i] = r
+    col = encode_column("r", rows)
+    assert list(np.asarray(col.arrays["codes"])) == [0, 0, 1, 0, 1]
+    back = _roundtrip(col)
+    assert [x.tolist() for x in back] == [x.tolist() for x in rows] and back[0] is not back[1]
+
+
 def test_a_dictionary_is_used_only_when_it_pays() -> None:
     assert "codes" not in encode_column("u", ["a", "b", "c", "a"]).arrays  # 3 distinct of 4
     assert "codes" in encode_column("u", ["a", "b", "a", "b"]).arrays

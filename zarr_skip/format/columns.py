@@ -302,7 +302,7 @@ def _encode_rows(name: str, rows: Sequence[Any], container: str, section: str) -
     values = np.concatenate(list(rows)) if len(rows) else np.empty((0, *trailing), dt)
     values = values.astype(dt.newbyteorder("<"), copy=False) if dt.byteorder == ">" else values
     spec = ColumnSpec(name, "rows", dt.str, trailing, container, section)
-    return EncodedColumn(spec, len(rows), {"values": narrow(values), "lengths": narrow(lengths)})
+    return _jagged_column(spec, values, lengths)
 
 
 def narrow(a: np.ndarray) -> StoredArray:
