@@ -30,6 +30,7 @@ PUBLIC = [
     "LazyColumn",
     "MetadataError",
     "MissingDataError",
+    "MissingExtraError",
     "PartInfo",
     "ReadOnlyCacheError",
     "SchemaMismatchError",

@@ -164,10 +164,18 @@ def test_a_step_mixing_plain_and_dictionary_minibatches_reads_exactly(
         got = picked.unbind() if isinstance(picked, torch.Tensor) else list(picked)
         for g, i in zip(got, [19, 0, 13, 13, 4], strict=True):
             assert_equal(g, every[i], f"{name}[[...{i}]]")
-        if col.spec.jagged:
-            lengths = np.array([len(r) if not isinstance(r, str) else len(r.encode()) for r in every])
-            if name in ("prompts", "responses", "uid", "data_source"):
-                assert np.array_equal(col.lengths(), lengths), name
+        for g, want_row in zip(list(col), every, strict=True):  # iteration
+            assert_equal(g, want_row, f"{name} iterated")
+        as_array = np.asarray(col)
+        assert as_array.shape[0] == len(every) and as_array.dtype == object
+        for g, want_row in zip(as_array, every, strict=True):
+            assert_equal(g, want_row.numpy() if isinstance(want_row, torch.Tensor) else want_row, f"{name} asarray")
+        lengths = np.array([len(r) if not isinstance(r, str) else len(r.encode()) for r in every])
+        if name in ("prompts", "responses", "uid", "data_source"):
+            assert np.array_equal(col.lengths(), lengths), name
+    table = view.to_pandas()
+    assert table["uid"].tolist() == want["uid"] and table["data_source"].tolist() == want["data_source"]
+    assert table["prompts"].tolist() == [len(r) for r in want["prompts"].unbind()]
 
 
 def test_repeated_rows_come_back_as_one_object_each_and_cost_less(tmp_path: Any, fingerprint: dict[str, Any]) -> None:

@@ -25,18 +25,15 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
 from zarr_skip.format import dictionary
 from zarr_skip.format.jsonvalues import json_rows, to_json_value
 from zarr_skip.format.specs import (
     NARROW_ORDER,
-    TORCH_NUMPY,
-    UINT_OF_SIZE,
     ColumnSpec,
     EncodedBatch,
     EncodedColumn,
@@ -44,8 +41,14 @@ from zarr_skip.format.specs import (
     StoredArray,
     dtype_name,
     is_dataproto,
+    is_tensor,
     is_tensordict,
+    torch_numpy,
+    uint_of_size,
 )
+
+if TYPE_CHECKING:  # torch loads with the first tensor, not at import
+    import torch
 
 # ---------------------------------------------------------------------------------------------
 # encoding
@@ -119,7 +122,7 @@ def _keys(container: Any) -> list[str]:
 
 def encode_column(name: str, value: Any, *, section: str = "", allow_pickle: bool = False) -> EncodedColumn:
     """Encode one column (see the module docstring for the kinds)."""
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         if value.is_nested:
             return _encode_nested(name, value, section)
         return _encode_tensor(name, value, section)
@@ -152,17 +155,13 @@ def _tensor_to_numpy(t: torch.Tensor, name: str) -> np.ndarray:
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype in TORCH_NUMPY:
+    if t.dtype in torch_numpy():
         return t.numpy()
-    if (
-        t.is_quantized
-        or t.dtype.itemsize not in UINT_OF_SIZE
-        or t.dtype.is_complex
-        and (t.dtype.itemsize not in UINT_OF_SIZE)
-    ):
+    uints = uint_of_size()
+    if t.is_quantized or t.dtype.itemsize not in uints or t.dtype.is_complex and (t.dtype.itemsize not in uints):
         raise UnsupportedColumnError(f"column {name!r}: torch dtype {t.dtype} is not supported")
     try:
-        return t.view(UINT_OF_SIZE[t.dtype.itemsize]).numpy()
+        return t.view(uints[t.dtype.itemsize]).numpy()
     except (RuntimeError, TypeError) as exc:
         raise UnsupportedColumnError(f"column {name!r}: torch dtype {t.dtype} cannot be stored ({exc})") from None
 
@@ -176,6 +175,8 @@ def _encode_tensor(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
 
 
 def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
+    import torch
+
     if t.layout != torch.jagged:
         raise UnsupportedColumnError(
             f"column {name!r}: only jagged NestedTensors (layout=torch.jagged) are supported, got layout {t.layout}"

@@ -75,10 +75,13 @@ class DictColumn:
             row_code.append(codes)
         return self._assemble(entries, _cat(row_part), _cat(row_code))
 
-    def lengths(self) -> np.ndarray:
-        """Per-row lengths of every row."""
-        small = read_ranges(self.storage, [r for p in range(len(self.arrays)) for r in self._small(p)])
-        it = iter(small)
+    def lengths_ranges(self) -> list[Range]:
+        """What reading the lengths of every row takes (codes and lengths of each mini-batch)."""
+        return [r for p in range(len(self.arrays)) for r in self._small(p)]
+
+    def lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Per-row lengths from the arrays :meth:`lengths_ranges` named."""
+        it = iter(arrays)
         out = []
         for a in self.arrays:
             if is_dictionary(a):
@@ -87,6 +90,25 @@ class DictColumn:
             else:
                 out.append(next(it))
         return _cat(out)
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths of every row."""
+        return self.lengths_of(read_ranges(self.storage, self.lengths_ranges()))
+
+    def expand_whole(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Per-row ``lengths`` and ``values`` of every row (entries expanded by their codes) from
+        the arrays :meth:`whole_ranges` named: the column as a plain one stores it."""
+        it = iter(arrays)
+        lengths, values = [], []
+        for a in self.arrays:
+            codes = next(it) if is_dictionary(a) else None
+            ln, v = next(it), next(it)
+            if codes is not None:
+                v, ln = dictionary.gather_rows(v, ln, codes)
+            lengths.append(ln)
+            values.append(v.reshape(-1, *self.spec.storage_shape))
+        shape = (0, *self.spec.storage_shape)
+        return {"lengths": _cat(lengths), "values": _cat(values, self.spec.storage_dtype, shape)}
 
     def rows(self, idx: np.ndarray) -> Any:
         """Rows ``idx`` (any order, repeats allowed): the mini-batches' codes and lengths in one

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarr_skip.format.specs import jagged_tensor
 from zarr_skip.synthetic.payloads import PAYLOADS, realistic_per_group
 
 __all__ = [
@@ -420,7 +421,7 @@ def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1, payload:
 
 
 def _nested(values: np.ndarray, offsets: torch.Tensor) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), offsets)
+    return jagged_tensor(torch.from_numpy(values), offsets)
 
 
 def jagged_payload(
