@@ -14,16 +14,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import MetadataError
-from zarr_skip.format import arrays, records
+from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows
+from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
 
 if TYPE_CHECKING:
     import pandas
     import torch
+
+_INT64 = np.dtype(np.int64)
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
@@ -201,6 +205,12 @@ class LazyColumn:
         self._allow_pickle = allow_pickle
         self._lengths: np.ndarray | None = None
         self._rows = sum(p.rows for p in parts)
+        # mini-batches storing repeated rows once (dictionary-encoded) are read by DictColumn
+        self._dict = (
+            DictColumn(storage, self.spec, [p.specs[name] for p in parts], self._parts, allow_pickle)
+            if any(is_dictionary(a) for a in self._parts)
+            else None
+        )
 
     def __len__(self) -> int:
         return self._rows
@@ -220,26 +230,14 @@ class LazyColumn:
         """Per-row lengths of a jagged column (tokens, bytes or elements), read once."""
         if not self.spec.jagged:
             raise TypeError(f"column {self.name!r} is not jagged")
+        if self._lengths is None and self._dict is not None:
+            self._lengths = self._dict.lengths()
         if self._lengths is None:
-            lengths = read_ranges(self._storage, [self._lengths_whole()])[0]
-            self._lengths = self._checked(lengths, range(len(self._parts)))
+            self._lengths = reads.checked_lengths(read_ranges(self._storage, [self._lengths_whole()])[0], self._parts)
         return self._lengths
 
     def _lengths_whole(self) -> Range:
         return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
-
-    def _checked(self, lengths: np.ndarray, parts: Iterable[int]) -> np.ndarray:
-        """``lengths``, all of mini-batches ``parts`` concatenated, once each mini-batch's are
-        known to be non-negative and to add to the values its record says it stored (else a
-        MetadataError, never rows cut from the wrong values)."""
-        stored = [self._parts[p] for p in parts]
-        records.split_lengths(
-            lengths,
-            [a["lengths"].rows for a in stored],
-            [a["values"].rows for a in stored],
-            [a["lengths"].where for a in stored],
-        )
-        return lengths
 
     def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> Any:
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
@@ -289,13 +287,14 @@ class LazyColumn:
         ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
         if copy is False:
             raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
-        whole = self._whole()
-        names = ["data"] if len(whole) == 1 else ["lengths", "values"]
-        stored = dict(zip(names, read_ranges(self._storage, whole), strict=True))
+        stored = self._stored(read_ranges(self._storage, self._whole()))
         return arrays.as_numpy(self.spec, stored, dtype, allow_pickle=self._allow_pickle, plain=self._plain)
 
     def __iter__(self) -> Iterator[Any]:
         """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
+        if self._dict is not None:  # repeated rows: decoded once each, as col[:] does
+            rows = self[:]
+            return iter(rows.unbind() if self.spec.kind == "nested" else rows)
         lengths = self.lengths() if self.spec.jagged else None
         return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
@@ -305,18 +304,38 @@ class LazyColumn:
         spec = self.spec
         if not spec.jagged:
             return [([p["data"] for p in self._parts], 0, self._rows, spec.storage_dtype, spec.storage_shape)]
+        if self._dict is not None:
+            return self._dict.whole_ranges()
         values = [p["values"] for p in self._parts]
         return [
             ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ()),
             (values, 0, sum(a.rows for a in values), spec.storage_dtype, spec.storage_shape),
         ]
 
+    def _stored(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays :meth:`_whole` named as a plain column stores them (``data``, or per-row
+        ``lengths`` and ``values``)."""
+        if not self.spec.jagged:
+            return {"data": arrays[0]}
+        if self._dict is not None:
+            return self._dict.expand_whole(arrays)
+        return {"lengths": reads.checked_lengths(arrays[0], self._parts), "values": arrays[1]}
+
+    def _lengths_ranges(self) -> list[Range]:
+        """What reading every row's length takes; :meth:`_lengths_of` gives the lengths."""
+        return self._dict.lengths_ranges() if self._dict is not None else [self._lengths_whole()]
+
+    def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        d = self._dict
+        return reads.checked_lengths(arrays[0], self._parts) if d is None else d.lengths_of(arrays)
+
     def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
         """The column from the arrays :meth:`_whole` named."""
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
-        lengths, values = arrays
-        self._lengths = self._checked(lengths, range(len(self._parts)))
+        if self._dict is not None:
+            return self._dict.restore_whole(arrays)
+        self._lengths, values = reads.checked_lengths(arrays[0], self._parts), arrays[1]
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
         )
@@ -330,6 +349,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], start, stop, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(np.arange(start, stop, dtype=np.int64))
         fetched: Fetched = {}
         lengths, vstart = self._lengths_range(start, stop, fetched)
         values = read_range(
@@ -361,24 +382,13 @@ class LazyColumn:
         ahead = self._values_ahead(
             (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
         )
-        # every row of those mini-batches: their lengths are checked against their values
+        lo, hi = int(row_starts[first]), int(row_starts[last])  # all their rows: checked against their values
         lens = read_ranges(
-            self._storage,
-            [
-                (
-                    [p["lengths"] for p in self._parts],
-                    int(row_starts[first]),
-                    int(row_starts[last]),
-                    np.dtype(np.int64),
-                    (),
-                )
-            ],
-            prefetch=ahead,
-            fetched=fetched,
+            self._storage, [([p["lengths"] for p in self._parts], lo, hi, _INT64, ())], prefetch=ahead, fetched=fetched
         )[0]
-        self._checked(lens, range(first, last))
+        reads.checked_lengths(lens, self._parts[first:last])
         before = start - int(row_starts[first])
-        return lens[before : stop - int(row_starts[first])], int(value_starts[first]) + int(lens[:before].sum())
+        return lens[before : stop - lo], int(value_starts[first]) + int(lens[:before].sum())
 
     def _starts(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each mini-batch's rows and values start in the merged column (its row and
@@ -429,7 +439,7 @@ class LazyColumn:
             fetched=fetched,
         )
         for p, part_lengths in zip(touched, lens, strict=True):
-            self._checked(part_lengths, [p])
+            reads.checked_lengths(part_lengths, [self._parts[p]])
         if len(touched) == len(self._parts):
             self._lengths = np.concatenate(lens)
         sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
@@ -447,6 +457,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(idx)
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1

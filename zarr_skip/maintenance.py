@@ -14,7 +14,7 @@ from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
 from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
-from zarr_skip.store.reads import ArrayPart, Part
+from zarr_skip.store.reads import ArrayPart, Part, checked_entries
 from zarr_skip.store.storage import Storage, parse_json
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def _check_chunks(
     n_chunks = n_bytes = 0
     for step, rec, part in todo:
         for name, arrays in part.arrays.items():
-            lengths: list[np.ndarray] = []
+            decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
             docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
             for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
                 why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
@@ -190,8 +190,9 @@ def _check_chunks(
                     where = f"{arr.where}, chunk {i}"
                     try:
                         rows = _decode(arr, i, n, blob, where)
-                        if aname == "lengths":
-                            lengths.append(rows)
+                        got = decoded.get(aname)
+                        if got is not None:
+                            got.append(rows)
                     except CorruptCacheError as exc:
                         error = str(exc)
                         if blob is not None and len(blob) >= 4:
@@ -201,19 +202,23 @@ def _check_chunks(
                         problems.append(
                             Problem(step, rec.index, name, storage.key_path(key), error, type(exc).__name__)
                         )
-                        lengths = []
+                        decoded[aname] = None
                     n_chunks += 1
                     n_bytes += len(blob or b"")
-            if "lengths" in arrays and "values" in arrays and len(lengths) == len(arrays["lengths"].sizes):
+            lengths, codes = decoded["lengths"], decoded["codes"]
+            if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
                 try:
-                    found_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-                    records.check_lengths(found_lengths, arrays["values"].rows, arrays["lengths"].where)
+                    checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
                 except MetadataError as exc:
                     path = storage.key_path(arrays["lengths"].path)
                     problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
         if progress is not None:
             progress(n_chunks)
     return n_chunks, n_bytes
+
+
+def _cat(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
 
 #: what a plain zarr reader takes from an array's zarr.json to read its chunks

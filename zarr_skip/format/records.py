@@ -12,8 +12,8 @@ Every record a reader acts on is checked here first:
 - the **lengths** of jagged columns (read from chunks): non-negative, summing to the values
   the mini-batch's record says it stored.
 
-A violation is a :class:`~zarr_skip.errors.MetadataError` naming the file. Records written
-before version 2's place fields existed (zarr_skip 0.1 and 0.2) lack them: they are read as
+A violation is a :class:`~zarr_skip.errors.MetadataError` naming the file. Records of
+format versions 1 and 2 (zarr_skip 0.1 and 0.2) lack the place fields: they are read as
 before and reported *unbound* by ``verify()``.
 """
 
@@ -137,8 +137,9 @@ def check_part(doc: Mapping[str, Any], where: str) -> None:
         arrays = entry.get("arrays") if isinstance(entry, Mapping) else None
         if not isinstance(arrays, Mapping) or not arrays:
             raise MetadataError(f"{where}: column {name!r} lists no arrays")
+        per_row = ("data", "codes") if "codes" in arrays else ("data", "lengths")  # a dictionary's lengths: entries
         for aname, array in arrays.items():
-            stored += _check_array(array, rows if aname in ("data", "lengths") else None, f"{where}, {name}/{aname}")
+            stored += _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
         if "lengths" in arrays and "values" not in arrays:
             raise MetadataError(f"{where}: column {name!r} has lengths but no values")
     if count(doc.get("nbytes"), "nbytes", where) != stored and bound(doc):
@@ -205,6 +206,13 @@ def check_lengths(lengths: np.ndarray, values: int, where: str) -> np.ndarray:
             f"{where}: the row lengths add to {total} values but {values} are stored (the lengths chunk was altered)"
         )
     return lengths
+
+
+def check_codes(codes: np.ndarray, entries: int, where: str) -> np.ndarray:
+    """A dictionary-encoded mini-batch's codes: each the index of one of its ``entries``."""
+    if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= entries):
+        raise MetadataError(f"{where}: codes outside the {entries} dictionary entries stored (the codes were altered)")
+    return codes
 
 
 def split_lengths(lengths: np.ndarray, rows: Sequence[int], values: Sequence[int], where: Sequence[str]) -> None:

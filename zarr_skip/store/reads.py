@@ -156,6 +156,27 @@ class Part:
             raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r:.200})") from None
 
 
+def checked_lengths(lengths: np.ndarray, parts: Sequence[Mapping[str, ArrayPart]]) -> np.ndarray:
+    """``lengths`` of the plain mini-batches ``parts`` concatenated, once each mini-batch's are
+    known to be non-negative and to add to the values its record says it stored (else a
+    MetadataError, never rows cut from the wrong values)."""
+    records.split_lengths(
+        lengths,
+        [a["lengths"].rows for a in parts],
+        [a["values"].rows for a in parts],
+        [a["lengths"].where for a in parts],
+    )
+    return lengths
+
+
+def checked_entries(a: Mapping[str, ArrayPart], codes: np.ndarray | None, lengths: np.ndarray) -> None:
+    """The ``lengths`` (and ``codes``, of a dictionary-encoded mini-batch) of one mini-batch's
+    column, checked against its stored values and its entries."""
+    records.check_lengths(lengths, a["values"].rows, a["lengths"].where)
+    if codes is not None:
+        records.check_codes(codes, len(lengths), a["codes"].where)
+
+
 def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
     if value is None:
         return None
