@@ -279,22 +279,30 @@ def edit_other(rng: random.Random, root: Path) -> str:
 
 
 def forge_lengths(rng: random.Random, root: Path) -> str:
-    """A lengths chunk replaced by another valid one (right crc32c), its record updated to
-    match (size, crc32c, nbytes, checksum): only the lengths' own check can tell."""
+    """A lengths chunk (or a dictionary's codes) replaced by another valid one (right crc32c),
+    its record updated to match (size, crc32c, nbytes, checksum): only the reader's own
+    checks of the lengths against the values (and of the codes against the entries) can tell."""
     path, doc = rng.choice(_part_records(root))
     rec = doc["attributes"][layout.PART_ATTR]
     name = rng.choice(sorted(n for n, c in rec["columns"].items() if "lengths" in c["arrays"]))
-    arr = rec["columns"][name]["arrays"]["lengths"]
-    chunk_file = path.parent / rec["data"] / name / "lengths" / "c.0"
+    arrays = rec["columns"][name]["arrays"]
+    which = "codes" if "codes" in arrays and rng.random() < 0.4 else "lengths"
+    arr = arrays[which]
+    (chunk_file,) = (path.parent / rec["data"] / name / which).glob("c.*")
     codec = chunks.Compression(**arr["codec"])
-    lengths = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
-    lengths[: arr["shape"][0]] = rng.choice([0, 1, 3, 200])
-    blob = chunks.encode(lengths, codec)
+    data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
+    if which == "codes":  # one row pointing past the entries
+        data[rng.randrange(arr["shape"][0])] = arrays["lengths"]["shape"][0]
+        what = "a code past the entries"
+    else:
+        data[: arr["shape"][0]] = rng.choice([0, 1, 3, 200])
+        what = f"all {int(data[0])}"
+    blob = chunks.encode(data, codec)
     chunk_file.write_bytes(blob)
     rec["nbytes"] += len(blob) - arr["sizes"][0]
-    arr["sizes"], arr["crc32c"] = [len(blob)], [chunks.trailer(blob)]
+    arr["sizes"], arr["crc32c"] = [len(blob)], [int.from_bytes(blob[-4:], "little")]
     _rewrite(path, doc, layout.PART_ATTR)
-    return f"forge the lengths of {name} in {path.relative_to(root)} (all {int(lengths[0])})"
+    return f"forge the {which} of {name} in {path.relative_to(root)} ({what})"
 
 
 def edit_experiment(rng: random.Random, root: Path) -> str:

@@ -215,15 +215,16 @@ def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage:
 # -- point 2: every number read from a record is checked -----------------------------------------
 
 
-def _forge_lengths(root: Path, step: int, index: int, column: str, lengths: list[int]) -> None:
-    """Replace a lengths chunk with another valid one and update its record to match."""
+def _forge(root: Path, step: int, index: int, column: str, name: str, forge: Any) -> None:
+    """Replace a column's one-chunk array ``name`` with another valid chunk holding
+    ``forge(rows)`` and update its record to match (size, crc32c, nbytes, checksum)."""
     path = _record_path(root, step, index)
     doc = json.loads(path.read_text())
-    arr = doc["attributes"][layout.PART_ATTR]["columns"][column]["arrays"]["lengths"]
+    arr = doc["attributes"][layout.PART_ATTR]["columns"][column]["arrays"][name]
     data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
-    data[: len(lengths)] = lengths
+    data[: arr["shape"][0]] = forge(arr["shape"][0])
     blob = chunks.encode(data, chunks.Compression(**arr["codec"]))
-    (path.parent / doc["attributes"][layout.PART_ATTR]["data"] / column / "lengths" / "c.0").write_bytes(blob)
+    (path.parent / doc["attributes"][layout.PART_ATTR]["data"] / column / name / "c.0").write_bytes(blob)
 
     def update(rec: dict[str, Any]) -> None:
         rec["nbytes"] += len(blob) - arr["sizes"][0]
@@ -234,20 +235,36 @@ def _forge_lengths(root: Path, step: int, index: int, column: str, lengths: list
     path.write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("column", ["uid", "responses"])
-@pytest.mark.parametrize("lengths", [[1, 1, 1, 1, 1, 1], [60, 0, 0, 0, 0, 0]], ids=["too few", "too many"])
+FORGED = {"too few": lambda n: [1] * n, "too many": lambda n: [60] + [0] * (n - 1)}
+
+
+@pytest.mark.parametrize("column", ["tags", "responses", "uid"])  # uid: dictionary-encoded (3 of 6 distinct)
+@pytest.mark.parametrize("lengths", list(FORGED))
 def test_lengths_that_do_not_add_to_the_stored_values_are_refused(
-    tmp_path: Path, fingerprint: dict, column: str, lengths: list[int]
+    tmp_path: Path, fingerprint: dict, column: str, lengths: str
 ) -> None:
     cache = zs.open_cache(tmp_path, fingerprint)
     cache.write(1, make_batch(6, seed=3))
-    _forge_lengths(tmp_path, 1, 0, column, lengths)
+    _forge(tmp_path, 1, 0, column, "lengths", FORGED[lengths])
     view = zs.open_cache(tmp_path).load(1)
     for read in (lambda: view[column][:], lambda: view[column][2], lambda: view[column][[1, 4]], view.to_dict):
         with pytest.raises(zs.MetadataError, match=rf"step 1, mini-batch 0, column '{column}'.*lengths add to"):
             read()
     (problem,) = zs.open_cache(tmp_path).verify().problems
     assert problem.kind == "MetadataError" and "lengths add to" in problem.error
+
+
+def test_dictionary_codes_outside_the_entries_are_refused(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(6, seed=3))
+    assert "codes" in cache.load(1).parts[0].arrays["uid"]
+    _forge(tmp_path, 1, 0, "uid", "codes", lambda n: [0, 1, 2, 3, 0, 1])  # 3 entries stored
+    view = zs.open_cache(tmp_path).load(1)
+    for read in (lambda: view["uid"][:], lambda: view["uid"][2], lambda: view["uid"].lengths(), view.to_dict):
+        with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0, column 'uid'.*codes outside the 3"):
+            read()
+    (problem,) = zs.open_cache(tmp_path).verify().problems
+    assert "codes outside" in problem.error
 
 
 def test_negative_lengths_are_refused() -> None:
