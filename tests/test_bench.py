@@ -30,3 +30,19 @@ def test_the_floor_is_below_what_strong_codecs_reach() -> None:
     assert floor["parts"]["old_log_probs"] > 0.85 * len(strong.encode(lp))
     assert floor["bytes"] == sum(floor["parts"].values())
     assert 20 < log_prob_bits_per_value(LOG_PROB_MIX, LOG_PROB_MIN) < 32
+
+
+def test_the_tables_benchmark_runs(tmp_path: object) -> None:
+    """bench_tables end to end on a few small steps: every row of its report is there."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.bench_tables import main
+
+    out = Path(str(tmp_path))
+    main(["--parts", "arrays,tables", "--steps", "3", "--preset", "small", "--array-preset", "small",
+          "--reps", "1", "--out", str(out)])  # fmt: skip
+    res = json.loads((out / "tables.json").read_text())
+    assert set(res["arrays"]["columns"]) == {"responses", "old_log_probs", "prompt_len", "uid", "tags"}
+    assert res["tables_local"]["rows"] == 3 * 128 and res["tables_local"]["table_cold"] > 0
+    assert "Cache.table on local disk" in (out / "tables.md").read_text()
