@@ -85,20 +85,32 @@ def bench_arrays(workdir: Path, preset_name: str, reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"preset": preset_name, "rows": len(col_of), "columns": {}}
     for name in ARRAY_COLUMNS:
         col = col_of[name]
-        res = {"kind": col.spec.kind}
-        for label, fn in (
-            ("index", lambda c=col: c[:]),
-            ("asarray", lambda c=col: np.asarray(c)),
-            ("index_convert", lambda c=col: by_hand(c)),
-            ("list", lambda c=col: list(c)),
-            ("index_rows", lambda c=col: rows(c)),
-        ):
-            res[label] = median_of(fn, reps)
+        cases = {
+            "index": lambda c=col: c[:],
+            "asarray": lambda c=col: np.asarray(c),
+            "index_convert": lambda c=col: by_hand(c),
+            "list": lambda c=col: list(c),
+            "index_rows": lambda c=col: rows(c),
+        }
+        res = {"kind": col.spec.kind, **interleaved(cases, reps)}
         res["asarray_ratio"] = res["asarray"] / res["index_convert"]
         res["list_ratio"] = res["list"] / res["index_rows"]
         out["columns"][name] = res
         log(f"arrays {name:14s} " + " ".join(f"{k} {v:.3g}" for k, v in res.items() if k != "kind"))
     return out
+
+
+def interleaved(cases: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds of each case, the cases taking turns (so that a change of load on the
+    machine hits all of them alike)."""
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for rep in range(reps + 1):  # rep 0 warms up
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            if rep:
+                samples[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -352,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         if "imports" in parts:
             res["imports"] = bench_imports(max(args.reps, 7))
         if "arrays" in parts:
-            res["arrays"] = bench_arrays(workdir, args.array_preset, args.reps)
+            res["arrays"] = bench_arrays(workdir, args.array_preset, 4 * args.reps)  # cheap: more reps
         if "tables" in parts:
             res["tables_local"] = bench_tables_local(workdir, args.preset, args.steps, args.reps)
         if "s3" in parts:
