@@ -32,6 +32,18 @@ def test_the_floor_is_below_what_strong_codecs_reach() -> None:
     assert 20 < log_prob_bits_per_value(LOG_PROB_MIX, LOG_PROB_MIN) < 32
 
 
+def test_the_floor_of_repeated_rows_counts_each_distinct_value_once() -> None:
+    from benchmarks.floor import rows_floor
+
+    zstd = numcodecs.Zstd(level=19)
+    groups = [{"question": f"question {g} " + "abc " * 50, "index": g} for g in range(16)]
+    once = rows_floor(groups, zstd)
+    repeated = rows_floor([g for g in groups for _ in range(8)], zstd)
+    assert once < repeated <= once + 16 * 8 * 4 // 8 + 1  # plus 4 bits per row: which of 16 values
+    floor = jagged_floor("small", 0, 1, payload="realistic")
+    assert floor["parts"]["extra_info"] > jagged_floor("small", 0, 1)["parts"]["extra_info"]
+
+
 def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     """bench_tables end to end on a few small steps: every row of its report is there."""
     import json

@@ -18,6 +18,7 @@ from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.store.blocks import iter_rows, rows_of
+from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
 
@@ -201,6 +202,12 @@ class LazyColumn:
         self._allow_pickle = allow_pickle
         self._lengths: np.ndarray | None = None
         self._rows = sum(p.rows for p in parts)
+        # mini-batches storing repeated rows once (dictionary-encoded) are read by DictColumn
+        self._dict = (
+            DictColumn(storage, self.spec, [p.specs[name] for p in parts], self._parts, allow_pickle)
+            if any(is_dictionary(a) for a in self._parts)
+            else None
+        )
 
     def __len__(self) -> int:
         return self._rows
@@ -220,6 +227,8 @@ class LazyColumn:
         """Per-row lengths of a jagged column (tokens, bytes or elements), read once."""
         if not self.spec.jagged:
             raise TypeError(f"column {self.name!r} is not jagged")
+        if self._lengths is None and self._dict is not None:
+            self._lengths = self._dict.lengths()
         if self._lengths is None:
             self._lengths = read_ranges(self._storage, [self._lengths_whole()])[0]
         return self._lengths
@@ -275,15 +284,14 @@ class LazyColumn:
         ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
         if copy is False:
             raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
-        whole = self._whole()
-        names = ["data"] if len(whole) == 1 else ["lengths", "values"]
-        stored = dict(zip(names, read_ranges(self._storage, whole), strict=True))
+        stored = self._stored(read_ranges(self._storage, self._whole()))
         return arrays.as_numpy(self.spec, stored, dtype, allow_pickle=self._allow_pickle, plain=self._plain)
 
     def __iter__(self) -> Iterator[Any]:
         """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
-        if sum(len(a.sizes) for arrs in self._parts for a in arrs.values()) <= ITER_CHUNKS:
-            return iter(rows_of(self[:]))  # one block: in one round, as col[:] reads it
+        few = sum(len(a.sizes) for arrs in self._parts for a in arrs.values()) <= ITER_CHUNKS
+        if few or self._dict is not None:  # one block, or repeated rows (decoded once each): as col[:]
+            return iter(rows_of(self[:]))
         lengths = self.lengths() if self.spec.jagged else None
         return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
@@ -293,16 +301,36 @@ class LazyColumn:
         spec = self.spec
         if not spec.jagged:
             return [([p["data"] for p in self._parts], 0, self._rows, spec.storage_dtype, spec.storage_shape)]
+        if self._dict is not None:
+            return self._dict.whole_ranges()
         values = [p["values"] for p in self._parts]
         return [
             ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ()),
             (values, 0, sum(a.rows for a in values), spec.storage_dtype, spec.storage_shape),
         ]
 
+    def _stored(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays :meth:`_whole` named as a plain column stores them (``data``, or per-row
+        ``lengths`` and ``values``)."""
+        if not self.spec.jagged:
+            return {"data": arrays[0]}
+        if self._dict is not None:
+            return self._dict.expand_whole(arrays)
+        return {"lengths": arrays[0], "values": arrays[1]}
+
+    def _lengths_ranges(self) -> list[Range]:
+        """What reading every row's length takes; :meth:`_lengths_of` gives the lengths."""
+        return self._dict.lengths_ranges() if self._dict is not None else [self._lengths_whole()]
+
+    def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        return self._dict.lengths_of(arrays) if self._dict is not None else arrays[0]
+
     def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
         """The column from the arrays :meth:`_whole` named."""
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
+        if self._dict is not None:
+            return self._dict.restore_whole(arrays)
         self._lengths, values = arrays
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
@@ -317,6 +345,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], start, stop, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(np.arange(start, stop, dtype=np.int64))
         fetched: Fetched = {}
         lengths, vstart = self._lengths_range(start, stop, fetched)
         values = read_range(
@@ -422,6 +452,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(idx)
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1

@@ -55,8 +55,9 @@ def views_table(storage: Storage, views: Sequence[StepView], columns: Sequence[s
         missing = [n for n in columns if n not in known]
         if missing:
             raise KeyError(f"no column {', '.join(map(repr, missing))} in the steps asked for")
-    ranges = [r for cols in chosen for col, whole in cols for r in (col._whole() if whole else [col._lengths_whole()])]
-    stored = iter(read_ranges(storage, ranges))
+    wanted = [col._whole() if whole else col._lengths_ranges() for cols in chosen for col, whole in cols]
+    got = iter(read_ranges(storage, [r for ranges in wanted for r in ranges]))
+    stored = iter([[next(got) for _ in ranges] for ranges in wanted])  # the arrays of each column
     frames: dict[tuple[str, ...], list[dict[str, np.ndarray]]] = {}
     for view, cols in zip(views, chosen, strict=True):
         rows = len(view)
@@ -109,13 +110,11 @@ def _small(col: LazyColumn) -> bool:
 
 
 def _column(col: LazyColumn, whole: bool, stored: Any) -> np.ndarray:
-    """The table column of ``col`` from the next arrays of ``stored``."""
+    """The table column of ``col`` from the next column's arrays of ``stored``."""
+    arrays = next(stored)
     if not whole:
-        return np.asarray(next(stored))
-    if not col.spec.jagged:
-        return as_numpy(col.spec, {"data": next(stored)})
-    lengths, values = next(stored), next(stored)
-    return as_numpy(col.spec, {"lengths": lengths, "values": values}, plain=col._plain)
+        return np.asarray(col._lengths_of(arrays))
+    return as_numpy(col.spec, col._stored(arrays), plain=col._plain)
 
 
 def _first_seen(groups: list[tuple[str, ...]]) -> list[str]:

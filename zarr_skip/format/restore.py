@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format.dictionary import gather_rows
 from zarr_skip.format.jsonvalues import json_loads
 from zarr_skip.format.specs import ColumnSpec, jagged_tensor, numpy_dtype, torch_dtype
 
@@ -42,6 +43,8 @@ def restore(
         return np.ascontiguousarray(data).view(dt).reshape(data.shape[:-1])
     lengths = arrays["lengths"].astype(np.int64, copy=False)
     values = arrays["values"]
+    if "codes" in arrays:  # dictionary-encoded: the entries, expanded row by row
+        values, lengths = gather_rows(values, lengths, arrays["codes"])
     if kind == "nested":
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
