@@ -18,7 +18,7 @@ from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.store import reads
-from zarr_skip.store.blocks import iter_rows
+from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
@@ -292,9 +292,9 @@ class LazyColumn:
 
     def __iter__(self) -> Iterator[Any]:
         """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
-        if self._dict is not None:  # repeated rows: decoded once each, as col[:] does
-            rows = self[:]
-            return iter(rows.unbind() if self.spec.kind == "nested" else rows)
+        few = sum(len(a.sizes) for arrs in self._parts for a in arrs.values()) <= ITER_CHUNKS
+        if few or self._dict is not None:  # one block, or repeated rows (decoded once each): as col[:]
+            return iter(rows_of(self[:]))
         lengths = self.lengths() if self.spec.jagged else None
         return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
