@@ -30,6 +30,7 @@ PUBLIC = [
     "LazyColumn",
     "MetadataError",
     "MissingDataError",
+    "OutsideCacheError",
     "PartInfo",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
@@ -67,6 +68,7 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
         errors.UnsafePickleError: pickle.UnpicklingError,
         errors.IncompleteStepError: LookupError,
         errors.ChecksumError: ValueError,
+        errors.OutsideCacheError: PermissionError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)

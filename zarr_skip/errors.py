@@ -24,7 +24,8 @@ subclasses the builtin exception it refines, so callers may catch either::
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
-        └── MetadataError                        a metadata document cannot be parsed
+        ├── MetadataError                        a metadata document cannot be parsed
+        └── OutsideCacheError (PermissionError)  a key or a link leads outside the cache root
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "IncompleteStepError",
     "MetadataError",
     "MissingDataError",
+    "OutsideCacheError",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
     "StepCompleteError",
@@ -147,6 +149,11 @@ class MissingDataError(CorruptCacheError, FileNotFoundError):
 
 class MetadataError(CorruptCacheError):
     """A metadata document cannot be parsed or lacks what the format requires."""
+
+
+class OutsideCacheError(CorruptCacheError, PermissionError):
+    """A key (from a record or a caller) or a symbolic link would reach outside the cache root;
+    nothing was read or written there."""
 
 
 class VerlNotInstalledError(ZarrSkipError, ImportError):

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format import layout
 from zarr_skip.format.jsonvalues import json_rows, to_json_value
 from zarr_skip.format.specs import (
     NARROW_ORDER,
@@ -88,9 +89,11 @@ def encode_batch(batch: Any, meta_info: Mapping[str, Any] | None = None, *, allo
     seen: set[str] = set()
     columns = []
     for name, value, section in items:
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        problem = layout.column_name_problem(name)
+        if problem is not None:
             raise UnsupportedColumnError(
-                f"column {name!r}: names must be non-empty strings without '/' or a leading dot"
+                f"column {name!r}: not a valid column name ({problem}); names are non-empty strings "
+                "without '/', '\\' or NUL, not starting with a dot"
             )
         if name in seen:
             raise UnsupportedColumnError(f"column {name!r}: appears in both batch and non_tensor_batch")

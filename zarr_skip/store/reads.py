@@ -9,7 +9,7 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Any
@@ -96,9 +96,12 @@ class Part:
         try:
             index = int(doc["index"])
             default = chunks.Compression(**doc["compression"])
-            data = layout.join(path, str(doc["data"]))
+            data = layout.join(path, _contained(doc["data"], "data group", path))
             specs, arrays = {}, {}
             for name, entry in doc["columns"].items():
+                _contained(name, "column", path, layout.column_name_problem)
+                for aname in entry["arrays"]:
+                    _contained(aname, f"array of column {name!r}", path)
                 specs[name] = ColumnSpec.from_json(name, entry)
                 multi = len(entry["arrays"]) > 1
                 arrays[name] = {
@@ -129,8 +132,19 @@ class Part:
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
             )
+        except MetadataError:
+            raise
         except (KeyError, TypeError, ValueError) as exc:
             raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r})") from None
+
+
+def _contained(name: Any, what: str, path: str, problem: Callable[[object], str | None] = layout.name_problem) -> str:
+    """``name`` from a stored record, refused unless it is one key segment inside the cache
+    (a crafted ``../../x`` must not make a reader open files elsewhere)."""
+    why = problem(name)
+    if why is not None:
+        raise MetadataError(f"{path}: the record's {what} name {name!r} is not a name inside the cache ({why})")
+    return str(name)
 
 
 def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:

@@ -14,8 +14,10 @@ The protocol (``docs/format.md`` has the long version):
 5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
    ``state: complete`` and the manifest (columns, chunk sizes, rows, bytes). This is the only
    completion marker: a writer killed before it leaves an incomplete mini-batch.
-6. When indices ``0 .. expected-1`` are all complete, write the step's summary attribute (a
-   cache for fast status; its content is the same whichever writer writes it).
+6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
+   exclusively: of the writers that see the step complete at once, the one whose create
+   stands is told ``step_complete=True`` and writes the step's summary attribute (a cache for
+   fast status; its content is the same whichever writer writes it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -374,6 +377,12 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
     scan = scan_step(storage, experiment, step)
     info = scan.info(time.time(), 0.0)
     if not info.complete or info.run != ctx.run:
+        return False
+    # every writer that sees the step complete gets here; the one whose exclusive create of
+    # the completion group stands is told so (and writes the summary), the others are not
+    mark = {"writer": ctx.writer, "token": secrets.token_hex(8), "completed": time.time()}
+    token_key = layout.meta_key(layout.join(step_path, ctx.run, layout.COMPLETION))
+    if not storage.create_if_absent(token_key, group_doc({layout.COMPLETION_ATTR: mark})):
         return False
     summary = {
         "run": info.run,
