@@ -174,9 +174,10 @@ def test_non_json_meta_info_fails_unless_coerced(tmp_path: Path, verl_src: Path)
     report = import_legacy(tmp_path / "d", tmp_path / "c")
     (failed,) = report.failed
     assert not report.ok and "meta_info" in failed.reason and "coerce_meta" in failed.reason
-    cache = zs.open_cache(tmp_path / "c", experiment=f"e_p/{GBS}/rollout")
-    assert cache.status() == []  # nothing half-written
+    with pytest.raises(zs.CacheNotFoundError):  # nothing half-written, not even an experiment
+        zs.open_cache(tmp_path / "c")
     assert import_legacy(tmp_path / "d", tmp_path / "c", coerce_meta=True).ok
+    cache = zs.open_cache(tmp_path / "c", experiment=f"e_p/{GBS}/rollout")
     view = cache.load(2)
     assert view.meta_info == coerce_meta_info(src.meta_info)
     assert view.meta_info["np_scalar"] == 1.5 and view.meta_info["set"] == [1, 2]

@@ -27,6 +27,7 @@ from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
 from zarr_skip.store.catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
+from zarr_skip.store.experiments import create_experiment, create_root, differences, find_experiments, nearest
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
@@ -118,6 +119,8 @@ class Cache:
         )
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
+        #: what the first write must create: the root, the experiment (opening never writes)
+        self._create_root = self._create_experiment = False
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -153,22 +156,26 @@ class Cache:
 
     def _open_root(self, early: dict[str, bytes | None]) -> None:
         key = layout.METADATA
-        where = self._storage.key_path(key)
-        doc = parse_json(self._get_early(early, key), where)
+        doc = parse_json(self._get_early(early, key), self._storage.key_path(key))
         if doc is None:
             if self.read_only:
                 raise CacheNotFoundError(
                     f"{self.location}: no zarr_skip cache here (the location does not exist or "
                     "holds no cache); open it with a fingerprint to create one"
                 )
-            attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
-            self._storage.create_if_absent(key, group_doc(attrs))
-            doc = self._read_created(key, where)
+            self._create_root = True  # by the first write
+            self._root: dict[str, Any] = {}
+            self._version = layout.FORMAT_VERSION
+            return
+        self._check_root(doc)
+
+    def _check_root(self, doc: dict[str, Any]) -> None:
+        where = self._storage.key_path(layout.METADATA)
         info = attribute(doc, layout.ROOT_ATTR, where)
         if info is None or info.get("format") != layout.FORMAT_NAME:
             raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
         version = info.get("version")
-        if not isinstance(version, int) or version > layout.FORMAT_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or version > layout.FORMAT_VERSION:
             raise FormatVersionError(
                 f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
                 f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
@@ -187,65 +194,55 @@ class Cache:
         logger.info("%s: format version %d -> %d", self.location, self._version, layout.FORMAT_VERSION)
         self._version = layout.FORMAT_VERSION
 
-    def _read_created(self, key: str, where: str) -> dict[str, Any]:
-        """Read a document another writer may have just created (shared mounts lag a little)."""
-        for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
-            time.sleep(delay)
-            doc = parse_json(self._storage.get(key), where)
-            if doc is not None:
-                return doc
-        raise MetadataError(f"{where}: created by another writer but not readable here yet; retry")
-
     def _open_experiment(self, name: str, fp: dict[str, Any], early: dict[str, bytes | None]) -> None:
         key = layout.meta_key(name)
         where = self._storage.key_path(key)
-        stored = attribute(parse_json(self._get_early(early, key), where), layout.EXPERIMENT_ATTR, where)
+        doc = parse_json(self._get_early(early, key), where)
+        stored = attribute(doc, layout.EXPERIMENT_ATTR, where)
+        if doc is not None and stored is None:
+            # a plain group: the parent of experiments whose fingerprints go further (a role)
+            below = find_experiments(self._storage, name) if not self._create_root else {}
+            if below:
+                near = nearest(fp, below)
+                raise FingerprintMismatchError(
+                    f"{name!r} at {self.location} is not an experiment but holds experiments "
+                    f"{', '.join(below)}: the fingerprint names their parent ({near or 'it lacks their keys'}); "
+                    "give the missing keys (for the SkipManager's data: 'role')"
+                )
         if stored is None:
             if self.read_only:
-                raise ExperimentNotFoundError(f"experiment {name!r} not found at {self.location}")
-            segments = name.split("/")
-            for i in range(1, len(segments)):
-                self._storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
-            doc = {"name": name, "fingerprint": fp, "created": time.time()}
-            self._storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
-            stored = attribute(self._read_created(key, where), layout.EXPERIMENT_ATTR, where)
-        theirs = (stored or {}).get("fingerprint")
+                near = "" if self._create_root else nearest(fp, self.experiments())
+                raise ExperimentNotFoundError(
+                    f"experiment {name!r} not found at {self.location}" + (f" ({near})" if near else "")
+                )
+            self._create_experiment = True  # by the first write
+        else:
+            self._check_fingerprint(name, fp, stored)
+        self.experiment, self.fingerprint = name, fp
+
+    def _check_fingerprint(self, name: str, fp: dict[str, Any], stored: dict[str, Any]) -> None:
+        theirs = stored.get("fingerprint")
         if theirs != fp:
-            keys = sorted(set(fp) | set(theirs or {}))
-            diff = "; ".join(
-                f"{k}: stored {(theirs or {}).get(k)!r}, given {fp.get(k)!r}"
-                for k in keys
-                if (theirs or {}).get(k) != fp.get(k)
-            )
+            diff = "; ".join(differences(fp, theirs if isinstance(theirs, dict) else {}))
             raise FingerprintMismatchError(
                 f"experiment {name!r} at {self.location} was written with other settings ({diff}); "
                 "use another location or experiment name"
             )
-        self.experiment, self.fingerprint = name, fp
+
+    def _create(self) -> None:
+        """Create what opening found missing: the root, then the experiment group."""
+        if self._create_root:
+            self._check_root(create_root(self._storage))
+            self._create_root = False
+        if self._create_experiment and self.experiment is not None and self.fingerprint is not None:
+            stored = create_experiment(self._storage, self.experiment, self.fingerprint)
+            # another writer may have created it meanwhile, with other settings
+            self._check_fingerprint(self.experiment, self.fingerprint, stored or {})
+            self._create_experiment = False
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
-        found: dict[str, dict[str, Any]] = {}
-        level = [""]
-        for _ in range(6):
-            listings = self._storage.list_dirs(level)
-            children = [
-                layout.join(parent, n)
-                for parent, names in zip(level, listings, strict=True)
-                for n in names
-                if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
-            ]
-            if not children:
-                break
-            docs = self._storage.get_json_many(layout.meta_key(c) for c in children)
-            level = []
-            for path, doc in zip(children, docs, strict=True):
-                exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
-                if exp is not None:
-                    found[path] = dict(exp.get("fingerprint", {}))
-                if doc is not None and doc.get("node_type") == "group":
-                    level.append(path)  # experiments may nest (a role below its verl name)
-        return dict(sorted(found.items()))
+        return {} if self._create_root else find_experiments(self._storage)
 
     @property
     def run_id(self) -> str:
@@ -295,6 +292,7 @@ class Cache:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
         layout.step_name(step)
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
+        self._create()
         self._upgrade_root()
         return write_part(
             self._storage,
@@ -397,6 +395,11 @@ class Cache:
         )
 
     def _missing(self, step: int) -> str:
+        if self._create_experiment and self.fingerprint is not None:
+            near = nearest(self.fingerprint, self.experiments())
+            return f"step {step} not found: experiment {self.experiment!r} holds nothing yet at {self.location}" + (
+                f" ({near})" if near else f" (stored experiments: {', '.join(self.experiments()) or 'none'})"
+            )
         have = self.steps() if self.experiment else []
         near = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
         return (

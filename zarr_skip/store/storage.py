@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from concurrent.futures import Future, wait
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from zarr.abc.store import RangeByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
@@ -321,7 +321,8 @@ class Storage:
     def set_many(self, items: Mapping[str, bytes]) -> None:
         if items:
             self._check_writable(next(iter(items)))
-        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()]))
+        # every write ends before a failure is raised: the caller's clean-up must not race them
+        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()], settle=True))
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
@@ -414,8 +415,11 @@ class Storage:
         self.run(self.store.delete(_contained(key)))
 
 
-async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY) -> list[T]:
-    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order."""
+async def gather_limited(
+    factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY, *, settle: bool = False
+) -> list[T]:
+    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order.
+    ``settle``: on a failure, wait for every other one to end before raising the first."""
     if len(factories) <= 1:
         return [await f() for f in factories]
     sem = asyncio.Semaphore(limit)
@@ -424,7 +428,13 @@ async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int
         async with sem:
             return await f()
 
-    return list(await asyncio.gather(*(bounded(f) for f in factories)))
+    if not settle:
+        return list(await asyncio.gather(*(bounded(f) for f in factories)))
+    results = await asyncio.gather(*(bounded(f) for f in factories), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return cast("list[T]", results)
 
 
 def _contained(key: str) -> str:

@@ -157,6 +157,7 @@ def write_part(
             storage.set(record_key, group_doc({layout.PART_ATTR: done}))
         except BaseException:
             _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
+            _forget_run_if_empty(storage, step_path, ctx.run)
             raise
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
@@ -402,6 +403,21 @@ def _discard(storage: Storage, part_path: str) -> None:
         storage.delete_prefix(part_path)
     except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
         logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
+
+
+def _forget_run_if_empty(storage: Storage, step_path: str, run: str) -> None:
+    """After a failed write, remove this run's record from the step if nothing else of the
+    run is there (no mini-batch, complete or claimed), and the step if it is then empty: a
+    refused first write must not leave a step that reads as ``writing``."""
+    run_path = layout.join(step_path, run)
+    try:
+        if any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(run_path)):
+            return
+        storage.delete_prefix(run_path)
+        if not any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(step_path)):
+            storage.delete_prefix(step_path)
+    except Exception as exc:  # noqa: BLE001 - best effort, like _discard; gc removes what stays
+        logger.warning("could not remove the record of run %s at %s: %s", run, step_path, exc)
 
 
 def _prod(shape: tuple[int, ...]) -> int:
