@@ -19,6 +19,7 @@ PUBLIC = [
     "ColumnSpec",
     "Compression",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptCacheError",
     "DataProtoLike",
     "DisplacedWriterError",
@@ -69,6 +70,7 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
         errors.IncompleteStepError: LookupError,
         errors.ChecksumError: ValueError,
         errors.OutsideCacheError: PermissionError,
+        errors.ConfigTypeError: TypeError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)

@@ -13,6 +13,7 @@ from zarr.abc.store import Store
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
+    ConfigTypeError,
     ExperimentNotFoundError,
     FingerprintMismatchError,
     FormatVersionError,
@@ -22,7 +23,7 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
@@ -78,6 +79,15 @@ def open_cache(
     claim_settle : seconds between claiming an index and checking the claim; raise it on
         shared filesystems whose exclusive create is unreliable.
     """
+    if not isinstance(location, Store):
+        checks.check_location(location)
+    checks.check_mapping(fingerprint, "fingerprint")
+    checks.check_mapping(storage_options, "storage_options")
+    if read_only is not None and not isinstance(read_only, bool):
+        raise ConfigTypeError(f"read_only: expected a bool or None, got {type(read_only).__name__}")
+    checks.check_whole(chunk_bytes, "chunk_bytes")
+    lease = checks.check_seconds(lease, "lease", zero=False)
+    claim_settle = checks.check_seconds(claim_settle, "claim_settle", zero=True)
     ro = fingerprint is None if read_only is None else read_only
     store = open_store(location, storage_options=storage_options, read_only=ro)
     storage = Storage(store, claim_settle=claim_settle)
@@ -291,6 +301,8 @@ class Cache:
         if self.read_only or self.experiment is None:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
         layout.step_name(step)
+        checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
+        checks.check_mapping(meta_info, "meta_info")
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
         self._create()
         self._upgrade_root()
@@ -319,10 +331,11 @@ class Cache:
 
     def status(self, steps: Iterable[int] | None = None) -> list[StepInfo]:
         """Every step's state, ascending, from attribute metadata alone (no chunk reads)."""
+        wanted = checks.check_steps(steps)
         exp = self._exp()
         if not exp:
             return []
-        return step_infos(self._storage, exp, time.time(), self.lease, None if steps is None else list(steps))
+        return step_infos(self._storage, exp, time.time(), self.lease, wanted)
 
     def info(self, step: int) -> StepInfo:
         """One step's :class:`StepInfo`; StepNotFoundError if it has no group."""
@@ -338,6 +351,7 @@ class Cache:
 
     def resolve(self, step: int, action: str = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
+        layout.step_name(step)
         if action == "cache":
             found = self.status([step]) if self._exp() else []
             return step if found and found[0].complete else None

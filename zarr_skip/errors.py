@@ -5,6 +5,7 @@ subclasses the builtin exception it refines, so callers may catch either::
 
     ZarrSkipError
     ├── ConfigError (ValueError)                 bad settings, naming the key
+    │   └── ConfigTypeError (TypeError)          an argument of the wrong type
     ├── CacheNotFoundError (FileNotFoundError)   no cache at the location (read-only open)
     ├── ExperimentNotFoundError (KeyError)       no experiment of that name or fingerprint
     ├── AmbiguousExperimentError (ValueError)    several experiments, none chosen
@@ -38,6 +39,7 @@ __all__ = [
     "CacheNotFoundError",
     "ChecksumError",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptCacheError",
     "DisplacedWriterError",
     "ExperimentNotFoundError",
@@ -69,6 +71,11 @@ class ZarrSkipError(Exception):
 
 class ConfigError(ZarrSkipError, ValueError):
     """A setting has an invalid value; the message names the key."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (a list as fingerprint, None as location); nothing was
+    read or written."""
 
 
 class CacheNotFoundError(ZarrSkipError, FileNotFoundError):

@@ -149,6 +149,12 @@ def _is_non_tensor_stack(value: Any) -> bool:
 
 
 def _tensor_to_numpy(t: torch.Tensor, name: str) -> np.ndarray:
+    if t.layout != torch.strided:
+        raise UnsupportedColumnError(
+            f"column {name!r}: {t.layout} tensors are not supported; store t.to_dense() (or its indices and values)"
+        )
+    if t.is_meta:
+        raise UnsupportedColumnError(f"column {name!r}: a tensor on the 'meta' device has no data to store")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
