@@ -40,6 +40,8 @@ PUBLIC = [
     "StepInfo",
     "StepNotFoundError",
     "StepView",
+    "StorageAccessError",
+    "StorageConnectionError",
     "StorageError",
     "UnsafePickleError",
     "UnsupportedColumnError",

@@ -12,7 +12,9 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── FingerprintMismatchError (ValueError)    same experiment name, other settings
     ├── FormatVersionError (ValueError)          a cache written by a newer zarr_skip
     ├── ReadOnlyCacheError (PermissionError)     writing through a read-only handle or location
-    ├── StorageError (OSError)                   the store failed a write (disk full, ...)
+    ├── StorageError (OSError)                   the store failed (disk full, server gone, ...)
+    │   ├── StorageAccessError                   credentials refused, or none to give
+    │   └── StorageConnectionError               the endpoint cannot be reached
     ├── AtomicityError (RuntimeError)            the store cannot create a key exclusively
     ├── StepNotFoundError (KeyError)             no such step
     ├── IncompleteStepError (LookupError)        the step exists but is not complete
@@ -54,6 +56,8 @@ __all__ = [
     "SchemaMismatchError",
     "StepCompleteError",
     "StepNotFoundError",
+    "StorageAccessError",
+    "StorageConnectionError",
     "StorageError",
     "UnsafePickleError",
     "UnsupportedColumnError",
@@ -104,6 +108,14 @@ class ReadOnlyCacheError(ZarrSkipError, PermissionError):
 
 class StorageError(ZarrSkipError, OSError):
     """The store failed a write (disk full, I/O error); nothing was marked complete."""
+
+
+class StorageAccessError(StorageError):
+    """The object store refused the credentials, or there are none to give it."""
+
+
+class StorageConnectionError(StorageError):
+    """The object store's endpoint cannot be reached."""
 
 
 class AtomicityError(ZarrSkipError, RuntimeError):

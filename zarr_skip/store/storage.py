@@ -35,6 +35,7 @@ from zarr_skip.errors import (
 )
 from zarr_skip.format import layout
 from zarr_skip.store import _localfs
+from zarr_skip.store._s3_errors import backend_error
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,13 @@ class Storage:
         return bool(self.store.read_only)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return sync(coro)
+        try:
+            return sync(coro)
+        except Exception as exc:
+            typed = backend_error(exc, self.where)
+            if typed is None:
+                raise
+            raise typed from exc
 
     # -- reads ------------------------------------------------------------------------------
 
