@@ -31,6 +31,7 @@ PUBLIC = [
     "LazyColumn",
     "MetadataError",
     "MissingDataError",
+    "MissingExtraError",
     "OutsideCacheError",
     "PartInfo",
     "ReadOnlyCacheError",

@@ -22,6 +22,7 @@ RANKS: dict[str, int] = {
     "format": 1,
     "store": 2,
     "lazy": 3,
+    "tables": 3,
     "cache": 4,
     "maintenance": 4,
     "synthetic": 5,

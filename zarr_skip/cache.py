@@ -27,13 +27,23 @@ from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
-from zarr_skip.store.catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
+from zarr_skip.store.catalog import (
+    attribute,
+    group_doc,
+    list_steps,
+    scan_step,
+    step_infos,
+    summarized_parts,
+    summarized_steps,
+)
 from zarr_skip.store.experiments import create_experiment, create_root, differences, find_experiments, nearest
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
 
 if TYPE_CHECKING:
+    import pandas
+
     from zarr_skip.maintenance import GcReport, VerifyReport
 
 logger = logging.getLogger(__name__)
@@ -398,6 +408,27 @@ class Cache:
             key=lambda p: p.index,
         )
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
+
+    def table(self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None) -> pandas.DataFrame:
+        """One row per rollout of every complete step (or of ``steps``, each of which must be
+        complete), as a pandas DataFrame (``pip install 'zarr-skip[pandas]'``): ``step``,
+        ``minibatch``, ``row``, then per-row scalars, strings and small JSON objects, and the
+        per-row lengths of jagged columns (or the ``columns`` named); see
+        :mod:`zarr_skip.tables`. Reads the steps' records and those columns' chunks (for jagged
+        ones: their lengths alone), each in one batch of requests across the steps."""
+        from zarr_skip.tables import pandas_module, views_table
+
+        pandas_module()  # before any I/O
+        exp = self._exp()
+        wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
+        found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
+        views = []
+        for step, fast in zip(wanted, found, strict=True):
+            if fast is not None:
+                views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
+            elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
+                views.append(self.load(step))
+        return views_table(self._storage, views, columns)
 
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)

@@ -24,6 +24,7 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── UnsupportedColumnError (TypeError)       a column the codec cannot store exactly
     ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
     ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
+    ├── MissingExtraError (ImportError)          an optional dependency is not installed
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
@@ -51,6 +52,7 @@ __all__ = [
     "IncompleteStepError",
     "MetadataError",
     "MissingDataError",
+    "MissingExtraError",
     "OutsideCacheError",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
@@ -152,6 +154,11 @@ class GroupMismatchError(ZarrSkipError, ValueError):
 
 class UnsafePickleError(ZarrSkipError, pickle.UnpicklingError):
     """A legacy pickle referenced a global outside the allow-list."""
+
+
+class MissingExtraError(ZarrSkipError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (``pip install 'zarr-skip[pandas]'``)."""
 
 
 class CorruptCacheError(ZarrSkipError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zarr_skip.synthetic.payloads import PAYLOADS
 from zarr_skip.synthetic.rollouts import (
     EOS_ID,
     LOG_PROB_MIN,
@@ -22,6 +23,7 @@ __all__ = [
     "LOG_PROB_MIN",
     "LOG_PROB_MIX",
     "PAD_ID",
+    "PAYLOADS",
     "PRESETS",
     "VOCAB_SIZE",
     "DataProtoLike",
