@@ -36,16 +36,13 @@ def test_a_wrong_secret_is_a_storage_access_error(s3_server: Any, fingerprint: d
         zs.open_cache(url, storage_options=opts)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_endpoint_is_a_storage_connection_error(s3_server: Any, fingerprint: dict) -> None:
-    opts = dict(s3_server.storage_options, endpoint_url=f"http://127.0.0.1:{_closed_port()}", **FAST)
-    with pytest.raises(zs.StorageConnectionError, match="endpoint_url"):
-        zs.open_cache(_url(s3_server), fingerprint, storage_options=opts)
+    with socket.socket() as bound:  # bound, never listening: connections are refused, no one else binds it
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        opts = dict(s3_server.storage_options, endpoint_url=f"http://127.0.0.1:{port}", **FAST)
+        with pytest.raises(zs.StorageConnectionError, match="endpoint_url"):
+            zs.open_cache(_url(s3_server), fingerprint, storage_options=opts)
 
 
 def test_an_endpoint_without_credentials_fails_at_once(

@@ -13,9 +13,7 @@ from zarr.abc.store import Store
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
-    ConfigTypeError,
     ExperimentNotFoundError,
-    FingerprintMismatchError,
     FormatVersionError,
     IncompleteStepError,
     MetadataError,
@@ -27,8 +25,10 @@ from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
+from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
+    check_experiment,
     group_doc,
     list_steps,
     scan_step,
@@ -36,7 +36,6 @@ from zarr_skip.store.catalog import (
     summarized_parts,
     summarized_steps,
 )
-from zarr_skip.store.experiments import create_experiment, create_root, differences, find_experiments, nearest
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
@@ -91,13 +90,14 @@ def open_cache(
     """
     if not isinstance(location, Store):
         checks.check_location(location)
-    checks.check_mapping(fingerprint, "fingerprint")
-    checks.check_mapping(storage_options, "storage_options")
-    if read_only is not None and not isinstance(read_only, bool):
-        raise ConfigTypeError(f"read_only: expected a bool or None, got {type(read_only).__name__}")
-    checks.check_whole(chunk_bytes, "chunk_bytes")
-    lease = checks.check_seconds(lease, "lease", zero=False)
-    claim_settle = checks.check_seconds(claim_settle, "claim_settle", zero=True)
+    lease, claim_settle = checks.check_open(
+        fingerprint,
+        storage_options,
+        read_only,
+        chunk_bytes,
+        lease,
+        claim_settle,
+    )
     ro = fingerprint is None if read_only is None else read_only
     store = open_store(location, storage_options=storage_options, read_only=ro)
     storage = Storage(store, claim_settle=claim_settle)
@@ -141,6 +141,8 @@ class Cache:
         self.experiment: str | None = None
         #: what the first write must create: the root, the experiment (opening never writes)
         self._create_root = self._create_experiment = False
+        #: experiment groups found damaged by :meth:`experiments`: path -> why
+        self._damaged: dict[str, str] = {}
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -220,49 +222,42 @@ class Cache:
         doc = parse_json(self._get_early(early, key), where)
         stored = attribute(doc, layout.EXPERIMENT_ATTR, where)
         if doc is not None and stored is None:
-            # a plain group: the parent of experiments whose fingerprints go further (a role)
-            below = find_experiments(self._storage, name) if not self._create_root else {}
-            if below:
-                near = nearest(fp, below)
-                raise FingerprintMismatchError(
-                    f"{name!r} at {self.location} is not an experiment but holds experiments "
-                    f"{', '.join(below)}: the fingerprint names their parent ({near or 'it lacks their keys'}); "
-                    "give the missing keys (for the SkipManager's data: 'role')"
-                )
+            exps.parent_of_experiments(self._storage, name, fp)
         if stored is None:
             if self.read_only:
-                near = "" if self._create_root else nearest(fp, self.experiments())
+                near = "" if self._create_root else exps.nearest(fp, self.experiments())
                 raise ExperimentNotFoundError(
                     f"experiment {name!r} not found at {self.location}" + (f" ({near})" if near else "")
                 )
             self._create_experiment = True  # by the first write
         else:
-            self._check_fingerprint(name, fp, stored)
+            check_experiment(stored, name, where)
+            exps.check_fingerprint(name, fp, stored, self.location)
         self.experiment, self.fingerprint = name, fp
-
-    def _check_fingerprint(self, name: str, fp: dict[str, Any], stored: dict[str, Any]) -> None:
-        theirs = stored.get("fingerprint")
-        if theirs != fp:
-            diff = "; ".join(differences(fp, theirs if isinstance(theirs, dict) else {}))
-            raise FingerprintMismatchError(
-                f"experiment {name!r} at {self.location} was written with other settings ({diff}); "
-                "use another location or experiment name"
-            )
 
     def _create(self) -> None:
         """Create what opening found missing: the root, then the experiment group."""
         if self._create_root:
-            self._check_root(create_root(self._storage))
+            self._check_root(exps.create_root(self._storage))
             self._create_root = False
         if self._create_experiment and self.experiment is not None and self.fingerprint is not None:
-            stored = create_experiment(self._storage, self.experiment, self.fingerprint)
+            stored = exps.create_experiment(self._storage, self.experiment, self.fingerprint)
             # another writer may have created it meanwhile, with other settings
-            self._check_fingerprint(self.experiment, self.fingerprint, stored or {})
+            exps.check_fingerprint(self.experiment, self.fingerprint, stored or {}, self.location)
             self._create_experiment = False
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
-        return {} if self._create_root else find_experiments(self._storage)
+        if self._create_root:
+            self._damaged = {}
+            return {}
+        found, self._damaged = exps.find_experiments(self._storage)
+        return found
+
+    def damaged_experiments(self) -> dict[str, str]:
+        """Experiment groups whose record is damaged or missing beside stored steps: path -> why."""
+        self.experiments()
+        return dict(self._damaged)
 
     @property
     def run_id(self) -> str:
@@ -281,6 +276,8 @@ class Cache:
                     f"{self.location} holds several experiments ({', '.join(names)}); open one "
                     "with open_cache(location, experiment=NAME)"
                 )
+            if self._damaged:
+                raise MetadataError(f"{self.location}: damaged experiment record: {'; '.join(self._damaged.values())}")
             return ""
         return self.experiment
 
@@ -385,6 +382,10 @@ class Cache:
         if fast is not None:
             return self._view(step, path, *fast, allow_pickle=allow_pickle)
         scan = scan_step(self._storage, exp, step)
+        if scan.misplaced:
+            _, why = scan.misplaced[0]
+            more = f" (and {len(scan.misplaced) - 1} more)" if len(scan.misplaced) > 1 else ""
+            raise MetadataError(f"step {step}: {why}{more}")
         if not scan.exists:
             raise StepNotFoundError(self._missing(step))
         info = scan.info(time.time(), self.lease)
@@ -435,13 +436,13 @@ class Cache:
         return StepView(
             self._storage,
             step,
-            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc) for p in parts],
+            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc, self.experiment) for p in parts],
             allow_pickle=allow_pickle,
         )
 
     def _missing(self, step: int) -> str:
         if self._create_experiment and self.fingerprint is not None:
-            near = nearest(self.fingerprint, self.experiments())
+            near = exps.nearest(self.fingerprint, self.experiments())
             return f"step {step} not found: experiment {self.experiment!r} holds nothing yet at {self.location}" + (
                 f" ({near})" if near else f" (stored experiments: {', '.join(self.experiments()) or 'none'})"
             )

@@ -14,7 +14,15 @@ from typing import Any
 from zarr_skip.errors import ConfigError, ConfigTypeError
 from zarr_skip.format.layout import step_name
 
-__all__ = ["MAX_EXPECTED", "check_location", "check_mapping", "check_seconds", "check_steps", "check_whole"]
+__all__ = [
+    "MAX_EXPECTED",
+    "check_location",
+    "check_mapping",
+    "check_open",
+    "check_seconds",
+    "check_steps",
+    "check_whole",
+]
 
 #: the most mini-batches a step may expect (verl's parameter_sync_step is a handful)
 MAX_EXPECTED = 1 << 16
@@ -45,6 +53,24 @@ def check_mapping(value: Any, what: str) -> Mapping[str, Any] | None:
     if value is not None and not isinstance(value, Mapping):
         raise ConfigTypeError(f"{what}: expected a mapping (dict) or None, got {type(value).__name__}")
     return value
+
+
+def check_open(
+    fingerprint: Any,
+    storage_options: Any,
+    read_only: Any,
+    chunk_bytes: Any,
+    lease: Any,
+    claim_settle: Any,
+) -> tuple[float, float]:
+    """The arguments of ``open_cache`` but its location; the lease and claim settle time as
+    floats."""
+    check_mapping(fingerprint, "fingerprint")
+    check_mapping(storage_options, "storage_options")
+    if read_only is not None and not isinstance(read_only, bool):
+        raise ConfigTypeError(f"read_only: expected a bool or None, got {type(read_only).__name__}")
+    check_whole(chunk_bytes, "chunk_bytes")
+    return check_seconds(lease, "lease", zero=False), check_seconds(claim_settle, "claim_settle", zero=True)
 
 
 def check_location(value: Any) -> None:
