@@ -70,7 +70,7 @@ def check_open(
     if read_only is not None and not isinstance(read_only, bool):
         raise ConfigTypeError(f"read_only: expected a bool or None, got {type(read_only).__name__}")
     check_whole(chunk_bytes, "chunk_bytes")
-    return check_seconds(lease, "lease", zero=False), check_seconds(claim_settle, "claim_settle", zero=True)
+    return check_seconds(lease, "lease", zero=True), check_seconds(claim_settle, "claim_settle", zero=True)
 
 
 def check_location(value: Any) -> None:
