@@ -19,6 +19,7 @@ PUBLIC = [
     "ColumnSpec",
     "Compression",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptCacheError",
     "DataProtoLike",
     "DisplacedWriterError",
@@ -31,6 +32,7 @@ PUBLIC = [
     "MetadataError",
     "MissingDataError",
     "MissingExtraError",
+    "OutsideCacheError",
     "PartInfo",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
@@ -39,6 +41,8 @@ PUBLIC = [
     "StepInfo",
     "StepNotFoundError",
     "StepView",
+    "StorageAccessError",
+    "StorageConnectionError",
     "StorageError",
     "UnsafePickleError",
     "UnsupportedColumnError",
@@ -68,6 +72,8 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
         errors.UnsafePickleError: pickle.UnpicklingError,
         errors.IncompleteStepError: LookupError,
         errors.ChecksumError: ValueError,
+        errors.OutsideCacheError: PermissionError,
+        errors.ConfigTypeError: TypeError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)

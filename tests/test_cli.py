@@ -352,7 +352,8 @@ def test_import_refuses_hostile_pickles(tmp_path: Path, capsys: pytest.CaptureFi
     code, out, err = run(capsys, "import", str(tmp_path / "dumps"), loc)
     assert code == 1 and not marker.exists()
     assert "FAILED" in out and "UnsafePickleError" in err and "posix.system" in err
-    assert zs.open_cache(loc, experiment="e_p/GBS1_N2_in4_out4/rollout_tq").status() == []
+    with pytest.raises(zs.CacheNotFoundError):  # the refused import wrote nothing
+        zs.open_cache(loc)
     code, out, err = run(capsys, "import", str(tmp_path / "dumps"), loc, "--trust-pickle")
     assert code == 0 and marker.exists()  # explicit opt-in: the payload ran
     cache = zs.open_cache(loc, experiment="e_p/GBS1_N2_in4_out4/rollout_tq")
@@ -372,7 +373,9 @@ def test_untyped_failures_are_one_line(
         main(["ls", loc, "-v"])
     monkeypatch.undo()
     empty = tmp_path / "empty"
-    zs.open_cache(empty, FINGERPRINT).delete(0)  # a cache root and one experiment, no steps
+    emptied = zs.open_cache(empty, FINGERPRINT)
+    emptied.write(0, {"x": np.zeros(1)})
+    emptied.delete(0)  # a cache root and one experiment, no steps
     code, out, _ = run(capsys, "ls", str(empty), "--json")
     assert code == 0 and [e["steps"] for e in json.loads(out)["experiments"]] == [[]]
 

@@ -120,7 +120,7 @@ def test_several_experiments_are_listed_with_their_fingerprints(fingerprint: dic
 
 def test_a_cache_without_experiments_says_so(fingerprint: dict[str, Any]) -> None:
     store = CountingStore()
-    zs.open_cache(store, fingerprint)
+    zs.open_cache(store, fingerprint).write(0, {"x": np.zeros(1)})
     for key in [k for k in store._store_dict if k != "zarr.json"]:  # keep the root group only
         del store._store_dict[key]
     cache = zs.open_cache(store)

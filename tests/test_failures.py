@@ -87,8 +87,9 @@ def test_read_only_location(tmp_path: Path, fingerprint: dict) -> None:
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         with pytest.raises(zs.ReadOnlyCacheError, match="refuses writes"):
             zs.open_cache(mnt, fingerprint).write(2, make_batch(4))
+        other = zs.open_cache(mnt, dict(fingerprint, n=3))  # opening writes nothing, the first write fails
         with pytest.raises(zs.ReadOnlyCacheError):
-            zs.open_cache(mnt, dict(fingerprint, n=3))
+            other.write(1, make_batch(4))
         assert zs.open_cache(mnt).steps() == [1]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
@@ -102,8 +103,9 @@ def test_a_store_without_exclusive_create_is_refused_clearly(fingerprint: dict) 
 
     fs = AsyncFileSystemWrapper(fsspec.filesystem("memory"), asynchronous=True)
     store = FsspecStore(fs, path=f"/zs-{id(fs)}")
+    cache = zs.open_cache(store, fingerprint)  # opening writes nothing
     with pytest.raises(zs.AtomicityError, match="cannot create keys exclusively"):
-        zs.open_cache(store, fingerprint)
+        cache.write(1, make_batch(2))
 
 
 def test_the_conditional_put_probe_waits_for_the_first_create(
@@ -146,7 +148,7 @@ def test_a_server_ignoring_conditional_puts_is_detected(
     monkeypatch.setattr(_s3_claims, "probe_conditional_put", ignores)
     url = s3_server.s3_url(f"t-{uuid.uuid4().hex[:12]}")
     cache = zs.open_cache(url, fingerprint, storage_options=s3_server.storage_options)
+    cache.write(1, make_batch(2))  # the first write probes (opening writes nothing)
     assert "ignores conditional creates" in caplog.text
     assert cache.storage.claim_settle == 0.5
-    cache.write(1, make_batch(2))
     assert cache.steps() == [1]

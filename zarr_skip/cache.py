@@ -14,7 +14,6 @@ from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
     ExperimentNotFoundError,
-    FingerprintMismatchError,
     FormatVersionError,
     IncompleteStepError,
     MetadataError,
@@ -22,10 +21,11 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
+from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
     check_experiment,
@@ -88,6 +88,16 @@ def open_cache(
     claim_settle : seconds between claiming an index and checking the claim; raise it on
         shared filesystems whose exclusive create is unreliable.
     """
+    if not isinstance(location, Store):
+        checks.check_location(location)
+    lease, claim_settle = checks.check_open(
+        fingerprint,
+        storage_options,
+        read_only,
+        chunk_bytes,
+        lease,
+        claim_settle,
+    )
     ro = fingerprint is None if read_only is None else read_only
     store = open_store(location, storage_options=storage_options, read_only=ro)
     storage = Storage(store, claim_settle=claim_settle)
@@ -129,6 +139,8 @@ class Cache:
         )
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
+        #: what the first write must create: the root, the experiment (opening never writes)
+        self._create_root = self._create_experiment = False
         #: experiment groups found damaged by :meth:`experiments`: path -> why
         self._damaged: dict[str, str] = {}
         if fingerprint is not None:
@@ -166,22 +178,26 @@ class Cache:
 
     def _open_root(self, early: dict[str, bytes | None]) -> None:
         key = layout.METADATA
-        where = self._storage.key_path(key)
-        doc = parse_json(self._get_early(early, key), where)
+        doc = parse_json(self._get_early(early, key), self._storage.key_path(key))
         if doc is None:
             if self.read_only:
                 raise CacheNotFoundError(
                     f"{self.location}: no zarr_skip cache here (the location does not exist or "
                     "holds no cache); open it with a fingerprint to create one"
                 )
-            attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
-            self._storage.create_if_absent(key, group_doc(attrs))
-            doc = self._read_created(key, where)
+            self._create_root = True  # by the first write
+            self._root: dict[str, Any] = {}
+            self._version = layout.FORMAT_VERSION
+            return
+        self._check_root(doc)
+
+    def _check_root(self, doc: dict[str, Any]) -> None:
+        where = self._storage.key_path(layout.METADATA)
         info = attribute(doc, layout.ROOT_ATTR, where)
         if info is None or info.get("format") != layout.FORMAT_NAME:
             raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
         version = info.get("version")
-        if not isinstance(version, int) or version > layout.FORMAT_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or version > layout.FORMAT_VERSION:
             raise FormatVersionError(
                 f"{where}: written in zarr_skip format version {version}; this zarr_skip reads "
                 f"up to version {layout.FORMAT_VERSION}: upgrade zarr_skip"
@@ -200,82 +216,43 @@ class Cache:
         logger.info("%s: format version %d -> %d", self.location, self._version, layout.FORMAT_VERSION)
         self._version = layout.FORMAT_VERSION
 
-    def _read_created(self, key: str, where: str) -> dict[str, Any]:
-        """Read a document another writer may have just created (shared mounts lag a little)."""
-        for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
-            time.sleep(delay)
-            doc = parse_json(self._storage.get(key), where)
-            if doc is not None:
-                return doc
-        raise MetadataError(f"{where}: created by another writer but not readable here yet; retry")
-
     def _open_experiment(self, name: str, fp: dict[str, Any], early: dict[str, bytes | None]) -> None:
         key = layout.meta_key(name)
         where = self._storage.key_path(key)
-        stored = attribute(parse_json(self._get_early(early, key), where), layout.EXPERIMENT_ATTR, where)
-        if stored is not None:
-            check_experiment(stored, name, where)
+        doc = parse_json(self._get_early(early, key), where)
+        stored = attribute(doc, layout.EXPERIMENT_ATTR, where)
+        if doc is not None and stored is None:
+            exps.parent_of_experiments(self._storage, name, fp)
         if stored is None:
             if self.read_only:
-                raise ExperimentNotFoundError(f"experiment {name!r} not found at {self.location}")
-            segments = name.split("/")
-            for i in range(1, len(segments)):
-                self._storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
-            doc = {"name": name, "fingerprint": fp, "created": time.time()}
-            doc["checksum"] = layout.doc_checksum(doc)
-            self._storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
-            stored = attribute(self._read_created(key, where), layout.EXPERIMENT_ATTR, where)
-        theirs = (stored or {}).get("fingerprint")
-        if theirs != fp:
-            keys = sorted(set(fp) | set(theirs or {}))
-            diff = "; ".join(
-                f"{k}: stored {(theirs or {}).get(k)!r}, given {fp.get(k)!r}"
-                for k in keys
-                if (theirs or {}).get(k) != fp.get(k)
-            )
-            raise FingerprintMismatchError(
-                f"experiment {name!r} at {self.location} was written with other settings ({diff}); "
-                "use another location or experiment name"
-            )
+                near = "" if self._create_root else exps.nearest(fp, self.experiments())
+                raise ExperimentNotFoundError(
+                    f"experiment {name!r} not found at {self.location}" + (f" ({near})" if near else "")
+                )
+            self._create_experiment = True  # by the first write
+        else:
+            check_experiment(stored, name, where)
+            exps.check_fingerprint(name, fp, stored, self.location)
         self.experiment, self.fingerprint = name, fp
+
+    def _create(self) -> None:
+        """Create what opening found missing: the root, then the experiment group."""
+        if self._create_root:
+            self._check_root(exps.create_root(self._storage))
+            self._create_root = False
+        if self._create_experiment and self.experiment is not None and self.fingerprint is not None:
+            stored = exps.create_experiment(self._storage, self.experiment, self.fingerprint)
+            # another writer may have created it meanwhile, with other settings
+            exps.check_fingerprint(self.experiment, self.fingerprint, stored or {}, self.location)
+            self._create_experiment = False
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
-        found: dict[str, dict[str, Any]] = {}
-        self._damaged = {}
-        level = [""]
-        for _ in range(6):
-            listings = self._storage.list_dirs(level)
-            for parent, names in zip(level, listings, strict=True):
-                if parent and parent not in found and any(layout.is_step_name(n) for n in names):
-                    self._damaged.setdefault(
-                        parent,
-                        f"{self._storage.key_path(layout.meta_key(parent))}: holds steps but no experiment record",
-                    )
-            children = [
-                layout.join(parent, n)
-                for parent, names in zip(level, listings, strict=True)
-                for n in names
-                if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
-            ]
-            if not children:
-                break
-            docs = self._storage.get_json_many(layout.meta_key(c) for c in children)
-            level = []
-            for path, doc in zip(children, docs, strict=True):
-                exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
-                if exp is not None:
-                    try:
-                        check_experiment(exp, path, self._storage.key_path(layout.meta_key(path)))
-                    except MetadataError as exc:
-                        self._damaged[path] = str(exc)
-                        continue
-                    found[path] = dict(exp.get("fingerprint", {}))
-                if doc is None or doc.get("node_type") != "array":
-                    # experiments may nest (a role below its verl name); a group whose record
-                    # was lost or damaged is walked too, so the steps below it are not hidden
-                    level.append(path)
-        return dict(sorted(found.items()))
+        if self._create_root:
+            self._damaged = {}
+            return {}
+        found, self._damaged = exps.find_experiments(self._storage)
+        return found
 
     def damaged_experiments(self) -> dict[str, str]:
         """Experiment groups whose record is damaged or missing beside stored steps: path -> why."""
@@ -331,7 +308,10 @@ class Cache:
         if self.read_only or self.experiment is None:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
         layout.step_name(step)
+        checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
+        checks.check_mapping(meta_info, "meta_info")
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
+        self._create()
         self._upgrade_root()
         return write_part(
             self._storage,
@@ -358,10 +338,11 @@ class Cache:
 
     def status(self, steps: Iterable[int] | None = None) -> list[StepInfo]:
         """Every step's state, ascending, from attribute metadata alone (no chunk reads)."""
+        wanted = checks.check_steps(steps)
         exp = self._exp()
         if not exp:
             return []
-        return step_infos(self._storage, exp, time.time(), self.lease, None if steps is None else list(steps))
+        return step_infos(self._storage, exp, time.time(), self.lease, wanted)
 
     def info(self, step: int) -> StepInfo:
         """One step's :class:`StepInfo`; StepNotFoundError if it has no group."""
@@ -377,6 +358,7 @@ class Cache:
 
     def resolve(self, step: int, action: str = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
+        layout.step_name(step)
         if action == "cache":
             found = self.status([step]) if self._exp() else []
             return step if found and found[0].complete else None
@@ -459,6 +441,11 @@ class Cache:
         )
 
     def _missing(self, step: int) -> str:
+        if self._create_experiment and self.fingerprint is not None:
+            near = exps.nearest(self.fingerprint, self.experiments())
+            return f"step {step} not found: experiment {self.experiment!r} holds nothing yet at {self.location}" + (
+                f" ({near})" if near else f" (stored experiments: {', '.join(self.experiments()) or 'none'})"
+            )
         have = self.steps() if self.experiment else []
         near = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
         return (

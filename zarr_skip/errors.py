@@ -5,13 +5,16 @@ subclasses the builtin exception it refines, so callers may catch either::
 
     ZarrSkipError
     ├── ConfigError (ValueError)                 bad settings, naming the key
+    │   └── ConfigTypeError (TypeError)          an argument of the wrong type
     ├── CacheNotFoundError (FileNotFoundError)   no cache at the location (read-only open)
     ├── ExperimentNotFoundError (KeyError)       no experiment of that name or fingerprint
     ├── AmbiguousExperimentError (ValueError)    several experiments, none chosen
     ├── FingerprintMismatchError (ValueError)    same experiment name, other settings
     ├── FormatVersionError (ValueError)          a cache written by a newer zarr_skip
     ├── ReadOnlyCacheError (PermissionError)     writing through a read-only handle or location
-    ├── StorageError (OSError)                   the store failed a write (disk full, ...)
+    ├── StorageError (OSError)                   the store failed (disk full, server gone, ...)
+    │   ├── StorageAccessError                   credentials refused, or none to give
+    │   └── StorageConnectionError               the endpoint cannot be reached
     ├── AtomicityError (RuntimeError)            the store cannot create a key exclusively
     ├── StepNotFoundError (KeyError)             no such step
     ├── IncompleteStepError (LookupError)        the step exists but is not complete
@@ -25,7 +28,8 @@ subclasses the builtin exception it refines, so callers may catch either::
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
-        └── MetadataError                        a metadata document cannot be parsed
+        ├── MetadataError                        a metadata document cannot be parsed
+        └── OutsideCacheError (PermissionError)  a key or a link leads outside the cache root
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "CacheNotFoundError",
     "ChecksumError",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptCacheError",
     "DisplacedWriterError",
     "ExperimentNotFoundError",
@@ -48,10 +53,13 @@ __all__ = [
     "MetadataError",
     "MissingDataError",
     "MissingExtraError",
+    "OutsideCacheError",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
     "StepCompleteError",
     "StepNotFoundError",
+    "StorageAccessError",
+    "StorageConnectionError",
     "StorageError",
     "UnsafePickleError",
     "UnsupportedColumnError",
@@ -69,6 +77,11 @@ class ZarrSkipError(Exception):
 
 class ConfigError(ZarrSkipError, ValueError):
     """A setting has an invalid value; the message names the key."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (a list as fingerprint, None as location); nothing was
+    read or written."""
 
 
 class CacheNotFoundError(ZarrSkipError, FileNotFoundError):
@@ -97,6 +110,14 @@ class ReadOnlyCacheError(ZarrSkipError, PermissionError):
 
 class StorageError(ZarrSkipError, OSError):
     """The store failed a write (disk full, I/O error); nothing was marked complete."""
+
+
+class StorageAccessError(StorageError):
+    """The object store refused the credentials, or there are none to give it."""
+
+
+class StorageConnectionError(StorageError):
+    """The object store's endpoint cannot be reached."""
 
 
 class AtomicityError(ZarrSkipError, RuntimeError):
@@ -154,6 +175,11 @@ class MissingDataError(CorruptCacheError, FileNotFoundError):
 
 class MetadataError(CorruptCacheError):
     """A metadata document cannot be parsed or lacks what the format requires."""
+
+
+class OutsideCacheError(CorruptCacheError, PermissionError):
+    """A key (from a record or a caller) or a symbolic link would reach outside the cache root;
+    nothing was read or written there."""
 
 
 class VerlNotInstalledError(ZarrSkipError, ImportError):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
-from zarr_skip.format import dictionary
+from zarr_skip.format import dictionary, layout
 from zarr_skip.format.jsonvalues import json_rows, to_json_value
 from zarr_skip.format.specs import (
     NARROW_ORDER,
@@ -92,9 +92,11 @@ def encode_batch(batch: Any, meta_info: Mapping[str, Any] | None = None, *, allo
     seen: set[str] = set()
     columns = []
     for name, value, section in items:
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        problem = layout.column_name_problem(name)
+        if problem is not None:
             raise UnsupportedColumnError(
-                f"column {name!r}: names must be non-empty strings without '/' or a leading dot"
+                f"column {name!r}: not a valid column name ({problem}); names are non-empty strings "
+                "without '/', '\\' or NUL, not starting with a dot"
             )
         if name in seen:
             raise UnsupportedColumnError(f"column {name!r}: appears in both batch and non_tensor_batch")
@@ -150,6 +152,14 @@ def _is_non_tensor_stack(value: Any) -> bool:
 
 
 def _tensor_to_numpy(t: torch.Tensor, name: str) -> np.ndarray:
+    import torch
+
+    if t.layout != torch.strided:
+        raise UnsupportedColumnError(
+            f"column {name!r}: {t.layout} tensors are not supported; store t.to_dense() (or its indices and values)"
+        )
+    if t.is_meta:
+        raise UnsupportedColumnError(f"column {name!r}: a tensor on the 'meta' device has no data to store")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

@@ -8,6 +8,7 @@ The layout, documented in ``docs/format.md``::
     {experiment}/{step}/{run}/zarr.json     {"zarr_skip.run": {"run", "started", "expected"}}
     {experiment}/{step}/{run}/{i}/zarr.json {"zarr_skip.part": {... "state": "writing"|"complete"}}
     {experiment}/{step}/{run}/{i}/{column}  arrays (a group of arrays for multi-array columns)
+    {experiment}/{step}/{run}/complete/zarr.json  {"zarr_skip.completion": {"writer", "token"}}
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ EXPERIMENT_ATTR = "zarr_skip.experiment"
 STEP_ATTR = "zarr_skip.complete"
 RUN_ATTR = "zarr_skip.run"
 PART_ATTR = "zarr_skip.part"
+COMPLETION_ATTR = "zarr_skip.completion"
+
+#: the group below a run's directory that one writer creates exclusively when it sees the
+#: step complete: that writer alone reports ``step_complete`` and writes the summary
+COMPLETION = "complete"
 
 METADATA = "zarr.json"
 
@@ -107,6 +113,8 @@ def normalize_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_experiment_name(name: str) -> str:
     """Validate a user-given experiment path (segments separated by '/')."""
+    if not isinstance(name, str):
+        raise ConfigError(f"experiment: expected a str, got {type(name).__name__}")
     segments = name.split("/")
     if not name or not all(_SEGMENT.match(s) for s in segments) or any(is_step_name(s) for s in segments):
         raise ConfigError(
@@ -146,6 +154,56 @@ def new_run_id(now: float | None = None) -> str:
 def new_writer_id() -> str:
     """A token unique to one writer (handle) of a run: host, pid and random hex."""
     return f"{_segment(socket.gethostname())}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+#: characters that no name of ours may hold: path separators and NUL
+_FORBIDDEN = ("/", "\\", "\x00")
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be one segment of a key (None when it can).
+
+    A segment is a non-empty string without ``/``, ``\\`` or NUL that is not ``.`` or
+    ``..``: joined to the cache root it names something inside the cache, on every backend.
+    """
+    if not isinstance(name, str):
+        return f"expected a str, got {type(name).__name__}"
+    if not name:
+        return "empty"
+    if name in (".", ".."):
+        return f"{name!r} would leave its directory"
+    bad = [c for c in _FORBIDDEN if c in name]
+    if bad:
+        return f"holds {bad[0]!r} (a path separator or NUL)"
+    return None
+
+
+def column_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a column name (None when it can): a key segment (see
+    :func:`name_problem`) that does not start with a dot and is not ``zarr.json``."""
+    problem = name_problem(name)
+    if problem is None and isinstance(name, str):
+        if name.startswith("."):
+            problem = "starts with a dot"
+        elif name == METADATA:
+            problem = f"{METADATA!r} is the name of zarr's metadata documents"
+    return problem
+
+
+def key_problem(key: object) -> str | None:
+    """Why ``key`` (segments joined by ``/``) would not stay inside the cache (None when it
+    stays): absolute, an empty, ``.`` or ``..`` segment, a backslash or NUL."""
+    if not isinstance(key, str):
+        return f"expected a str, got {type(key).__name__}"
+    if key.startswith("/"):
+        return "absolute"
+    if not key:
+        return None  # the root itself
+    for segment in key.split("/"):
+        problem = name_problem(segment)
+        if problem is not None:
+            return f"segment {segment!r}: {problem}"
+    return None
 
 
 def join(*parts: str) -> str:

@@ -8,7 +8,8 @@ maps to :class:`DataProtoState`, which keeps the pickled state for
 :func:`decode_dataproto_state`. ``torch.save`` archives (``tq_batch.pt``, and the bytes a
 DataProto pickle embeds for its batch) go through ``torch.load(weights_only=True)`` with
 the few tensordict / jagged-tensor classes added (:func:`torch_load`). A refused global
-raises :class:`~zarr_skip.errors.UnsafePickleError` naming the file and the global.
+raises :class:`~zarr_skip.errors.UnsafePickleError` naming the file and the global; so does
+a file that asks for more memory than a fixed multiple of its size (:mod:`._bounds`).
 
 verl's ``DataProto.__getstate__`` returns ``(batch, non_tensor_batch, meta_info)`` where
 ``batch`` is the bytes of ``torch.save(batch.contiguous().consolidate())``, or, under
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from zarr_skip.errors import UnsafePickleError
+from zarr_skip.legacy._bounds import COSTS, Budget, check_archive, check_tensors
 
 __all__ = [
     "DataProtoState",
@@ -203,6 +205,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file)
         self._path = path
         self._trust = trust
+        #: what the file may make this reader allocate (see zarr_skip.legacy._bounds)
+        self.budget = Budget(path, _size_of(file))
 
     def _load_storage_bytes(self, data: bytes) -> Any:
         # Replaces torch.storage._load_from_bytes, which calls torch.load(weights_only=False).
@@ -219,10 +223,19 @@ class RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         table = _allowed()
         if full in table:
-            return table[full]
+            cost = COSTS.get(full)
+            return table[full] if cost is None else self.budget.guard(full, table[full], cost)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise unsafe_pickle_error(self._path, full)
+
+
+def _size_of(file: BinaryIO) -> int:
+    """The size of a file object (its bytes from the current position to the end)."""
+    where = file.tell()
+    end = file.seek(0, os.SEEK_END)
+    file.seek(where)
+    return end - where
 
 
 def load_pickle(path: str | os.PathLike, *, trust: bool = False) -> Any:
@@ -254,9 +267,15 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, path: str | os.PathLike,
     """
     if trust:
         return torch.load(source, weights_only=False, map_location="cpu")
+    budget = Budget(path, os.path.getsize(source) if isinstance(source, (str, os.PathLike)) else _size_of(source))
+    check_archive(source, budget)
     try:
         with torch.serialization.safe_globals(_torch_safe_globals()):
-            return torch.load(source, weights_only=True, map_location="cpu")
+            loaded = torch.load(source, weights_only=True, map_location="cpu")
+        check_tensors(loaded, budget)
+        return loaded
+    except UnsafePickleError:
+        raise
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if "Weights only load failed" not in text and "WeightsUnpickler" not in text:

@@ -31,8 +31,9 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -162,6 +163,10 @@ class LegacyExperiment:
     max_prompt_length: int | None
     max_response_length: int | None
     steps: tuple[LegacyStep, ...]
+    #: mini-batches a nested step needs (given, or inferred from the other steps; None: unknown)
+    expected_minibatches: int | None = None
+    #: why that count could not be inferred (a warning for the import report), else None
+    minibatch_warning: str | None = None
 
     @property
     def name_candidates(self) -> tuple[tuple[str, str], ...]:
@@ -292,6 +297,9 @@ def scan_legacy(
         Hints to split ``{exp}_{proj}`` names (see the module docs).
     expected_minibatches
         verl's ``parameter_sync_step``: nested steps with another count are incomplete.
+        Without it, a nested step with fewer mini-batches than most of the experiment's other
+        steps is incomplete (:attr:`LegacyExperiment.minibatch_warning` says when that count
+        cannot be inferred).
     """
     root = Path(dump_dir).expanduser()
     if not root.is_dir():
@@ -309,6 +317,9 @@ def scan_legacy(
                 continue
             steps.append(_scan_step(child, step, expected_minibatches))
         steps.sort(key=lambda s: s.step)
+        expected, warning = expected_minibatches, None
+        if expected is None:
+            steps, expected, warning = _infer_minibatches(fp_dir, steps)
         gbs, n, p_len, r_len = match.groups()
         found.append(
             LegacyExperiment(
@@ -322,9 +333,54 @@ def scan_legacy(
                 _canonical_int(p_len),
                 _canonical_int(r_len),
                 tuple(steps),
+                expected,
+                warning,
             )
         )
     return found
+
+
+def _mode(values: Iterable[int]) -> int | None:
+    """The most common value, None when there is none or two tie."""
+    top = Counter(values).most_common(2)
+    return top[0][0] if top and (len(top) == 1 or top[0][1] > top[1][1]) else None
+
+
+def _infer_minibatches(fp_dir: Path, steps: list[LegacyStep]) -> tuple[list[LegacyStep], int | None, str | None]:
+    """Without ``parameter_sync_step``, a nested step needs the most common count of
+    mini-batches among the experiment's other steps: a step with fewer (a run interrupted
+    after its first mini-batches) is incomplete. Returns the steps, the count most steps
+    have (None if unknown) and a warning when some step's count could not be inferred."""
+    counts = {s.step: len(s.minibatches) for s in steps if s.layout == "nested" and s.complete}
+    if not counts:
+        return steps, None, None
+    common = _mode(counts.values())
+    out, unknown = [], []
+    for s in steps:
+        if s.step not in counts:
+            out.append(s)
+            continue
+        others = [c for step, c in counts.items() if step != s.step]
+        need = (_mode(others) or common) if others else None
+        if need is None:
+            unknown.append(s.step)
+            out.append(s)
+            continue
+        if counts[s.step] < need:
+            reason = (
+                f"{counts[s.step]} of {need} mini-batches ({need} is the most common count among the other "
+                "steps; give parameter_sync_step to say otherwise)"
+            )
+            s = replace(s, complete=False, reason=reason)
+        out.append(s)
+    warning = None
+    if unknown:
+        warning = (
+            f"{fp_dir}: cannot infer how many mini-batches a nested step needs for step(s) "
+            f"{', '.join(map(str, unknown))} (no other steps to compare, or a tie); they are imported as "
+            "found: give parameter_sync_step (--parameter-sync-step) to check them"
+        )
+    return out, common, warning
 
 
 # --------------------------------------------------------------------------- reading

@@ -218,7 +218,9 @@ def import_legacy(
     experiment_name, project_name : how to split ``{exp}_{proj}`` directory names (verl
         joins them with ``_``); the split is part of the fingerprint the SkipManager checks.
     expected_minibatches : verl's ``parameter_sync_step``: nested legacy steps with another
-        count of mini-batches are skipped as incomplete.
+        count of mini-batches are skipped as incomplete. Without it, the count is inferred per
+        experiment (the most common one among its other steps): steps with fewer are skipped,
+        and the report warns where it cannot be inferred.
     allow_pickle : store columns the codec cannot store exactly as pickles.
     coerce_meta : store a JSON-able copy of DataProto ``meta_info`` that is not JSON-able
         (see :func:`coerce_meta_info`) instead of failing the step.
@@ -244,6 +246,8 @@ def import_legacy(
         warnings.append(f"no legacy verl cache (a {{exp}}_{{proj}}/GBS.._N.._in.._out.. directory) under {root}")
     plan: list[tuple[Any, Any, str, dict[str, Any]]] = []
     for exp in exps:
+        if exp.minibatch_warning:
+            warnings.append(exp.minibatch_warning)
         if exp.name_split == "guess" and not (experiment_name or project_name):
             warnings.append(
                 f"{exp.path}: split {exp.combined_name!r} as experiment {exp.experiment_name!r}, project "

@@ -4,6 +4,13 @@ Same semantics as zarr's ``LocalStore`` (every write is a temp file renamed into
 reader never sees half a file; an exclusive create is a hard link, which fails if the target
 exists), without an event-loop round trip and a thread hop per key: metadata operations run
 in the caller's thread, chunk batches in a small thread pool.
+
+Every key goes through a :class:`Tree`, which keeps it inside the cache root: a key with an
+absolute path, a ``..`` or empty segment, a backslash or NUL is refused, and a file opened
+through a symbolic link that leads out of the root (a linked data directory) is closed
+unread (:class:`~zarr_skip.errors.OutsideCacheError`). The check asks the kernel where the
+opened file really is (``/proc/self/fd``), so it costs one ``readlink`` per file and no
+race between checking a path and opening it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
+
+from zarr_skip.errors import OutsideCacheError
+from zarr_skip.format.layout import key_problem
 
 T = TypeVar("T")
 _POOL: ThreadPoolExecutor | None = None
@@ -56,118 +66,214 @@ def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
     return list(pool().map(fn, items))
 
 
-def read(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
+#: where the kernel tells the real path of an open file (Linux); elsewhere paths are resolved
+_FD_LINKS = "/proc/self/fd"
+_HAS_FD_LINKS = os.path.isdir(_FD_LINKS)
+_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
 
-def _temp(path: Path) -> Path:
-    return path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+class Tree:
+    """The files of a cache root, reached by key; nothing outside the root is read or written.
 
-
-def write(path: Path, data: bytes) -> int:
-    """Write ``data`` to ``path`` atomically (temp file, then rename)."""
-    try:
-        tmp = _temp(path)
-        f = open(tmp, "wb")  # noqa: SIM115 - closed below, before the rename
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temp(path)
-        f = open(tmp, "wb")  # noqa: SIM115
-    try:
-        with f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return len(data)
-
-
-def read_range(path: Path, start: int, length: int) -> bytes | None:
-    """``length`` bytes of ``path`` from ``start`` (fewer at the end of the file; None if absent)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    try:
-        return os.pread(fd, length, start)
-    finally:
-        os.close(fd)
-
-
-def will_need(path: Path, start: int, length: int) -> None:
-    """Ask the kernel to start reading ``length`` bytes of ``path`` from ``start`` into the
-    page cache now (``posix_fadvise(WILLNEED)``); returns at once. A missing file is left to
-    the read that follows to report."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
-    except OSError:  # pragma: no cover - a filesystem without read-ahead
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_fresh(path: Path, data: bytes | Sequence[bytes]) -> int:
-    """Write a file in a directory only this writer uses and nobody reads before it says so.
-
-    No temp file and rename: a writer's data group is read only after its completion record
-    names every chunk with its size and checksum, so a torn write is caught, never trusted.
-    ``data`` may come in pieces (the chunks of a shard), written one after the other.
+    Parameters
+    ----------
+    root : the cache's directory (it may itself be a symbolic link: its target is the root).
     """
-    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    with open(path, "wb") as f:
-        for piece in pieces:
-            f.write(piece)
-    return sum(len(p) for p in pieces)
 
+    __slots__ = ("real", "root")
 
-def make_dirs(paths: Sequence[Path]) -> None:
-    """Create the directories of ``paths`` (parents first), once each."""
-    for d in sorted({p.parent for p in paths}, key=lambda d: len(d.parts)):
-        d.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.real = os.path.realpath(root)
 
+    def path(self, key: str) -> Path:
+        """The file of ``key``; a key that would leave the root is refused."""
+        problem = key_problem(key)
+        if problem is not None:
+            raise OutsideCacheError(f"{self.root}: key {key!r} would leave the cache ({problem})")
+        return self.root / key if key else self.root
 
-def create(path: Path, data: bytes) -> None:
-    """Create ``path`` holding ``data`` unless it exists (hard link of a complete temp file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+    def _inside(self, real: str) -> bool:
+        return real == self.real or real.startswith(self.real.rstrip(os.sep) + os.sep)
+
+    def _refuse(self, key: str, real: str) -> OutsideCacheError:
+        return OutsideCacheError(
+            f"{self.root / key}: a symbolic link leads outside the cache root to {real}; refused "
+            "(zarr_skip never links files, so the cache was altered)"
+        )
+
+    def _check_fd(self, fd: int, key: str, path: Path) -> None:
+        real = os.readlink(f"{_FD_LINKS}/{fd}") if _HAS_FD_LINKS else os.path.realpath(path)
+        if not self._inside(real):
+            raise self._refuse(key, real)
+
+    def check_path(self, key: str) -> Path:
+        """``path(key)`` after resolving its symbolic links (for what is not opened: a
+        directory to create, list or delete)."""
+        path = self.path(key)
+        real = os.path.realpath(path)
+        if not self._inside(real):
+            raise self._refuse(key, real)
+        return path
+
+    def _open(self, key: str, flags: int) -> int | None:
+        """A checked file descriptor of ``key`` opened with ``flags`` (None if absent)."""
+        path = self.path(key)
         try:
-            os.link(tmp, path)
-        except FileExistsError:
+            fd = os.open(path, flags)
+        except _MISSING:
+            return None
+        try:
+            self._check_fd(fd, key, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def read(self, key: str) -> bytes | None:
+        fd = self._open(key, os.O_RDONLY)
+        if fd is None:
+            return None
+        try:
+            with open(fd, "rb", closefd=False) as f:
+                return f.read()
+        except IsADirectoryError:
+            return None
+        finally:
+            os.close(fd)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes | None:
+        """``length`` bytes of ``key`` from ``start`` (fewer at the end of the file; None if absent)."""
+        fd = self._open(key, os.O_RDONLY)
+        if fd is None:
+            return None
+        try:
+            return os.pread(fd, length, start)
+        except IsADirectoryError:
+            return None
+        finally:
+            os.close(fd)
+
+    def will_need(self, key: str, start: int, length: int) -> None:
+        """Ask the kernel to start reading ``length`` bytes of ``key`` from ``start`` into the
+        page cache now (``posix_fadvise(WILLNEED)``); returns at once. A missing file is left
+        to the read that follows to report."""
+        try:
+            fd = self._open(key, os.O_RDONLY)
+        except OSError:
+            return
+        if fd is None:
+            return
+        try:
+            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+        except OSError:  # pragma: no cover - a filesystem without read-ahead
             pass
-    finally:
-        tmp.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
+    def list_dir(self, key: str) -> list[str]:
+        try:
+            fd = self._open(key, os.O_RDONLY | os.O_DIRECTORY)
+        except NotADirectoryError:
+            return []
+        if fd is None:
+            return []
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
 
-def list_dir(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    def list_files(self, key: str) -> list[str]:
+        """Every file below ``key``, as keys relative to the root (links are not followed)."""
+        path = self.check_path(key)
+        out = []
+        for dirpath, _, files in os.walk(path):
+            rel = os.path.relpath(dirpath, self.root)
+            out += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files]
+        return sorted(out)
 
+    # -- writes -------------------------------------------------------------------------------
 
-def list_files(path: Path, root: Path) -> list[str]:
-    """Every file below ``path``, as keys relative to ``root``."""
-    out = []
-    for dirpath, _, files in os.walk(path):
-        rel = os.path.relpath(dirpath, root)
-        out += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files]
-    return sorted(out)
+    def _temp(self, key: str) -> tuple[Path, int]:
+        """A new temp file beside ``key`` (its directory made if missing), checked, open."""
+        path = self.path(key)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:
+            self.make_dirs([key])
+            fd = os.open(tmp, flags, 0o666)
+        try:
+            self._check_fd(fd, key, tmp)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp, fd
 
+    def write(self, key: str, data: bytes) -> int:
+        """Write ``data`` to ``key`` atomically (temp file, then rename)."""
+        tmp, fd = self._temp(key)
+        try:
+            with open(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.path(key))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return len(data)
 
-def delete_tree(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=False)
-    else:
-        path.unlink(missing_ok=True)
+    def write_fresh(self, key: str, data: bytes | Sequence[bytes]) -> int:
+        """Write a file in a directory only this writer uses and nobody reads before it says so.
+
+        No temp file and rename: a writer's data group is read only after its completion record
+        names every chunk with its size and checksum, so a torn write is caught, never trusted.
+        ``data`` may come in pieces (the chunks of a shard), written one after the other.
+        """
+        pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+        path = self.path(key)
+        # its directory was checked when made (make_dirs); a link in its place is not followed
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        with open(fd, "wb") as f:
+            self._check_fd(fd, key, path)
+            for piece in pieces:
+                f.write(piece)
+        return sum(len(p) for p in pieces)
+
+    def make_dirs(self, keys: Sequence[str]) -> None:
+        """Create the directories of ``keys`` (parents first), once each. Where a new branch
+        starts, its parent is resolved first: no directory is made through a link out."""
+        dirs = {self.path(k).parent for k in keys}
+        for d in sorted(dirs, key=lambda d: len(d.parts)):
+            if d.parent not in dirs and d != self.root:
+                real = os.path.realpath(d)
+                if not self._inside(real):
+                    raise self._refuse(str(d.relative_to(self.root)), real)
+            d.mkdir(parents=True, exist_ok=True)
+
+    def create(self, key: str, data: bytes) -> None:
+        """Create ``key`` holding ``data`` unless it exists (hard link of a complete temp file)."""
+        tmp, fd = self._temp(key)
+        try:
+            with open(fd, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, self.path(key))
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def delete_tree(self, key: str) -> None:
+        path = self.check_path(key)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=False)
+        else:
+            path.unlink(missing_ok=True)
+
+    def delete(self, key: str) -> None:
+        self.check_path(key.rpartition("/")[0])
+        self.path(key).unlink(missing_ok=True)

@@ -20,6 +20,7 @@ can tell a caller whether it won.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from zarr.storage import ObjectStore
 
-from zarr_skip.errors import ConfigError, StorageError
+from zarr_skip.errors import ConfigError, StorageAccessError, StorageError
 from zarr_skip.store._s3_config import (  # noqa: F401  re-exported
     S3Location,
     _BotocoreCredentials,
@@ -37,6 +38,7 @@ from zarr_skip.store._s3_config import (  # noqa: F401  re-exported
     parse_s3_url,
     s3_config_from_storage_options,
 )
+from zarr_skip.store._s3_errors import MISSING_EXTRA
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable
@@ -225,6 +227,8 @@ def open_s3_store(
             backend = "fsspec"
         else:
             backend = "obstore"
+        if backend == "fsspec" and importlib.util.find_spec("s3fs") is None:
+            raise ConfigError(f"{url}: s3:// locations need the S3 client: {MISSING_EXTRA}")
     if backend == "obstore":
         return _open_obstore(loc, storage_options, read_only)
     return _open_fsspec(loc, storage_options, read_only)
@@ -234,7 +238,7 @@ def _open_obstore(loc: S3Location, storage_options: Mapping[str, Any] | None, re
     try:
         from obstore.store import S3Store
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("the obstore backend needs 'pip install obstore'") from exc
+        raise ConfigError(f"the obstore backend needs the S3 client: {MISSING_EXTRA}") from exc
     config, extra, profile = s3_config_from_storage_options(storage_options)
     kwargs: dict[str, Any] = {}
     if _wants_botocore(config, profile):
@@ -253,6 +257,15 @@ def _open_obstore(loc: S3Location, storage_options: Mapping[str, Any] | None, re
                 raise ConfigError("AWS profiles need botocore ('pip install botocore')") from None
     if "region" not in config and not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
         config.setdefault("region", "us-east-1")
+    endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and not kwargs and not _has_credentials(config):
+        # obstore would ask the cloud's instance-metadata address (169.254.169.254) for
+        # credentials, which a server at an endpoint the user named never needs
+        raise StorageAccessError(
+            f"s3://{loc.fsspec_path} at {endpoint}: no credentials: give key and secret in "
+            "storage_options (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or an AWS profile), "
+            "or anon=True for a public bucket"
+        )
     try:
         inner = S3Store(
             loc.bucket,
@@ -267,12 +280,32 @@ def _open_obstore(loc: S3Location, storage_options: Mapping[str, Any] | None, re
     return ForkCheckedObjectStore(inner, read_only=read_only)
 
 
+#: environment variables through which obstore finds credentials without asking the instance
+_CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+
+
+def _has_credentials(config: dict[str, Any]) -> bool:
+    """Whether obstore gets credentials without probing the instance-metadata address: given,
+    unsigned, from the environment, or a metadata endpoint the user chose."""
+    keys = ("access_key_id", "skip_signature", "metadata_endpoint", "web_identity_token_file", "role_arn")
+    if any(config.get(k) for k in keys) or any(k.startswith("container_") for k in config):
+        return True
+    if any(os.environ.get(k) for k in _CREDENTIAL_ENV) or os.environ.get("AWS_EC2_METADATA_DISABLED") == "false":
+        return True
+    return bool(os.environ.get("AWS_METADATA_ENDPOINT"))
+
+
 def _open_fsspec(loc: S3Location, storage_options: Mapping[str, Any] | None, read_only: bool) -> Store:
     try:
         import s3fs
         from zarr.storage import FsspecStore
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("the fsspec backend needs 'pip install s3fs'") from exc
+        raise ConfigError(f"the fsspec backend needs the S3 client: {MISSING_EXTRA}") from exc
     opts = dict(storage_options or {})
     # Map boto/obstore-style names to s3fs's.
     renames = {

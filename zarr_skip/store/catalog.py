@@ -109,7 +109,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
             (scan.strays if blob is None else scan.unreadable).append(name)
             continue
         scan.runs.append(record)
-        part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names)]
+        part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names) if n != layout.COMPLETION]
     part_docs = storage.get_many([layout.meta_key(p) for *_, p in part_paths])
     for (scan, run, name, path), blob in zip(part_paths, part_docs, strict=True):
         where = storage.key_path(layout.meta_key(path))

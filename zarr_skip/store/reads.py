@@ -9,7 +9,7 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Any
@@ -118,9 +118,12 @@ class Part:
         try:
             index = int(doc["index"])
             default = chunks.Compression(**doc["compression"])
-            data = layout.join(path, str(doc["data"]))
+            data = layout.join(path, _contained(doc["data"], "data group", path))
             specs, arrays = {}, {}
             for name, entry in doc["columns"].items():
+                _contained(name, "column", path, layout.column_name_problem)
+                for aname in entry["arrays"]:
+                    _contained(aname, f"array of column {name!r}", path)
                 specs[name] = ColumnSpec.from_json(name, entry)
                 multi = len(entry["arrays"]) > 1
                 arrays[name] = {
@@ -152,6 +155,8 @@ class Part:
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
             )
+        except MetadataError:
+            raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r:.200})") from None
 
@@ -175,6 +180,15 @@ def checked_entries(a: Mapping[str, ArrayPart], codes: np.ndarray | None, length
     records.check_lengths(lengths, a["values"].rows, a["lengths"].where)
     if codes is not None:
         records.check_codes(codes, len(lengths), a["codes"].where)
+
+
+def _contained(name: Any, what: str, path: str, problem: Callable[[object], str | None] = layout.name_problem) -> str:
+    """``name`` from a stored record, refused unless it is one key segment inside the cache
+    (a crafted ``../../x`` must not make a reader open files elsewhere)."""
+    why = problem(name)
+    if why is not None:
+        raise MetadataError(f"{path}: the record's {what} name {name!r} is not a name inside the cache ({why})")
+    return str(name)
 
 
 def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:

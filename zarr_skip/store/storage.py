@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from concurrent.futures import Future, wait
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from zarr.abc.store import RangeByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
@@ -28,10 +28,14 @@ from zarr_skip.errors import (
     AtomicityError,
     ConfigError,
     MetadataError,
+    OutsideCacheError,
     ReadOnlyCacheError,
     StorageError,
+    ZarrSkipError,
 )
+from zarr_skip.format import layout
 from zarr_skip.store import _localfs
+from zarr_skip.store._s3_errors import backend_error
 
 logger = logging.getLogger(__name__)
 
@@ -99,18 +103,26 @@ class Storage:
         self.where = describe(store)
         #: the directory of a LocalStore: its keys are read and written directly (_localfs)
         self.root: Path | None = Path(store.root) if type(store) is LocalStore else None
+        self._tree = _localfs.Tree(self.root) if self.root is not None else None
 
     @property
     def read_only(self) -> bool:
         return bool(self.store.read_only)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return sync(coro)
+        try:
+            return sync(coro)
+        except Exception as exc:
+            typed = backend_error(exc, self.where)
+            if typed is None:
+                raise
+            raise typed from exc
 
     # -- reads ------------------------------------------------------------------------------
 
     async def aget(self, key: str, span: tuple[int, int] | None = None) -> bytes | None:
         """The bytes at ``key`` (None if absent), or ``span = (start, length)`` of them."""
+        _contained(key)
         if span is None:
             buf = await self.store.get(key, _PROTO)
         else:
@@ -124,15 +136,14 @@ class Storage:
         return None if buf is None else buf.to_bytes()
 
     def get(self, key: str) -> bytes | None:
-        if self.root is not None:
-            return _localfs.read(self.root / key)
+        if self._tree is not None:
+            return self._tree.read(key)
         return self.run(self.aget(key))
 
     def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
         keys = list(keys)
-        if self.root is not None:
-            root = self.root  # concurrent: cold metadata reads overlap their disk latency
-            return _localfs.parallel(lambda k: _localfs.read(root / k), keys)
+        if self._tree is not None:  # concurrent: cold metadata reads overlap their disk latency
+            return _localfs.parallel(self._tree.read, keys)
         if not keys:
             return []
         return self.run(gather_limited([partial(self.aget, k) for k in keys]))
@@ -146,13 +157,13 @@ class Storage:
     ) -> list[Any]:
         """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied
         concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read."""
-        if self.root is not None:
-            root = self.root
+        if self._tree is not None:
+            tree = self._tree
 
             def one(it: T) -> Any:
                 where = span(it)
-                path = root / key(it)
-                return fn(it, _localfs.read(path) if where is None else _localfs.read_range(path, *where))
+                k = key(it)
+                return fn(it, tree.read(k) if where is None else tree.read_range(k, *where))
 
             return _localfs.parallel(one, items)
         spans = [span(it) for it in items]
@@ -164,11 +175,11 @@ class Storage:
         """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
         them (no thread, no wait) and True is returned. Other stores: False, and the caller
         fetches them itself, concurrently with what it reads now: one round trip, not two."""
-        if self.root is None or not hasattr(os, "posix_fadvise"):
+        if self._tree is None or not hasattr(os, "posix_fadvise"):
             return False
         for key, span in items:
             start, length = span if span is not None else (0, 0)
-            _localfs.will_need(self.root / key, start, length)
+            self._tree.will_need(key, start, length)
         return True
 
     def parallel(self, fn: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
@@ -190,22 +201,22 @@ class Storage:
         """
         if items:
             self._check_writable(items[0][0])
-        if self.root is not None:
-            return self._put_local(items, fresh)
+        if self._tree is not None:
+            return self._put_local(self._tree, items, fresh)
         values = _localfs.parallel(lambda item: _joined(item[1]()), items)
         data = {key: value for (key, _), value in zip(items, values, strict=True)}
         self.set_many(data)
         return {key: len(value) for key, value in data.items()}
 
-    def _put_local(self, items: Sequence[tuple[str, Callable[[], Value]]], fresh: bool) -> dict[str, int]:
-        root = self.root
-        assert root is not None
+    def _put_local(
+        self, tree: _localfs.Tree, items: Sequence[tuple[str, Callable[[], Value]]], fresh: bool
+    ) -> dict[str, int]:
         if not fresh:
 
             def put(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
                 key, make = item
                 try:
-                    return key, _localfs.write(root / key, _joined(make()))
+                    return key, tree.write(key, _joined(make()))
                 except OSError as exc:
                     raise storage_error(exc, self.key_path(key)) from exc
 
@@ -222,13 +233,13 @@ class Storage:
                 ready.wait()
                 if failed:
                     raise failed[0]
-                return key, _localfs.write_fresh(root / key, value)
+                return key, tree.write_fresh(key, value)
             except OSError as exc:
                 raise storage_error(exc, self.key_path(key)) from exc
 
         futures = [_localfs.submit(put_fresh, item) for item in items]
         try:
-            _localfs.make_dirs([root / key for key, _ in items])
+            tree.make_dirs([key for key, _ in items])
         except OSError as exc:
             failed.append(exc)
         finally:
@@ -259,8 +270,8 @@ class Storage:
         """:meth:`list_dirs` of ``prefixes`` and :meth:`get_many` of ``keys``: from an object
         store in one round of requests; from local files the listings, then the reads."""
         prefixes, keys = list(prefixes), list(keys)
-        if self.root is not None:
-            return [_localfs.list_dir(self.root / p) for p in prefixes], self.get_many(keys)
+        if self._tree is not None:
+            return [self._tree.list_dir(p) for p in prefixes], self.get_many(keys)
         if not prefixes and not keys:
             return [], []
 
@@ -277,8 +288,8 @@ class Storage:
         return self.run(both())
 
     def list_prefix(self, prefix: str) -> list[str]:
-        if self.root is not None:
-            return _localfs.list_files(self.root / prefix, self.root)
+        if self._tree is not None:
+            return self._tree.list_files(prefix)
 
         async def collect() -> list[str]:
             return [key async for key in self.store.list_prefix(prefix)]
@@ -298,6 +309,7 @@ class Storage:
             raise ReadOnlyCacheError(f"{self.key_path(key)}: the cache was opened read-only")
 
     async def aset(self, key: str, data: bytes) -> None:
+        _contained(key)
         try:
             await self.store.set(key, _PROTO.buffer.from_bytes(data))
         except OSError as exc:
@@ -305,9 +317,9 @@ class Storage:
 
     def set(self, key: str, data: bytes) -> None:
         self._check_writable(key)
-        if self.root is not None:
+        if self._tree is not None:
             try:
-                _localfs.write(self.root / key, data)
+                self._tree.write(key, data)
             except OSError as exc:
                 raise storage_error(exc, self.key_path(key)) from exc
             return
@@ -316,7 +328,8 @@ class Storage:
     def set_many(self, items: Mapping[str, bytes]) -> None:
         if items:
             self._check_writable(next(iter(items)))
-        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()]))
+        # every write ends before a failure is raised: the caller's clean-up must not race them
+        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()], settle=True))
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
@@ -328,20 +341,21 @@ class Storage:
         the last): whoever's bytes remain is the one winner.
         """
         self._check_writable(key)
-        if self.root is not None:
+        if self._tree is not None:
             try:
-                _localfs.create(self.root / key, data)
+                self._tree.create(key, data)
             except OSError as exc:
                 raise storage_error(exc, self.key_path(key)) from exc
             if self.claim_settle:
                 time.sleep(self.claim_settle)
-            return _localfs.read(self.root / key) == data
+            return self._tree.read(key) == data
         if not self._probed:  # at the first create, not at open: readers never pay for it
             self._probed = True
             self.check_exclusive_create("")
         return self.run(self._create_if_absent(key, data))
 
     async def _create_if_absent(self, key: str, data: bytes) -> bool:
+        _contained(key)
         store = self.store
         try:
             if isinstance(store, (LocalStore, MemoryStore)):
@@ -393,23 +407,26 @@ class Storage:
         """Delete every key below ``prefix`` (a 'directory')."""
         self._check_writable(prefix)
         try:
-            if self.root is not None:
-                _localfs.delete_tree(self.root / prefix)
+            if self._tree is not None:
+                self._tree.delete_tree(prefix)
                 return
-            self.run(self.store.delete_dir(prefix))
+            self.run(self.store.delete_dir(_contained(prefix)))
         except OSError as exc:
             raise storage_error(exc, self.key_path(prefix)) from exc
 
     def delete(self, key: str) -> None:
         self._check_writable(key)
-        if self.root is not None:
-            (self.root / key).unlink(missing_ok=True)
+        if self._tree is not None:
+            self._tree.delete(key)
             return
-        self.run(self.store.delete(key))
+        self.run(self.store.delete(_contained(key)))
 
 
-async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY) -> list[T]:
-    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order."""
+async def gather_limited(
+    factories: list[Callable[[], Awaitable[T]]], limit: int = CONCURRENCY, *, settle: bool = False
+) -> list[T]:
+    """Run coroutine factories concurrently, at most ``limit`` at a time, results in order.
+    ``settle``: on a failure, wait for every other one to end before raising the first."""
     if len(factories) <= 1:
         return [await f() for f in factories]
     sem = asyncio.Semaphore(limit)
@@ -418,7 +435,21 @@ async def gather_limited(factories: list[Callable[[], Awaitable[T]]], limit: int
         async with sem:
             return await f()
 
-    return list(await asyncio.gather(*(bounded(f) for f in factories)))
+    if not settle:
+        return list(await asyncio.gather(*(bounded(f) for f in factories)))
+    results = await asyncio.gather(*(bounded(f) for f in factories), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return cast("list[T]", results)
+
+
+def _contained(key: str) -> str:
+    """``key``, refused unless it stays inside the cache (on every backend)."""
+    problem = layout.key_problem(key)
+    if problem is not None:
+        raise OutsideCacheError(f"key {key!r} would leave the cache ({problem})")
+    return key
 
 
 def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
@@ -437,6 +468,8 @@ def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
 
 def storage_error(exc: OSError, where: str) -> Exception:
     """Map an OSError from the store to a typed error naming the location."""
+    if isinstance(exc, ZarrSkipError):  # already typed (a key or link leading out of the cache)
+        return exc
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return ReadOnlyCacheError(f"{where}: the location refuses writes ({exc.strerror})")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -14,8 +14,10 @@ The protocol (``docs/format.md`` has the long version):
 5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
    ``state: complete`` and the manifest (columns, chunk sizes, rows, bytes). This is the only
    completion marker: a writer killed before it leaves an incomplete mini-batch.
-6. When indices ``0 .. expected-1`` are all complete, write the step's summary attribute (a
-   cache for fast status; its content is the same whichever writer writes it).
+6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
+   exclusively: of the writers that see the step complete at once, the one whose create
+   stands is told ``step_complete=True`` and writes the step's summary attribute (a cache for
+   fast status; its content is the same whichever writer writes it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -155,6 +158,7 @@ def write_part(
             storage.set(record_key, group_doc({layout.PART_ATTR: done}))
         except BaseException:
             _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
+            _forget_run_if_empty(storage, step_path, ctx.run)
             raise
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
@@ -398,6 +402,12 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
     info = scan.info(time.time(), 0.0)
     if not info.complete or info.run != ctx.run:
         return False
+    # every writer that sees the step complete gets here; the one whose exclusive create of
+    # the completion group stands is told so (and writes the summary), the others are not
+    mark = {"writer": ctx.writer, "token": secrets.token_hex(8), "completed": time.time()}
+    token_key = layout.meta_key(layout.join(step_path, ctx.run, layout.COMPLETION))
+    if not storage.create_if_absent(token_key, group_doc({layout.COMPLETION_ATTR: mark})):
+        return False
     summary = {
         **records.Place(experiment, step).to_json(),
         "run": info.run,
@@ -418,6 +428,21 @@ def _discard(storage: Storage, part_path: str) -> None:
         storage.delete_prefix(part_path)
     except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
         logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
+
+
+def _forget_run_if_empty(storage: Storage, step_path: str, run: str) -> None:
+    """After a failed write, remove this run's record from the step if nothing else of the
+    run is there (no mini-batch, complete or claimed), and the step if it is then empty: a
+    refused first write must not leave a step that reads as ``writing``."""
+    run_path = layout.join(step_path, run)
+    try:
+        if any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(run_path)):
+            return
+        storage.delete_prefix(run_path)
+        if not any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(step_path)):
+            storage.delete_prefix(step_path)
+    except Exception as exc:  # noqa: BLE001 - best effort, like _discard; gc removes what stays
+        logger.warning("could not remove the record of run %s at %s: %s", run, step_path, exc)
 
 
 def _prod(shape: tuple[int, ...]) -> int:

@@ -1,0 +1,120 @@
+"""Opening never writes: the root and the experiment come with the first write; a cache of
+several experiments stays browsable; a near-miss fingerprint says which keys differ; a refused
+write leaves nothing that reads as data or as ``writing``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import FINGERPRINT, make_batch
+from test_failures import FullStore
+
+import zarr_skip as zs
+from zarr_skip.cli.main import main as cli
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def test_opening_a_new_location_writes_nothing(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    cache = zs.open_cache(root, fingerprint)
+    assert cache.status() == [] and cache.steps() == [] and _files(root) == []
+    with pytest.raises(zs.StepNotFoundError, match="holds nothing yet"):
+        cache.load(1)
+    cache.write(1, make_batch(2))
+    assert zs.open_cache(root).steps() == [1]
+
+
+def test_opening_with_another_fingerprint_writes_nothing(location: Any, fingerprint: dict) -> None:
+    zs.open_cache(location, fingerprint).write(1, make_batch(2))
+    other = dict(fingerprint, max_response_length=32)
+    for _ in range(3):  # e.g. a notebook re-run with a typo: no experiment appears
+        cache = zs.open_cache(location, other)
+        assert cache.steps() == []
+    reader = zs.open_cache(location)  # still one experiment: browsing needs no name
+    assert reader.steps() == [1]
+    assert list(reader.experiments()) == [zs.open_cache(location, fingerprint).experiment]
+
+
+def test_a_near_miss_fingerprint_names_the_keys_that_differ(location: Any, fingerprint: dict) -> None:
+    zs.open_cache(location, fingerprint).write(1, make_batch(2))
+    other = dict(fingerprint, max_response_length=32)
+    with pytest.raises(zs.StepNotFoundError, match=r"max_response_length: stored 16, given 32") as exc:
+        zs.open_cache(location, other).load(1)
+    assert "experiment_name" not in str(exc.value)
+    with pytest.raises(zs.ExperimentNotFoundError, match=r"max_response_length: stored 16, given 32"):
+        zs.open_cache(location, other, read_only=True)
+
+
+def test_leaving_the_role_out_names_the_real_cause(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    zs.open_cache(root, dict(fingerprint, role="rollout")).write(1, make_batch(2))
+    zs.open_cache(root, dict(fingerprint, role="rollout_tq")).write(1, make_batch(2))
+    with pytest.raises(zs.FingerprintMismatchError) as exc:
+        zs.open_cache(root, fingerprint)
+    text = str(exc.value)
+    assert "role" in text and "rollout_tq" in text and "stored None" not in text
+
+
+def test_a_cache_of_several_experiments_is_browsable(tmp_path: Path, fingerprint: dict, capsys: Any) -> None:
+    root = tmp_path / "cache"
+    for n in (2, 3, 4):
+        zs.open_cache(root, dict(fingerprint, n=n)).write(1, make_batch(2))
+    reader = zs.open_cache(root)
+    names = list(reader.experiments())
+    assert len(names) == 3
+    with pytest.raises(zs.AmbiguousExperimentError) as exc:
+        reader.steps()
+    assert all(name in str(exc.value) for name in names)
+    assert cli(["ls", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(e["name"] for e in doc["experiments"]) == sorted(names)
+    assert all(len(e["steps"]) == 1 for e in doc["experiments"])
+
+
+def test_a_refused_column_name_leaves_nothing(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    with pytest.raises(zs.UnsupportedColumnError):
+        zs.open_cache(root, fingerprint).write(1, {"zarr.json": torch.zeros(2)})
+    assert _files(root) == []
+
+
+def test_a_full_disk_leaves_no_step_that_reads_as_writing(tmp_path: Path, fingerprint: dict) -> None:
+    store = FullStore(tmp_path)
+    cache = zs.open_cache(store, fingerprint)
+    cache.write(1, make_batch(4))
+    store.armed = True
+    with pytest.raises(zs.StorageError, match="no space left"):
+        cache.write(2, make_batch(4), expected=2)
+    store.armed = False
+    states = {i.step: i.state for i in zs.open_cache(tmp_path).status()}
+    assert states == {1: "complete"}, states  # while this process lives, step 2 is no 'writing'
+
+
+def test_a_full_disk_keeps_the_runs_earlier_minibatches(tmp_path: Path, fingerprint: dict) -> None:
+    store = FullStore(tmp_path)
+    cache = zs.open_cache(store, fingerprint)
+    cache.write(2, make_batch(4), expected=2)
+    store.armed = True
+    with pytest.raises(zs.StorageError):
+        cache.write(2, make_batch(4), expected=2)
+    store.armed = False
+    (info,) = zs.open_cache(tmp_path).status()
+    assert info.done == 1  # the complete mini-batch stays: the run may go on
+    cache.write(2, make_batch(4), expected=2)
+    assert zs.open_cache(tmp_path).steps() == [2]
+
+
+def test_a_plain_fingerprint_cache_opens_read_only_by_name(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    zs.open_cache(root, {"a": 1}).write(0, make_batch(2))
+    assert zs.open_cache(root, {"a": 1}, read_only=True).steps() == [0]
+    with pytest.raises(zs.ExperimentNotFoundError, match=r"a: stored 1, given 2"):
+        zs.open_cache(root, {"a": 2}, read_only=True)
+    assert FINGERPRINT  # the verl fingerprint of the other tests is unaffected

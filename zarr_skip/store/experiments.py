@@ -1,0 +1,153 @@
+"""Experiment groups: find them, say how a fingerprint differs from theirs, and create the root
+and an experiment at the first write (opening a cache never writes)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from zarr_skip.errors import FingerprintMismatchError, MetadataError
+from zarr_skip.format import layout
+from zarr_skip.store.catalog import attribute, check_experiment, group_doc
+from zarr_skip.store.storage import Storage, parse_json
+
+__all__ = [
+    "check_fingerprint",
+    "create_experiment",
+    "create_root",
+    "differences",
+    "find_experiments",
+    "nearest",
+    "parent_of_experiments",
+    "read_created",
+]
+
+#: how deep experiments may nest below the root (a verl name, its settings, a role)
+_DEPTH = 6
+#: a stored experiment is "near" a fingerprint when at most this many keys differ
+_NEAR = 3
+
+
+def find_experiments(storage: Storage, below: str = "") -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Experiment names stored below ``below`` (the root by default) with their fingerprints,
+    found by walking groups until one carries the experiment attribute; and the experiment
+    groups found damaged (a record altered or moved, or steps without a record): path -> why."""
+    found: dict[str, dict[str, Any]] = {}
+    damaged: dict[str, str] = {}
+    level = [below]
+    for _ in range(_DEPTH):
+        listings = storage.list_dirs(level)
+        for parent, names in zip(level, listings, strict=True):
+            if parent and parent not in found and any(layout.is_step_name(n) for n in names):
+                damaged.setdefault(
+                    parent, f"{storage.key_path(layout.meta_key(parent))}: holds steps but no experiment record"
+                )
+        children = [
+            layout.join(parent, n)
+            for parent, names in zip(level, listings, strict=True)
+            for n in names
+            if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
+        ]
+        if not children:
+            break
+        docs = storage.get_json_many(layout.meta_key(c) for c in children)
+        level = []
+        for path, doc in zip(children, docs, strict=True):
+            exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
+            if exp is not None:
+                try:
+                    check_experiment(exp, path, storage.key_path(layout.meta_key(path)))
+                except MetadataError as exc:
+                    damaged[path] = str(exc)
+                    continue
+                fp = exp.get("fingerprint", {})
+                found[path] = dict(fp) if isinstance(fp, Mapping) else {}
+            if doc is None or doc.get("node_type") != "array":
+                # experiments may nest (a role below its verl name); a group whose record was
+                # lost or damaged is walked too, so the steps below it are not hidden
+                level.append(path)
+    return dict(sorted(found.items())), damaged
+
+
+def differences(given: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """``key: stored X, given Y`` for every key whose value differs (a missing key is named
+    as missing, not as ``None``)."""
+    out = []
+    for key in sorted(set(given) | set(stored)):
+        if key not in stored:
+            out.append(f"{key}: not stored, given {given[key]!r}")
+        elif key not in given:
+            out.append(f"{key}: stored {stored[key]!r}, not given")
+        elif given[key] != stored[key]:
+            out.append(f"{key}: stored {stored[key]!r}, given {given[key]!r}")
+    return out
+
+
+def nearest(given: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]]) -> str:
+    """A sentence naming the stored experiments whose fingerprints differ from ``given`` in
+    the fewest keys (at most a few), with those keys; empty when none is near."""
+    ranked = sorted((len(d), name, d) for name, fp in found.items() if (d := differences(given, fp)))
+    near = [(name, d) for n, name, d in ranked if n <= _NEAR and n == ranked[0][0]]
+    if not near:
+        return ""
+    return "; ".join(f"stored experiment {name!r} differs in {'; '.join(d)}" for name, d in near)
+
+
+def check_fingerprint(name: str, given: Mapping[str, Any], stored: Mapping[str, Any], location: str) -> None:
+    """Raise FingerprintMismatchError naming the differing keys unless the experiment record
+    ``stored`` holds the fingerprint ``given``."""
+    theirs = stored.get("fingerprint")
+    if theirs != given:
+        diff = "; ".join(differences(given, theirs if isinstance(theirs, Mapping) else {}))
+        raise FingerprintMismatchError(
+            f"experiment {name!r} at {location} was written with other settings ({diff}); "
+            "use another location or experiment name"
+        )
+
+
+def parent_of_experiments(storage: Storage, name: str, fingerprint: Mapping[str, Any]) -> None:
+    """Raise FingerprintMismatchError when the group ``name`` is no experiment but holds some:
+    the fingerprint names their parent (it lacks a key of theirs, as the SkipManager's role)."""
+    below = find_experiments(storage, name)[0]
+    if below:
+        near = nearest(fingerprint, below)
+        raise FingerprintMismatchError(
+            f"{name!r} at {storage.where} is not an experiment but holds experiments {', '.join(below)}: "
+            f"the fingerprint names their parent ({near or 'it lacks their keys'}); give the missing "
+            "keys (for the SkipManager's data: 'role')"
+        )
+
+
+def read_created(storage: Storage, key: str) -> dict[str, Any]:
+    """Read a document this or another writer has just created (shared mounts lag a little)."""
+    where = storage.key_path(key)
+    for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
+        time.sleep(delay)
+        doc = parse_json(storage.get(key), where)
+        if doc is not None:
+            return doc
+    raise MetadataError(f"{where}: created by another writer but not readable here yet; retry")
+
+
+def create_root(storage: Storage) -> dict[str, Any]:
+    """Create the root group (unless another writer did) and return its document."""
+    attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
+    storage.create_if_absent(layout.METADATA, group_doc(attrs))
+    return read_created(storage, layout.METADATA)
+
+
+def create_experiment(storage: Storage, name: str, fingerprint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Create the experiment group ``name`` and its parents (unless another writer did);
+    the experiment attribute stored there, which may be another writer's."""
+    segments = name.split("/")
+    for i in range(1, len(segments)):
+        storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
+    key = layout.meta_key(name)
+    doc: dict[str, Any] = {"name": name, "fingerprint": dict(fingerprint), "created": time.time()}
+    doc["checksum"] = layout.doc_checksum(doc)
+    storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
+    stored = attribute(read_created(storage, key), layout.EXPERIMENT_ATTR, storage.key_path(key))
+    if stored is not None:
+        check_experiment(stored, name, storage.key_path(key))
+    return stored
