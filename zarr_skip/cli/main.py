@@ -26,6 +26,7 @@ from zarr_skip.errors import (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
     ZarrSkipError,
 )
 
@@ -43,6 +44,7 @@ USAGE_ERRORS = (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
 )
 
 
@@ -51,6 +53,7 @@ examples:
   zarr-skip ls runs/cache                                   experiments and steps
   zarr-skip ls s3://bucket/cache -o endpoint_url=http://minio:9000 --json
   zarr-skip show runs/cache 12 --rows 5                     columns and first rows of step 12
+  zarr-skip show runs/cache 12 --text --uid 3f2a...         one GRPO group's rollouts, decoded
   zarr-skip verify runs/cache                               read every chunk, check checksums
   zarr-skip gc runs/cache --keep-last 50 --pin 100 --dry-run
   zarr-skip rm runs/cache 12 13-15 --yes
@@ -87,6 +90,14 @@ def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     return p
+
+
+def _tokenizer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json or model directory to decode with (default: the one the trainer recorded, if here)",
+    )
 
 
 def _add(
@@ -135,13 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "show",
         ins.cmd_show,
-        "show a step's columns and first rows",
-        f"{loc}\n\nexamples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout",
+        "show a step's columns and first rows, or its rollouts decoded (--text)",
+        f"{loc}\nWith --text: each rollout's prompt (as chat messages when stored) and response,\n"
+        "decoded with --tokenizer or the tokenizer the trainer recorded, with its data source,\n"
+        "length, truncation, score, reward and advantage; --json gives them as records.\n\n"
+        "examples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout\n"
+        "  zarr-skip show runs/cache 12 --text --rows 2 --tokenizer ~/models/qwen/tokenizer.json\n"
+        "  zarr-skip show runs/cache 12 --text --uid 3f2a9c1e-... --json",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("step", metavar="STEP", type=int)
-    p.add_argument("-n", "--rows", type=int, default=3, help="rows to show per column (default 3)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("-n", "--rows", type=int, default=3, help="rows to show (per column; default 3)")
+    which.add_argument("--uid", metavar="UID", help="the rows of one GRPO group (implies --text)")
+    p.add_argument("--text", action="store_true", help="decoded rollouts instead of columns")
+    _tokenizer_option(p)
 
     p = _add(
         sub,
