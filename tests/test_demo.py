@@ -21,7 +21,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "ok: " in done.stdout
     # one decoded rollout, then its GRPO group with right and wrong answers
     text = done.stdout.split("one rollout of step 1", 1)[1]
-    assert re.search(r"user:\n    \S.*\?", text) and re.search(r"response:\n    .*\n    The answer is \\boxed\{\d+\}", text)
+    assert re.search(r"user:\n    \S.*\?", text)
+    assert re.search(r"response:\n    .*\n    The answer is \\boxed\{\d+\}", text)
     group = re.findall(r"^  row +\d+ \[\d+/96 tokens\].*$", text, re.M)
     assert len(group) == 8 and any("[correct]" in g for g in group) and any("[wrong]" in g for g in group)
     assert "<|im_end|>" not in text

@@ -48,8 +48,10 @@ FINGERPRINT = {
 PRESET = Preset(rows=128, max_prompt=512, max_response=2048, n=8)
 MINIBATCHES = 4
 #: the readable rollouts: 16 maths prompts, 8 answers each, responses of at most 96 tokens
+TEXT_N = 8
 TEXT_FINGERPRINT = {
     **FINGERPRINT,
+    "n": TEXT_N,
     "gen_batch_size": 16,
     "max_prompt_length": 128,
     "max_response_length": 96,
@@ -100,7 +102,7 @@ def write_text_steps(location: Path, steps: range) -> str:
     # what a SkipManager records from the trainer config (actor_rollout_ref.model.tokenizer_path)
     cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
     for step in steps:
-        batch = text_rollouts(TEXT_GROUPS, int(TEXT_FINGERPRINT["n"]), seed=0, step=step, max_response=96)
+        batch = text_rollouts(TEXT_GROUPS, TEXT_N, seed=0, step=step, max_response=96)
         cache.write(step, batch, meta_info={"global_steps": step})
     assert cache.experiment is not None
     return cache.experiment
