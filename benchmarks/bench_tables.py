@@ -9,7 +9,7 @@ Usage::
   ``col[:]`` plus the same conversion done by hand, and ``list(col)`` against ``col[:]`` plus
   splitting it into rows, for a jagged, a dense, a string and a JSON column;
 * tables: ``Cache.table`` of the lengths and per-row scalars of ``--steps`` steps
-  (``--preset``; one step written, the others copies of its files), against the loop a user
+  (``--preset``; each written by zarr_skip, the same rows), against the loop a user
   writes without it (``load(step)`` then each column's ``lengths()`` or ``[:]``, step by step);
   on local disk cold (the cache's files evicted with ``posix_fadvise``, each rep in a fresh
   process) and warm, and on S3 (a SeaweedFS on loopback, ``--s3-steps`` steps of
@@ -132,26 +132,14 @@ def loop_table(cache: Any, columns: list[str]) -> int:
     return rows
 
 
-def write_copies(cache: Any, preset: Any, steps: int) -> None:
-    """Step 1 written, steps 2.. as copies of its stored keys (no record names its step)."""
+def write_steps(cache: Any, preset: Any, steps: int) -> None:
+    """Steps 1..steps, each written by zarr_skip with the same rows (converted once): a
+    record is bound to its place, so copies of one step's files would not read as steps."""
     from zarr_skip.synthetic import as_mapping, jagged_payload
 
-    cache.write(1, as_mapping(jagged_payload(preset)))
-    storage, exp = cache.storage, cache.experiment
-    if storage.root is not None:
-        src = storage.root / exp / "1"
-        for step in range(2, steps + 1):
-            shutil.copytree(src, storage.root / exp / str(step))
-        return
-    prefix = f"{exp}/1/"
-    keys = storage.list_prefix(prefix)
-    blobs = dict(zip(keys, storage.get_many(keys), strict=True))
-    for first in range(2, steps + 1, 50):
-        batch = {
-            f"{exp}/{step}/{k[len(prefix):]}": b for step in range(first, min(first + 50, steps + 1))
-            for k, b in blobs.items() if b is not None
-        }  # fmt: skip
-        storage.set_many(batch)
+    mapping = as_mapping(jagged_payload(preset))
+    for step in range(1, steps + 1):
+        cache.write(step, mapping)
 
 
 def table_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +175,7 @@ def bench_tables_local(workdir: Path, preset_name: str, steps: int, reps: int) -
 
     where = workdir / "tables"
     t0 = time.perf_counter()
-    write_copies(zs.open_cache(str(where), fingerprint(get_preset(preset_name))), get_preset(preset_name), steps)
+    write_steps(zs.open_cache(str(where), fingerprint(get_preset(preset_name))), get_preset(preset_name), steps)
     log(f"tables: {steps} {preset_name} steps ready in {time.perf_counter() - t0:.1f} s")
     out: dict[str, Any] = {"preset": preset_name, "steps": steps}
     for cold in (True, False):
@@ -214,7 +202,7 @@ def bench_tables_s3(workdir: Path, preset_name: str, steps: int, reps: int) -> d
     with load_s3server().seaweedfs(workdir / "seaweedfs") as server:
         url, opts = server.s3_url("bench/tables"), server.storage_options
         t0 = time.perf_counter()
-        write_copies(zs.open_cache(url, fingerprint(preset), storage_options=opts), preset, steps)
+        write_steps(zs.open_cache(url, fingerprint(preset), storage_options=opts), preset, steps)
         log(f"tables s3: {steps} {preset_name} steps ready in {time.perf_counter() - t0:.1f} s")
         rounds: list[int] = []
         real = Storage.run
