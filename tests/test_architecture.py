@@ -22,6 +22,7 @@ RANKS: dict[str, int] = {
     "format": 1,
     "store": 2,
     "lazy": 3,
+    "reading": 3,
     "tables": 3,
     "cache": 4,
     "maintenance": 4,
@@ -40,7 +41,9 @@ RANKS: dict[str, int] = {
 UPWARD_ALLOWED = {
     ("cache", "maintenance"),
     ("cache", "notebook"),
+    ("cache", "readable"),  # ``Cache.export()`` writes parquet / JSON Lines with the readable wing
     ("lazy", "notebook"),
+    ("reading", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute
 }
 

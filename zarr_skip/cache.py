@@ -25,6 +25,7 @@ from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
+from zarr_skip.reading import CacheReading
 from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
@@ -112,7 +113,7 @@ def open_cache(
     )
 
 
-class Cache:
+class Cache(CacheReading):
     """A rollout cache at one location, bound to one experiment. Use :func:`open_cache`."""
 
     def __init__(
@@ -438,6 +439,7 @@ class Cache:
             step,
             [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc, self.experiment) for p in parts],
             allow_pickle=allow_pickle,
+            cache=self,
         )
 
     def _missing(self, step: int) -> str:

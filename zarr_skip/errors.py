@@ -24,6 +24,7 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── UnsupportedColumnError (TypeError)       a column the codec cannot store exactly
     ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
     ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
+    ├── TokenizerNotFoundError (FileNotFoundError)  no local tokenizer at that path, or none known
     ├── MissingExtraError (ImportError)          an optional dependency is not installed
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
@@ -61,6 +62,7 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageError",
+    "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
     "ZarrSkipError",
@@ -154,6 +156,10 @@ class GroupMismatchError(ZarrSkipError, ValueError):
 
 class UnsafePickleError(ZarrSkipError, pickle.UnpicklingError):
     """A legacy pickle referenced a global outside the allow-list."""
+
+
+class TokenizerNotFoundError(ZarrSkipError, FileNotFoundError):
+    """No tokenizer at a path (nothing is downloaded), or none given and none recorded."""
 
 
 class MissingExtraError(ZarrSkipError, ImportError):

@@ -17,6 +17,7 @@ from zarr_skip.errors import MetadataError
 from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.reading import StepReading
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
@@ -36,7 +37,7 @@ PREFETCH_CHUNKS = 8
 ITER_CHUNKS = 8
 
 
-class StepView:
+class StepView(StepReading):
     """A complete step, lazily: ``view[name]`` is a :class:`LazyColumn` merged across mini-batches.
 
     Attributes
@@ -45,9 +46,12 @@ class StepView:
     columns : column names, in stored order.
     meta_info : the first mini-batch's batch-level metadata.
     minibatches : one view per mini-batch, in index order.
+    cache : the Cache the view was loaded from (None when made directly): see StepReading.
     """
 
-    def __init__(self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False):
+    def __init__(
+        self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False, cache: Any = None
+    ):
         if not parts:
             raise MetadataError(f"step {step}: a step view needs at least one mini-batch")
         first = parts[0]
@@ -62,6 +66,7 @@ class StepView:
         self.parts = list(parts)
         self._allow_pickle = allow_pickle
         self._cols: dict[str, LazyColumn] = {}
+        self.cache = cache
 
     @property
     def columns(self) -> list[str]:
@@ -81,7 +86,10 @@ class StepView:
 
     @property
     def minibatches(self) -> list[StepView]:
-        return [StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle) for p in self.parts]
+        return [
+            StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle, cache=self.cache)
+            for p in self.parts
+        ]
 
     @property
     def nbytes(self) -> int:

@@ -77,7 +77,7 @@ class GcReport:
 
 
 def verify(
-    cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int], Any] | None = None
+    cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int, int], Any] | None = None
 ) -> VerifyReport:
     """Read every chunk of complete steps and check presence, size, crc32c and place.
 
@@ -90,7 +90,8 @@ def verify(
     Parameters
     ----------
     step : one step, several, or None for every complete step.
-    progress : called with the number of chunks checked after each mini-batch (for bars).
+    progress : called as ``progress(checked, total)`` with the number of chunks checked after
+        each mini-batch and the number to check (for bars).
     """
     storage = cache.storage
     problems: list[Problem] = [
@@ -146,7 +147,7 @@ def _check_chunks(
     storage: Storage,
     todo: Sequence[tuple[int, PartRecord, Part]],
     problems: list[Problem],
-    progress: Callable[[int], Any] | None,
+    progress: Callable[[int, int], Any] | None,
 ) -> tuple[int, int]:
     """Read and check every chunk of ``todo``'s mini-batches; returns chunks and bytes read."""
     # which recorded chunk has which crc32c and size: a chunk found in the wrong place is named
@@ -158,6 +159,9 @@ def _check_chunks(
         for i, (crc, size) in enumerate(zip(arr.crcs or (), arr.sizes, strict=False))
     }
     n_chunks = n_bytes = 0
+    total = sum(len(arr.sizes) for _, _, part in todo for arrays in part.arrays.values() for arr in arrays.values())
+    if progress is not None:
+        progress(0, total)
     for step, rec, part in todo:
         for name, arrays in part.arrays.items():
             decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
@@ -213,7 +217,7 @@ def _check_chunks(
                     path = storage.key_path(arrays["lengths"].path)
                     problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
         if progress is not None:
-            progress(n_chunks)
+            progress(n_chunks, max(total, n_chunks))
     return n_chunks, n_bytes
 
 

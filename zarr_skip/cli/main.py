@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zarr_skip.cli._context import Context, UsageError, parse_storage_options
+from zarr_skip.cli._context import LOG_FORMAT, Context, UsageError, parse_storage_options
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
@@ -26,6 +26,7 @@ from zarr_skip.errors import (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
     ZarrSkipError,
 )
 
@@ -43,6 +44,7 @@ USAGE_ERRORS = (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
 )
 
 
@@ -51,11 +53,13 @@ examples:
   zarr-skip ls runs/cache                                   experiments and steps
   zarr-skip ls s3://bucket/cache -o endpoint_url=http://minio:9000 --json
   zarr-skip show runs/cache 12 --rows 5                     columns and first rows of step 12
+  zarr-skip show runs/cache 12 --text --uid 3f2a...         one GRPO group's rollouts, decoded
   zarr-skip verify runs/cache                               read every chunk, check checksums
   zarr-skip gc runs/cache --keep-last 50 --pin 100 --dry-run
   zarr-skip rm runs/cache 12 13-15 --yes
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
+  zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
 
 exit status: 0 ok, 1 problems found, 2 usage error
 """
@@ -87,6 +91,14 @@ def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     return p
+
+
+def _tokenizer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json or model directory to decode with (default: the one the trainer recorded, if here)",
+    )
 
 
 def _add(
@@ -135,13 +147,22 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "show",
         ins.cmd_show,
-        "show a step's columns and first rows",
-        f"{loc}\n\nexamples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout",
+        "show a step's columns and first rows, or its rollouts decoded (--text)",
+        f"{loc}\nWith --text: each rollout's prompt (as chat messages when stored) and response,\n"
+        "decoded with --tokenizer or the tokenizer the trainer recorded, with its data source,\n"
+        "length, truncation, score, reward and advantage; --json gives them as records.\n\n"
+        "examples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout\n"
+        "  zarr-skip show runs/cache 12 --text --rows 2 --tokenizer ~/models/qwen/tokenizer.json\n"
+        "  zarr-skip show runs/cache 12 --text --uid 3f2a9c1e-... --json",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("step", metavar="STEP", type=int)
-    p.add_argument("-n", "--rows", type=int, default=3, help="rows to show per column (default 3)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("-n", "--rows", type=int, default=3, help="rows to show (per column; default 3)")
+    which.add_argument("--uid", metavar="UID", help="the rows of one GRPO group (implies --text)")
+    p.add_argument("--text", action="store_true", help="decoded rollouts instead of columns")
+    _tokenizer_option(p)
 
     p = _add(
         sub,
@@ -216,19 +237,27 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "export",
         man.cmd_export,
-        "write steps back in verl's dump layout",
-        f"{loc}\nDEST is verl's dump_dir: steps go to DEST/{{exp}}_{{proj}}/GBS.._N.._in.._out../STEP/.\n"
+        "write steps as parquet or JSON Lines (one record per rollout), or in verl's dump layout",
+        f"{loc}\n--format parquet / jsonl: OUT is the file to write, one record per rollout (step, uid,\n"
+        "decoded prompt and response when a tokenizer is known, lengths, scores and every scalar,\n"
+        "string and JSON column), readable by pandas, pyarrow, polars and DuckDB.\n"
+        "--format verl: OUT is verl's dump_dir: steps go to OUT/{exp}_{proj}/GBS.._N.._in.._out../STEP/.\n"
         "Layout auto: gen_batch.dp flat (as verl's rollout skip), tq_batch.pt nested per mini-batch.\n\n"
-        "examples:\n  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
+        "examples:\n  zarr-skip export runs/cache all rollouts.parquet --format parquet\n"
+        "  zarr-skip export runs/cache 12 13 rollouts.jsonl --format jsonl --tokenizer ~/models/qwen\n"
+        "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
         "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="+", help="steps (N, A-B or all)")
-    p.add_argument("dest", metavar="DEST")
-    p.add_argument("--format", choices=["verl"], default="verl", help="output format (verl)")
-    p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto")
-    p.add_argument("--overwrite", action="store_true", help="replace step directories that exist")
+    p.add_argument("dest", metavar="OUT")
+    p.add_argument(
+        "--format", choices=["verl", "parquet", "jsonl"], default="verl", help="output format (default verl)"
+    )
+    p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
+    p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
+    _tokenizer_option(p)
     return parser
 
 
@@ -253,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log = logging.getLogger("zarr_skip")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     old_level = log.level
     log.addHandler(handler)
     log.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)])

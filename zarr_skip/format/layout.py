@@ -42,6 +42,9 @@ COMPLETION_ATTR = "zarr_skip.completion"
 #: the group below a run's directory that one writer creates exclusively when it sees the
 #: step complete: that writer alone reports ``step_complete`` and writes the summary
 COMPLETION = "complete"
+#: what an experiment records about its data beyond the fingerprint (the trainer's tokenizer and
+#: model paths, ...): one object on the experiment group, merged on each update
+INFO_ATTR = "zarr_skip.info"
 
 METADATA = "zarr.json"
 

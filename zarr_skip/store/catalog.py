@@ -317,3 +317,26 @@ def _part_record(blob: bytes | None, where: str, here: Place) -> PartRecord | No
     if doc is not None:
         records.check_place(doc, here, where)
     return record
+
+
+def experiment_info(storage: Storage, experiment: str) -> dict[str, Any]:
+    """The experiment's recorded information (:data:`~zarr_skip.format.layout.INFO_ATTR`)."""
+    key = layout.meta_key(experiment)
+    where = storage.key_path(key)
+    return dict(attribute(parse_json(storage.get(key), where), layout.INFO_ATTR, where) or {})
+
+
+def update_experiment_info(storage: Storage, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``values`` over the experiment's recorded information; rewrites its group's
+    ``zarr.json`` only when that changes it. Returns the information now stored."""
+    key = layout.meta_key(experiment)
+    where = storage.key_path(key)
+    doc = parse_json(storage.get(key), where)
+    if doc is None:
+        raise MetadataError(f"{where}: the experiment group's metadata is missing")
+    attrs = dict(doc.get("attributes") or {})
+    info = {**(attribute(doc, layout.INFO_ATTR, where) or {}), **dict(values)}
+    if attrs.get(layout.INFO_ATTR) != info:
+        storage.set(key, group_doc({**attrs, layout.INFO_ATTR: info}))
+        logger.debug("%s: experiment information %s", where, sorted(values))
+    return info

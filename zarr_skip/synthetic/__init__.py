@@ -17,6 +17,7 @@ from zarr_skip.synthetic.rollouts import (
     jagged_payload,
     padded_batch,
 )
+from zarr_skip.synthetic.text import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 __all__ = [
     "EOS_ID",
@@ -25,6 +26,7 @@ __all__ = [
     "PAD_ID",
     "PAYLOADS",
     "PRESETS",
+    "TOKENIZER_PATH",
     "VOCAB_SIZE",
     "DataProtoLike",
     "Preset",
@@ -32,4 +34,6 @@ __all__ = [
     "get_preset",
     "jagged_payload",
     "padded_batch",
+    "shipped_tokenizer",
+    "text_rollouts",
 ]

@@ -1,0 +1,111 @@
+"""What views and caches offer their readers: decoded text, chat messages, recorded
+attributes (the trainer's tokenizer) and exports for other tools.
+
+:class:`StepReading` is a base of :class:`zarr_skip.StepView`, :class:`CacheReading` of
+:class:`zarr_skip.Cache`; what needs the readable wing imports it when called (that wing sits
+above the lazy views), so that ``import zarr_skip`` loads no tokenizer or parquet code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from zarr_skip.errors import ReadOnlyCacheError
+from zarr_skip.store.catalog import experiment_info, update_experiment_info
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Mapping
+
+    from zarr_skip.cache import Cache
+    from zarr_skip.lazy import StepView
+    from zarr_skip.readable.export import ExportReport
+    from zarr_skip.readable.text import Message
+    from zarr_skip.store.storage import Storage
+
+__all__ = ["CacheReading", "StepReading"]
+
+
+class StepReading:
+    """Decoded text and chat messages of a step's rows (a base of :class:`zarr_skip.StepView`)."""
+
+    #: the Cache the view was loaded from (None when made directly): its attributes name the
+    #: tokenizer that :meth:`text` decodes with by default
+    cache: Cache | None = None
+
+    def text(
+        self,
+        column: str = "responses",
+        rows: int | slice | Sequence[int] | np.ndarray | None = None,
+        tokenizer: Any = None,
+        skip_special_tokens: bool = True,
+    ) -> list[str]:
+        """Token ids of ``column`` (``"responses"``, ``"prompts"``) decoded, one string per row.
+
+        Only the rows asked for are read: ``rows`` is one row (an int), a slice, a sequence of
+        row numbers, or None (all). ``tokenizer`` is a path, a ``tokenizers.Tokenizer``, a
+        ``transformers`` tokenizer or a Decoder; by default the one the experiment recorded
+        (:func:`zarr_skip.readable.tokenizers.tokenizer_for`). Padding is dropped.
+
+        Raises
+        ------
+        TokenizerNotFoundError
+            No tokenizer given and none recorded (or the recorded path is not on this machine).
+        """
+        from zarr_skip.readable.text import decode_column
+
+        return decode_column(cast("StepView", self), column, rows, tokenizer, skip_special_tokens=skip_special_tokens)
+
+    def messages(self, rows: int | slice | Sequence[int] | np.ndarray | None = None) -> list[list[Message]]:
+        """The chat prompt of each row (its ``raw_prompt``) as ``Message(role, content)`` pairs."""
+        from zarr_skip.readable.text import chat_rows
+
+        return chat_rows(cast("StepView", self), rows)
+
+
+class CacheReading:
+    """The experiment's recorded attributes and exports (a base of :class:`zarr_skip.Cache`)."""
+
+    _storage: Storage
+    experiment: str | None
+    location: str
+    read_only: bool
+    _attributes: dict[str, Any] | None = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
+        ``model`` paths, ...), from its group's attributes: read once, on first use."""
+        if self._attributes is None:
+            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
+        return dict(self._attributes)
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
+        (writers recording the same values may race; of different values the last one wins)."""
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        self._create()  # opening wrote nothing: like a write, recording creates the experiment
+        self._attributes = update_experiment_info(self._storage, self.experiment, values)
+
+    def _create(self) -> None:
+        """Create the root and the experiment if opening found them missing (the Cache's)."""
+        raise NotImplementedError
+
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        steps: int | Iterable[int] | None = None,
+        *,
+        format: str | None = None,
+        tokenizer: Any = None,
+    ) -> ExportReport:
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
+        with decoded text when a tokenizer is known: see
+        :func:`zarr_skip.readable.export.export_rollouts`."""
+        from zarr_skip.readable.export import export_rollouts
+
+        return export_rollouts(cast("Cache", self), path, steps, format=format, tokenizer=tokenizer)
