@@ -82,6 +82,11 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
         sig = (sig ^ np.where(has, v, np.uint64(0))) * np.uint64(0xBF58476D1CE4E5B9)
     _, first, inverse = np.unique(sig, return_index=True, return_inverse=True)
     if not pays(rows, len(first)):
+        return None  # rows whose probes differ differ: refining cannot make it pay
+    # rows alike at the probes may still differ elsewhere: group them by all of their values
+    sig ^= _content(bits, off, lengths)
+    _, first, inverse = np.unique(sig, return_index=True, return_inverse=True)
+    if not pays(rows, len(first)):
         return None
     rep = first[inverse.reshape(-1)]  # the first row of the same signature
     rep = np.where(lengths[rep] == lengths, rep, np.arange(rows))
@@ -99,6 +104,21 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
     if not pays(rows, len(entries)):
         return None
     return codes.reshape(-1).astype(np.int64), entries
+
+
+def _content(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A signature of each row over all of its values and their positions (wrapping uint64
+    arithmetic); equal rows get equal signatures, and the caller still compares the values."""
+    total = int(off[-1])
+    if not total:
+        return np.zeros(len(lengths), np.uint64)
+    vals = _probe(bits, np.arange(total)) if bits.ndim > 1 else bits[:total].astype(np.uint64)
+    pos = (np.arange(total, dtype=np.int64) - np.repeat(off[:-1], lengths)).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed = (vals ^ (pos * np.uint64(0x94D049BB133111EB))) * np.uint64(0xD6E8FEB86659FD93)
+        mixed ^= mixed >> np.uint64(29)
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
+        return sums[off[1:]] - sums[off[:-1]]
 
 
 def _bits(values: np.ndarray) -> np.ndarray:
