@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError
+from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
 from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
@@ -164,58 +164,62 @@ def _check_chunks(
         progress(0, total)
     for step, rec, part in todo:
         for name, arrays in part.arrays.items():
-            decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
-            docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
-            for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
-                why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
-                if why is not None:
-                    path = storage.key_path(layout.meta_key(arr.path))
-                    problems.append(Problem(step, rec.index, name, path, why, "zarr metadata"))
-                keys = [arr.key(i) for i in range(len(arr.sizes))]
-                if arr.shard:
-                    shard = storage.get(keys[0])
-                    spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
-                    blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
-                    if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
-                        problems.append(
-                            Problem(
-                                step,
-                                rec.index,
-                                name,
-                                storage.key_path(keys[0]),
-                                f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)",
-                                "ChecksumError",
+            try:
+                decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
+                docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
+                for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
+                    why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
+                    if why is not None:
+                        path = storage.key_path(layout.meta_key(arr.path))
+                        problems.append(Problem(step, rec.index, name, path, why, "zarr metadata"))
+                    keys = [arr.key(i) for i in range(len(arr.sizes))]
+                    if arr.shard:
+                        shard = storage.get(keys[0])
+                        spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
+                        blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
+                        if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
+                            problems.append(
+                                Problem(
+                                    step,
+                                    rec.index,
+                                    name,
+                                    storage.key_path(keys[0]),
+                                    f"{arr.where}: the shard's index does not match its chunks "
+                                    "(zarr would misread them)",
+                                    "ChecksumError",
+                                )
                             )
-                        )
-                else:
-                    blobs = storage.get_many(keys)
-                for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
-                    n = min(arr.chunk, arr.rows - i * arr.chunk)
-                    where = f"{arr.where}, chunk {i}"
+                    else:
+                        blobs = storage.get_many(keys)
+                    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+                        n = min(arr.chunk, arr.rows - i * arr.chunk)
+                        where = f"{arr.where}, chunk {i}"
+                        try:
+                            rows = _decode(arr, i, n, blob, where)
+                            got = decoded.get(aname)
+                            if got is not None:
+                                got.append(rows)
+                        except CorruptCacheError as exc:
+                            error = str(exc)
+                            if blob is not None and len(blob) >= 4:
+                                found = owners.get((chunks.trailer(blob), len(blob)))
+                                if found is not None and found != where:
+                                    error += f"; it is {found}"
+                            problems.append(
+                                Problem(step, rec.index, name, storage.key_path(key), error, type(exc).__name__)
+                            )
+                            decoded[aname] = None
+                        n_chunks += 1
+                        n_bytes += len(blob or b"")
+                lengths, codes = decoded["lengths"], decoded["codes"]
+                if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
                     try:
-                        rows = _decode(arr, i, n, blob, where)
-                        got = decoded.get(aname)
-                        if got is not None:
-                            got.append(rows)
-                    except CorruptCacheError as exc:
-                        error = str(exc)
-                        if blob is not None and len(blob) >= 4:
-                            found = owners.get((chunks.trailer(blob), len(blob)))
-                            if found is not None and found != where:
-                                error += f"; it is {found}"
-                        problems.append(
-                            Problem(step, rec.index, name, storage.key_path(key), error, type(exc).__name__)
-                        )
-                        decoded[aname] = None
-                    n_chunks += 1
-                    n_bytes += len(blob or b"")
-            lengths, codes = decoded["lengths"], decoded["codes"]
-            if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
-                try:
-                    checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
-                except MetadataError as exc:
-                    path = storage.key_path(arrays["lengths"].path)
-                    problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
+                        checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
+                    except MetadataError as exc:
+                        path = storage.key_path(arrays["lengths"].path)
+                        problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
+            except OutsideCacheError as exc:  # a link or a key that leads out of the cache
+                problems.append(Problem(step, rec.index, name, part.path, str(exc), "OutsideCacheError"))
         if progress is not None:
             progress(n_chunks, max(total, n_chunks))
     return n_chunks, n_bytes
