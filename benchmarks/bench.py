@@ -77,13 +77,21 @@ FORMAT_LABEL = {
 TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "small": [("jagged", "write", 2.0), ("jagged", "read_cold", 2.0)],
     "medium": [
-        ("jagged", "write", 0.8), ("jagged", "read_cold", 0.8), ("jagged", "bytes", 0.20),
-        ("jagged", "column_cold", 0.20), ("jagged", "rows64_cold", 0.10),
-        ("padded", "write", 0.4), ("padded", "read_cold", 0.3), ("padded", "bytes", 0.10),
+        ("jagged", "write", 0.8),
+        ("jagged", "read_cold", 0.8),
+        ("jagged", "bytes", 0.20),
+        ("jagged", "column_cold", 0.20),
+        ("jagged", "rows64_cold", 0.10),
+        ("padded", "write", 0.4),
+        ("padded", "read_cold", 0.3),
+        ("padded", "bytes", 0.10),
     ],
     "large": [
-        ("jagged", "write", 0.5), ("jagged", "read_cold", 0.5), ("jagged", "bytes", 0.20),
-        ("jagged", "column_cold", 0.15), ("jagged", "rows64_cold", 0.03),
+        ("jagged", "write", 0.5),
+        ("jagged", "read_cold", 0.5),
+        ("jagged", "bytes", 0.20),
+        ("jagged", "column_cold", 0.15),
+        ("jagged", "rows64_cold", 0.03),
     ],
 }
 STATUS_TARGET_S = 1.0
@@ -397,8 +405,7 @@ def verify_roundtrip(fmt: Format, d: Path, seed: int) -> dict[str, Any]:
     missing = sorted(set(expected) - set(got))
     mismatched = sorted(k for k in expected if k in got and not _same(expected[k], got[k]))
     extra = sorted(set(got) - set(expected))
-    return {"ok": not missing and not mismatched, "missing": missing,
-            "mismatched": mismatched, "extra": extra}
+    return {"ok": not missing and not mismatched, "missing": missing, "mismatched": mismatched, "extra": extra}
 
 
 # --------------------------------------------------------------------------- worker
@@ -559,7 +566,8 @@ class Runner:
         self.mode, self.timeout = mode, timeout
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else []))
+            [str(REPO_ROOT)] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
+        )
         self.env.setdefault("NO_COLOR", "1")
         self.log = open(log_path, "a")  # noqa: SIM115 - closed in close()
         self.zygote: subprocess.Popen | None = None
@@ -569,9 +577,17 @@ class Runner:
         cmd = [sys.executable, "-m", "benchmarks.bench", "--zygote"]
         if self.zarr_too:
             cmd.append("--zygote-zarr")
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
 
     def run(self, spec: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         timeout = timeout or self.timeout
@@ -600,7 +616,7 @@ class Runner:
                     self.zygote = None
                     return {"error": f"zygote exited ({z.poll()}); see {self.log.name}"}
                 if line.startswith(RESULT_MARK):
-                    result = json.loads(line[len(RESULT_MARK):])
+                    result = json.loads(line[len(RESULT_MARK) :])
                 elif line.startswith("BENCH_DONE "):
                     status = int(line.split()[1])
                     if result is None:
@@ -621,13 +637,21 @@ class Runner:
     def _spawn(self, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "benchmarks.bench", "--worker", json.dumps(spec)]
         try:
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE,
-                                  stderr=self.log, text=True, timeout=timeout, check=False)
+            proc = subprocess.run(
+                cmd,
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"timeout after {timeout:.0f} s"}
         for line in reversed(proc.stdout.splitlines()):
             if line.startswith(RESULT_MARK):
-                return json.loads(line[len(RESULT_MARK):])
+                return json.loads(line[len(RESULT_MARK) :])
         return {"error": f"worker exited with {proc.returncode}; see {self.log.name}"}
 
     def close(self) -> None:
@@ -652,8 +676,7 @@ def zygote_main(zarr_too: bool) -> int:
             continue
         spec = json.loads(line)
         if threading.active_count() != 1:  # forking a threaded process is unsafe
-            print(RESULT_MARK + json.dumps({"error": "zygote has threads; use --isolation spawn"}),
-                  flush=True)
+            print(RESULT_MARK + json.dumps({"error": "zygote has threads; use --isolation spawn"}), flush=True)
             print("BENCH_DONE 1", flush=True)
             continue
         sys.stdout.flush()
@@ -686,15 +709,19 @@ def physical_limits(workdir: Path, mib: int, cold: str) -> dict[str, Any]:
     nbytes = count * 4 * 2**20
     try:
         t0 = time.perf_counter()
-        subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=4M", f"count={count}",
-                        "conv=fdatasync", "status=none"], check=True, capture_output=True)
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={f}", "bs=4M", f"count={count}", "conv=fdatasync", "status=none"],
+            check=True,
+            capture_output=True,
+        )
         res["dd_write_MBps"] = nbytes / (time.perf_counter() - t0) / 1e6
         res["dd_write_cmd"] = f"dd if=/dev/zero bs=4M count={count} conv=fdatasync"
         for flags in (["iflag=direct"], []):
             drop_cache([f], cold)
             t0 = time.perf_counter()
-            p = subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=4M", "status=none", *flags],
-                               capture_output=True, check=False)
+            p = subprocess.run(
+                ["dd", f"if={f}", "of=/dev/null", "bs=4M", "status=none", *flags], capture_output=True, check=False
+            )
             if p.returncode == 0:
                 res["dd_read_MBps"] = nbytes / (time.perf_counter() - t0) / 1e6
                 cmd = " ".join(["dd of=/dev/null bs=4M", *flags])
@@ -781,12 +808,21 @@ def machine_info(workdir: Path) -> dict[str, Any]:
     except ImportError:
         pass
     try:
-        p = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"],
-                           capture_output=True, text=True, timeout=10, check=False)
+        p = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         info["git_commit"] = p.stdout.strip() if p.returncode == 0 else None
-        d = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--",
-                            "zarr_skip", "benchmarks"], capture_output=True, text=True, timeout=10,
-                           check=False)
+        d = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "zarr_skip", "benchmarks"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         info["git_dirty"] = bool(d.stdout.strip()) if d.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
@@ -819,13 +855,11 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def bench_preset(name: str, args: argparse.Namespace, workdir: Path,
-                 runner: Runner) -> dict[str, Any]:
+def bench_preset(name: str, args: argparse.Namespace, workdir: Path, runner: Runner) -> dict[str, Any]:
     from zarr_skip.synthetic import PRESETS, jagged_payload, padded_batch
 
     preset = PRESETS[name]
-    pdict = {"rows": preset.rows, "max_prompt": preset.max_prompt,
-             "max_response": preset.max_response, "n": preset.n}
+    pdict = {"rows": preset.rows, "max_prompt": preset.max_prompt, "max_response": preset.max_response, "n": preset.n}
     formats = [f for f, (_s, base) in FORMATS.items() if base or not args.baseline_only]
     ops = [o for o in OPS if o in args.ops]
     if "write" not in ops:
@@ -840,21 +874,27 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path,
     mem = {
         "padded_tensor_bytes": sum(t.numel() * t.element_size() for t in dp.batch.values()),
         "jagged_tensor_bytes": sum(
-            (t.values().numel() * t.values().element_size() if t.is_nested
-             else t.numel() * t.element_size())
+            (t.values().numel() * t.values().element_size() if t.is_nested else t.numel() * t.element_size())
             for t in (td.get(k) for k in td.keys())  # noqa: SIM118 - a TensorDict iterates rows
-            if isinstance(t, torch.Tensor)),
+            if isinstance(t, torch.Tensor)
+        ),
         "response_tokens": int(dp.batch["response_mask"].sum()),
         "prompt_tokens": int(dp.batch["attention_mask"][:, : preset.max_prompt].sum()),
     }
     del dp, pl, td
 
-    out: dict[str, Any] = {"preset": name, "params": pdict, "reps": args.reps, "seed": args.seed,
-                           "isolation": args.isolation, "in_memory": mem, "formats": {},
-                           "loadavg_start": os.getloadavg()}
+    out: dict[str, Any] = {
+        "preset": name,
+        "params": pdict,
+        "reps": args.reps,
+        "seed": args.seed,
+        "isolation": args.isolation,
+        "in_memory": mem,
+        "formats": {},
+        "loadavg_start": os.getloadavg(),
+    }
     scratch = workdir / "scratch"
-    common = {"preset": pdict, "seed": args.seed, "cold": args.cold, "scratch": str(scratch),
-              "warmup": args.warmup}
+    common = {"preset": pdict, "seed": args.seed, "cold": args.cold, "scratch": str(scratch), "warmup": args.warmup}
     samples: dict[str, dict[str, list]] = {f: {op: [] for op in ops} for f in formats}
     artifact: dict[str, Path | None] = {f: None for f in formats}
     disk: dict[str, dict[str, int]] = {}
@@ -890,8 +930,11 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path,
                             disk[fmt] = disk_usage(d)
                         else:
                             shutil.rmtree(d, ignore_errors=True)
-                    msg = (f"{r['sample'] * 1e3:9.1f} ms" if "sample" in r
-                           else "ERROR " + str(r.get("error")).strip().splitlines()[-1][:160])
+                    msg = (
+                        f"{r['sample'] * 1e3:9.1f} ms"
+                        if "sample" in r
+                        else "ERROR " + str(r.get("error")).strip().splitlines()[-1][:160]
+                    )
                     log(f"[{name}] rep {rep + 1}/{args.reps} {op:12s} {fmt:18s} {msg}")
 
     for fmt in formats:
@@ -911,18 +954,28 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path,
         tdict = {"rows": 8, "max_prompt": 32, "max_response": 64, "n": 8}
         sdir = workdir / name / "status"
         log(f"[{name}] status: writing {args.status_steps} tiny steps ...")
-        setup = runner.run({"op": "status_setup", "preset": tdict, "seed": args.seed,
-                            "dir": str(sdir), "steps": args.status_steps},
-                           timeout=args.timeout * 4)
+        setup = runner.run(
+            {"op": "status_setup", "preset": tdict, "seed": args.seed, "dir": str(sdir), "steps": args.status_steps},
+            timeout=args.timeout * 4,
+        )
         st: dict[str, Any] = {"setup": setup, "steps": args.status_steps, "preset": tdict}
         if "error" not in setup:
             for op in ("status_cold", "status_warm"):
-                st[op] = summarize([
-                    runner.run({"op": op, "preset": tdict, "seed": args.seed, "dir": str(sdir),
-                                "cold": args.cold}) for _ in range(args.reps)])
+                st[op] = summarize(
+                    [
+                        runner.run({"op": op, "preset": tdict, "seed": args.seed, "dir": str(sdir), "cold": args.cold})
+                        for _ in range(args.reps)
+                    ]
+                )
                 r = st[op]
-                log(f"[{name}] {op}: " + (r["error"].strip().splitlines()[-1][:200] if "error" in r
-                                          else f"median {r['median_s'] * 1e3:.1f} ms"))
+                log(
+                    f"[{name}] {op}: "
+                    + (
+                        r["error"].strip().splitlines()[-1][:200]
+                        if "error" in r
+                        else f"median {r['median_s'] * 1e3:.1f} ms"
+                    )
+                )
         else:
             log(f"[{name}] status setup ERROR {setup['error'].strip().splitlines()[-1][:200]}")
         out["status"] = st
@@ -979,16 +1032,20 @@ def check_targets(name: str, out: dict[str, Any], baseline_only: bool) -> list[d
             verdict = "FAIL (no value)"
         else:
             verdict = "PASS" if val <= limit else "FAIL"
-        res.append({"target": f"{name} {shape} {metric} ratio <= {limit}", "value": val,
-                    "verdict": verdict})
+        res.append({"target": f"{name} {shape} {metric} ratio <= {limit}", "value": val, "verdict": verdict})
     status = out.get("status")
     st = (status or {}).get("status_cold", {}).get("median_s")
     label = f"status() of {(status or {}).get('steps', 1000)} steps, cold, < {STATUS_TARGET_S} s"
     if baseline_only or status is None:
         res.append({"target": label, "value": None, "verdict": "SKIP"})
     else:
-        res.append({"target": label, "value": st, "verdict": "FAIL (no value)" if st is None
-                    else ("PASS" if st < STATUS_TARGET_S else "FAIL")})
+        res.append(
+            {
+                "target": label,
+                "value": st,
+                "verdict": "FAIL (no value)" if st is None else ("PASS" if st < STATUS_TARGET_S else "FAIL"),
+            }
+        )
     return res
 
 
@@ -1043,46 +1100,57 @@ def markdown(run: dict[str, Any]) -> str:
     m = run["machine"]
     lines = [f"# zarr_skip benchmark: preset `{run['result']['preset']}`", ""]
     git = (m.get("git_commit") or "no commit") + (" + local changes" if m.get("git_dirty") else "")
-    lines.append(f"Run {run['started']} (git {git}), "
-                 f"command: `{run['command']}`")
+    lines.append(f"Run {run['started']} (git {git}), command: `{run['command']}`")
     lines += ["", "## Machine", ""]
     d = m.get("disk", {})
-    lines.append(f"- CPU: {m.get('cpu_model')} ({m.get('cpu_count')} cores, affinity "
-                 f"{m.get('cpu_affinity')}, torch threads {m.get('torch_threads')})")
+    lines.append(
+        f"- CPU: {m.get('cpu_model')} ({m.get('cpu_count')} cores, affinity "
+        f"{m.get('cpu_affinity')}, torch threads {m.get('torch_threads')})"
+    )
     lines.append(f"- RAM: {m.get('ram_GiB')} GiB")
-    lines.append(f"- Disk: {d.get('device')} ({d.get('fstype')}, model {d.get('model')}, "
-                 f"rotational {d.get('rotational')}, size {d.get('size_GB')} GB), "
-                 f"work dir {d.get('workdir')}")
-    lines.append(f"- Kernel {m.get('kernel')}, Python {m.get('python')}, "
-                 + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()))
+    lines.append(
+        f"- Disk: {d.get('device')} ({d.get('fstype')}, model {d.get('model')}, "
+        f"rotational {d.get('rotational')}, size {d.get('size_GB')} GB), "
+        f"work dir {d.get('workdir')}"
+    )
+    lines.append(
+        f"- Kernel {m.get('kernel')}, Python {m.get('python')}, "
+        + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    )
     lim = run.get("limits") or {}
     if lim:
         lines.append(
             f"- Physical limits: dd write {lim.get('dd_write_MBps', float('nan')):.0f} MB/s "
             f"({lim.get('dd_write_cmd')}), dd read {lim.get('dd_read_MBps', float('nan')):.0f} "
             f"MB/s ({lim.get('dd_read_cmd')}), memcpy {lim.get('memcpy_GBps', float('nan')):.1f} "
-            f"GB/s ({lim.get('memcpy_note')})")
+            f"GB/s ({lim.get('memcpy_note')})"
+        )
     res = run["result"]
     p, mem = res["params"], res["in_memory"]
     lines += ["", "## Data", ""]
-    lines.append(f"- {p['rows']} rows (n={p['n']}), max_prompt {p['max_prompt']}, "
-                 f"max_response {p['max_response']}, seed {res['seed']}, {res['reps']} reps "
-                 f"(medians)")
-    lines.append(f"- {mem['prompt_tokens']} prompt + {mem['response_tokens']} response tokens; "
-                 f"tensors in memory: padded {_fmt_b(mem['padded_tensor_bytes'])}, jagged "
-                 f"{_fmt_b(mem['jagged_tensor_bytes'])}")
-    lines.append(f"- cold = page cache dropped before each rep "
-                 f"({_cold_method(res)}); warm = files read once untimed first; zarr_skip reads "
-                 f"include `open_cache()`; peak RSS = high-water mark above the RSS at the start "
-                 f"of the operation (median over reps); each rep runs in a fresh process "
-                 f"({res.get('isolation')}) after an untimed tiny warm-up of the same format")
+    lines.append(
+        f"- {p['rows']} rows (n={p['n']}), max_prompt {p['max_prompt']}, "
+        f"max_response {p['max_response']}, seed {res['seed']}, {res['reps']} reps "
+        f"(medians)"
+    )
+    lines.append(
+        f"- {mem['prompt_tokens']} prompt + {mem['response_tokens']} response tokens; "
+        f"tensors in memory: padded {_fmt_b(mem['padded_tensor_bytes'])}, jagged "
+        f"{_fmt_b(mem['jagged_tensor_bytes'])}"
+    )
+    lines.append(
+        f"- cold = page cache dropped before each rep "
+        f"({_cold_method(res)}); warm = files read once untimed first; zarr_skip reads "
+        f"include `open_cache()`; peak RSS = high-water mark above the RSS at the start "
+        f"of the operation (median over reps); each rep runs in a fresh process "
+        f"({res.get('isolation')}) after an untimed tiny warm-up of the same format"
+    )
 
     F = res["formats"]
     lines += ["", "## Results", ""]
     hdr = ["metric"]
     cols: list[tuple[str, str | None]] = []
-    for base, zs_ in (("torch_save_jagged", "zarr_skip_jagged"),
-                      ("pickle_padded", "zarr_skip_padded")):
+    for base, zs_ in (("torch_save_jagged", "zarr_skip_jagged"), ("pickle_padded", "zarr_skip_padded")):
         cols.append((base, None))
         hdr.append(FORMAT_LABEL[base])
         if zs_ in F:
@@ -1092,8 +1160,7 @@ def markdown(run: dict[str, Any]) -> str:
     lines.append("| " + " | ".join(hdr) + " |")
     lines.append("|" + "---|" * len(hdr))
     measured = [o for o in OPS if any(o in rr for rr in F.values())]
-    rows = [(OP_LABEL[o], o) for o in measured] + [("bytes on disk (allocated)", "bytes"),
-                                                   ("file count", "files")]
+    rows = [(OP_LABEL[o], o) for o in measured] + [("bytes on disk (allocated)", "bytes"), ("file count", "files")]
     rows += [(f"peak RSS: {OP_LABEL[o]}", f"rss:{o}") for o in measured]
     for label, metric in rows:
         cells = [label]
@@ -1105,9 +1172,11 @@ def markdown(run: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
 
     la0, la1 = res.get("loadavg_start"), res.get("loadavg_end")
-    note = ("`*`: the spread over repetitions (max - min) exceeds half the median: noisy. "
-            f"Load average (1/5/15 min) at start {_fmt_la(la0)}, at end {_fmt_la(la1)} on "
-            f"{m.get('cpu_count')} cores.")
+    note = (
+        "`*`: the spread over repetitions (max - min) exceeds half the median: noisy. "
+        f"Load average (1/5/15 min) at start {_fmt_la(la0)}, at end {_fmt_la(la1)} on "
+        f"{m.get('cpu_count')} cores."
+    )
     lines += ["", note]
     errors = [(f, op, r["error"]) for f, rr in F.items() for op, r in rr.items() if "error" in r]
     ver = [(f, rr["write"]["verify"]) for f, rr in F.items() if "verify" in rr.get("write", {})]
@@ -1120,26 +1189,35 @@ def markdown(run: dict[str, Any]) -> str:
         if "error" in st.get("setup", {}):
             lines.append(f"- setup failed: {st['setup']['error'].splitlines()[-1]}")
         else:
-            lines.append(f"- {st['steps']} tiny steps ({st['preset']}), write "
-                         f"{_fmt_s(st['setup'].get('write_per_step_s'))} per step, "
-                         f"{st['setup']['disk']['files']} files, "
-                         f"{_fmt_b(st['setup']['disk']['bytes_allocated'])}")
+            lines.append(
+                f"- {st['steps']} tiny steps ({st['preset']}), write "
+                f"{_fmt_s(st['setup'].get('write_per_step_s'))} per step, "
+                f"{st['setup']['disk']['files']} files, "
+                f"{_fmt_b(st['setup']['disk']['bytes_allocated'])}"
+            )
             for op in ("status_cold", "status_warm"):
                 r = st.get(op, {})
                 if "error" in r:
                     lines.append(f"- {op}: error {r['error'].splitlines()[-1]}")
                 else:
-                    lines.append(f"- {op} (open_cache + status()): {_fmt_s(r.get('median_s'))}, "
-                                 f"{r.get('n_steps')} steps listed, {r.get('n_complete')} complete"
-                                 f", peak RSS +{_fmt_b(r.get('peak_rss_bytes'))}")
+                    lines.append(
+                        f"- {op} (open_cache + status()): {_fmt_s(r.get('median_s'))}, "
+                        f"{r.get('n_steps')} steps listed, {r.get('n_complete')} complete"
+                        f", peak RSS +{_fmt_b(r.get('peak_rss_bytes'))}"
+                    )
     fl = res.get("floor")
     if fl:
         top = sorted(fl["parts"].items(), key=lambda kv: -kv[1])[:3]
-        lines += ["", "## Information floor (jagged)", "",
-                  f"No lossless format can store this step in fewer than {_fmt_b(fl['bytes'])}"
-                  f" (ratio {_fmt_r(fl.get('ratio'))} to torch.save): its values are drawn "
-                  "independently at random (see `benchmarks/floor.py`). Largest parts: "
-                  + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top) + "."]
+        lines += [
+            "",
+            "## Information floor (jagged)",
+            "",
+            f"No lossless format can store this step in fewer than {_fmt_b(fl['bytes'])}"
+            f" (ratio {_fmt_r(fl.get('ratio'))} to torch.save): its values are drawn "
+            "independently at random (see `benchmarks/floor.py`). Largest parts: "
+            + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
+            + ".",
+        ]
     if res["targets"]:
         lines += ["", "## Targets", "", "| target | value | verdict |", "|---|---|---|"]
         for t in res["targets"]:
@@ -1169,34 +1247,50 @@ def _cold_method(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="medium",
-                    help="small, medium, large, or a comma-separated list (default medium)")
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--preset", default="medium", help="small, medium, large, or a comma-separated list (default medium)"
+    )
     ap.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median)")
-    ap.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"),
-                    help="directory for <preset>.md and <preset>.json")
-    ap.add_argument("--workdir", default=None,
-                    help="scratch directory (default: a temp dir inside --out, i.e. same disk)")
-    ap.add_argument("--baseline-only", action="store_true",
-                    help="only torch.save / pickle (no zarr_skip import)")
-    ap.add_argument("--cold", choices=("auto", "drop_caches", "fadvise"), default="auto",
-                    help="how to drop the page cache: auto = drop_caches when root, else fadvise")
+    ap.add_argument(
+        "--out", default=str(REPO_ROOT / "benchmarks" / "results"), help="directory for <preset>.md and <preset>.json"
+    )
+    ap.add_argument(
+        "--workdir", default=None, help="scratch directory (default: a temp dir inside --out, i.e. same disk)"
+    )
+    ap.add_argument("--baseline-only", action="store_true", help="only torch.save / pickle (no zarr_skip import)")
+    ap.add_argument(
+        "--cold",
+        choices=("auto", "drop_caches", "fadvise"),
+        default="auto",
+        help="how to drop the page cache: auto = drop_caches when root, else fadvise",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--status-steps", type=int, default=1000,
-                    help="steps written for the status() benchmark (0 = skip)")
+    ap.add_argument(
+        "--status-steps", type=int, default=1000, help="steps written for the status() benchmark (0 = skip)"
+    )
     ap.add_argument("--dd-mib", type=int, default=1024, help="size of the dd test (0 = skip)")
-    ap.add_argument("--no-verify", dest="verify", action="store_false",
-                    help="skip the untimed zarr_skip round-trip check")
+    ap.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="skip the untimed zarr_skip round-trip check"
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="per-worker timeout (s)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
-    ap.add_argument("--isolation", choices=("fork", "spawn"), default="fork",
-                    help="fresh process per measurement: fork from a pre-imported zygote "
-                         "(default) or spawn a new interpreter (slower, ~3 s of imports each)")
-    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
-                    help="do not run the untimed tiny warm-up operation in each process")
-    ap.add_argument("--ops", default=",".join(OPS),
-                    help="comma-separated subset of: " + ", ".join(OPS))
+    ap.add_argument(
+        "--isolation",
+        choices=("fork", "spawn"),
+        default="fork",
+        help="fresh process per measurement: fork from a pre-imported zygote "
+        "(default) or spawn a new interpreter (slower, ~3 s of imports each)",
+    )
+    ap.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="do not run the untimed tiny warm-up operation in each process",
+    )
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ", ".join(OPS))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--zygote-zarr", action="store_true", help=argparse.SUPPRESS)
@@ -1204,8 +1298,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         spec = json.loads(args.worker)
-        _preimport(not FORMATS.get(spec.get("format"), ("", True))[1]
-                   or spec["op"].startswith("status"))
+        _preimport(not FORMATS.get(spec.get("format"), ("", True))[1] or spec["op"].startswith("status"))
         print(RESULT_MARK + json.dumps(_run_worker_safe(spec)), flush=True)
         return 0
     if args.zygote:
@@ -1249,12 +1342,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.dd_mib > 0:
             log(f"physical limits: dd {args.dd_mib} MiB + memcpy ...")
             limits = physical_limits(workdir, args.dd_mib, args.cold)
-            log("physical limits: " + ", ".join(
-                f"{k} {v:.1f}" for k, v in limits.items() if isinstance(v, float)))
+            log("physical limits: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items() if isinstance(v, float)))
         for name in names:
             result = bench_preset(name, args, workdir, runner)
-            run = {"started": started, "command": command, "machine": machine,
-                   "limits": limits, "result": result}
+            run = {"started": started, "command": command, "machine": machine, "limits": limits, "result": result}
             md = markdown(run)
             (out_dir / f"{name}.json").write_text(json.dumps(run, indent=2, default=str) + "\n")
             (out_dir / f"{name}.md").write_text(md)

@@ -146,8 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if rep:
                         for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
                             samples[backend][op].append(t)
-                    log(f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
-                        f"column {t_col:.3f}s rows64 {t_rows:.3f}s")
+                    log(
+                        f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
+                        f"column {t_col:.3f}s rows64 {t_rows:.3f}s"
+                    )
                 del mapping
 
             if args.status_steps:
@@ -174,8 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    return {"preset": args.preset, "reps": args.reps, "status_steps": args.status_steps,
-            "samples": samples, **extra}
+    return {"preset": args.preset, "reps": args.reps, "status_steps": args.status_steps, "samples": samples, **extra}
 
 
 def _fmt(seconds: float) -> str:

@@ -54,7 +54,7 @@ def jagged_floor(preset: Any, seed: int, step: int) -> dict[str, Any]:
     batch = as_mapping(jagged_payload(p, seed, step=step))
     prompts = batch.pop("prompts")
     offsets = prompts.offsets().numpy()
-    first = [prompts.values()[offsets[g]: offsets[g + 1]].numpy() for g in range(0, p.rows, p.n)]
+    first = [prompts.values()[offsets[g] : offsets[g + 1]].numpy() for g in range(0, p.rows, p.n)]
     parts = {
         "prompts": _token_bits(np.concatenate(first)) / 8,
         "responses": _token_bits(batch.pop("responses").values().numpy()) / 8,

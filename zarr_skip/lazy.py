@@ -135,6 +135,37 @@ class StepView:
             return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
+    # -- readable views (zarr_skip.notebook.browse, imported when used) ------------------------
+
+    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> Any:
+        """Row ``row`` drawn in full (prompt, response, badges, tokens by log-prob); lazy."""
+        from zarr_skip.notebook import browse
+
+        return browse.rollout(self, row, tokenizer=tokenizer, max_length=max_length)
+
+    def group(
+        self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
+    ) -> Any:
+        """The GRPO group ``uid`` (or that of row ``row``): its responses side by side; lazy."""
+        from zarr_skip.notebook import browse
+
+        return browse.group(self, uid, row=row, tokenizer=tokenizer, max_length=max_length)
+
+    def find(
+        self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
+    ) -> Any:
+        """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
+        ``best`` / ``worst``: see :func:`zarr_skip.notebook.finding.find_rows`."""
+        from zarr_skip.notebook import browse
+
+        return browse.find(self, tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
+
+    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> Any:
+        """Page ``k`` of the step's rollouts, ``size`` rows a page; reads its rows when shown."""
+        from zarr_skip.notebook import browse
+
+        return browse.page(self, k, size, tokenizer=tokenizer, max_length=max_length)
+
     def __repr__(self) -> str:
         from zarr_skip.notebook.display import step_repr
 
