@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench import REPO_ROOT, _same, fingerprint, machine_info
+from benchmarks.formats import fingerprint, same
+from benchmarks.machine import REPO_ROOT, machine_info
 
 # torch logs a one-off "is_fx_tracing" warning when tensordict imports torch._dynamo
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -137,8 +138,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     t_read, got = timed(read, backend, step)
                     t_col, col = timed(column, backend, step)
                     t_rows, _ = timed(rows64, backend, step)
-                    bad = sorted(k for k in mapping if k not in got or not _same(mapping[k], got[k]))
-                    if bad or not _same(mapping["responses"], col):
+                    bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
+                    if bad or not same(mapping["responses"], col):
                         raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
                     extra.setdefault("step_nbytes", info.nbytes)
                     extra.setdefault("step_raw_nbytes", info.raw_nbytes)

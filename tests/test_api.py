@@ -67,6 +67,8 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
         errors.UnsafePickleError: pickle.UnpicklingError,
         errors.IncompleteStepError: LookupError,
         errors.ChecksumError: ValueError,
+        errors.TokenizerNotFoundError: FileNotFoundError,
+        errors.MissingDependencyError: ImportError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)
@@ -76,7 +78,19 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
 
 
 def test_importing_zarr_skip_imports_no_optional_heavyweights() -> None:
-    heavy = ("verl", "tensordict", "matplotlib", "s3fs", "obstore", "ray", "transfer_queue")
+    heavy = (
+        "verl",
+        "tensordict",
+        "matplotlib",
+        "s3fs",
+        "obstore",
+        "ray",
+        "transfer_queue",
+        "tokenizers",
+        "pyarrow",
+        "duckdb",
+        "pandas",
+    )
     code = f"import sys, zarr_skip; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

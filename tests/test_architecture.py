@@ -40,6 +40,7 @@ UPWARD_ALLOWED = {
     ("cache", "maintenance"),
     ("cache", "notebook"),
     ("lazy", "notebook"),
+    ("lazy", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute
 }
 

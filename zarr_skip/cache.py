@@ -118,6 +118,7 @@ class Cache:
         )
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
+        self._attributes: dict[str, Any] | None = None
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -246,6 +247,37 @@ class Cache:
                 if doc is not None and doc.get("node_type") == "group":
                     level.append(path)  # experiments may nest (a role below its verl name)
         return dict(sorted(found.items()))
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
+        ``model`` paths, ...), from its group's attributes: read once, on first use."""
+        if self._attributes is None:
+            exp = self.experiment
+            key = layout.meta_key(exp or "")
+            where = self._storage.key_path(key)
+            found = attribute(parse_json(self._storage.get(key), where), layout.INFO_ATTR, where) if exp else None
+            self._attributes = dict(found or {})
+        return dict(self._attributes)
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored.
+
+        Several writers recording the same values is safe; different values: the last one wins.
+        """
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        key = layout.meta_key(self.experiment)
+        where = self._storage.key_path(key)
+        doc = parse_json(self._storage.get(key), where)
+        if doc is None:
+            raise MetadataError(f"{where}: the experiment group's metadata is missing")
+        attrs = dict(doc.get("attributes") or {})
+        info = {**(attribute(doc, layout.INFO_ATTR, where) or {}), **dict(values)}
+        if attrs.get(layout.INFO_ATTR) != info:
+            self._storage.set(key, group_doc({**attrs, layout.INFO_ATTR: info}))
+            logger.debug("%s: experiment attributes %s", where, sorted(values))
+        self._attributes = info
 
     @property
     def run_id(self) -> str:
@@ -394,6 +426,7 @@ class Cache:
             step,
             [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc) for p in parts],
             allow_pickle=allow_pickle,
+            cache=self,
         )
 
     def _missing(self, step: int) -> str:

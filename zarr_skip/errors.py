@@ -21,6 +21,8 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── UnsupportedColumnError (TypeError)       a column the codec cannot store exactly
     ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
     ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
+    ├── TokenizerNotFoundError (FileNotFoundError)  no local tokenizer at that path, or none known
+    ├── MissingDependencyError (ImportError)     an optional package is missing (names the extra)
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
@@ -46,11 +48,13 @@ __all__ = [
     "IncompleteStepError",
     "MetadataError",
     "MissingDataError",
+    "MissingDependencyError",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
     "StepCompleteError",
     "StepNotFoundError",
     "StorageError",
+    "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
     "ZarrSkipError",
@@ -131,6 +135,14 @@ class GroupMismatchError(ZarrSkipError, ValueError):
 
 class UnsafePickleError(ZarrSkipError, pickle.UnpicklingError):
     """A legacy pickle referenced a global outside the allow-list."""
+
+
+class TokenizerNotFoundError(ZarrSkipError, FileNotFoundError):
+    """No tokenizer at a path (nothing is downloaded), or none given and none recorded."""
+
+
+class MissingDependencyError(ZarrSkipError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it."""
 
 
 class CorruptCacheError(ZarrSkipError, ValueError):

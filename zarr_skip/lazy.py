@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
+
+if TYPE_CHECKING:
+    from zarr_skip.cache import Cache
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
@@ -33,9 +36,19 @@ class StepView:
     columns : column names, in stored order.
     meta_info : the first mini-batch's batch-level metadata.
     minibatches : one view per mini-batch, in index order.
+    cache : the :class:`~zarr_skip.Cache` the view was loaded from (None when made directly);
+        its attributes name the tokenizer that :meth:`text` decodes with by default.
     """
 
-    def __init__(self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False):
+    def __init__(
+        self,
+        storage: Storage,
+        step: int,
+        parts: Sequence[Part],
+        *,
+        allow_pickle: bool = False,
+        cache: Cache | None = None,
+    ):
         if not parts:
             raise MetadataError(f"step {step}: a step view needs at least one mini-batch")
         first = parts[0]
@@ -50,6 +63,7 @@ class StepView:
         self.parts = list(parts)
         self._allow_pickle = allow_pickle
         self._cols: dict[str, LazyColumn] = {}
+        self.cache = cache
 
     @property
     def columns(self) -> list[str]:
@@ -69,7 +83,10 @@ class StepView:
 
     @property
     def minibatches(self) -> list[StepView]:
-        return [StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle) for p in self.parts]
+        return [
+            StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle, cache=self.cache)
+            for p in self.parts
+        ]
 
     @property
     def nbytes(self) -> int:
@@ -134,6 +151,35 @@ class StepView:
         except ImportError:
             return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
+
+    def text(
+        self,
+        column: str = "responses",
+        rows: int | slice | Sequence[int] | np.ndarray | None = None,
+        tokenizer: Any = None,
+        skip_special_tokens: bool = True,
+    ) -> list[str]:
+        """Token ids of ``column`` (``"responses"``, ``"prompts"``) decoded, one string per row.
+
+        Only the rows asked for are read: ``rows`` is one row (an int), a slice, a sequence of
+        row numbers, or None (all). ``tokenizer`` is a path, a ``tokenizers.Tokenizer``, a
+        ``transformers`` tokenizer or a Decoder; by default the one the experiment recorded
+        (:func:`zarr_skip.readable.tokenizers.tokenizer_for`). Padding is dropped.
+
+        Raises
+        ------
+        TokenizerNotFoundError
+            No tokenizer given and none recorded (or the recorded path is not on this machine).
+        """
+        from zarr_skip.readable.text import decode_column
+
+        return decode_column(self, column, rows, tokenizer, skip_special_tokens=skip_special_tokens)
+
+    def messages(self, rows: int | slice | Sequence[int] | np.ndarray | None = None) -> list[list[Any]]:
+        """The chat prompt of each row (its ``raw_prompt``) as ``Message(role, content)`` pairs."""
+        from zarr_skip.readable.text import chat_rows
+
+        return chat_rows(self, rows)
 
     # -- readable views (zarr_skip.notebook.browse, imported when used) ------------------------
 

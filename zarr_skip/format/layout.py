@@ -34,6 +34,9 @@ EXPERIMENT_ATTR = "zarr_skip.experiment"
 STEP_ATTR = "zarr_skip.complete"
 RUN_ATTR = "zarr_skip.run"
 PART_ATTR = "zarr_skip.part"
+#: what an experiment records about its data beyond the fingerprint (the trainer's tokenizer and
+#: model paths, ...): one object on the experiment group, merged on each update
+INFO_ATTR = "zarr_skip.info"
 
 METADATA = "zarr.json"
 

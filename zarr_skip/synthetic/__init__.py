@@ -16,6 +16,7 @@ from zarr_skip.synthetic.rollouts import (
     jagged_payload,
     padded_batch,
 )
+from zarr_skip.synthetic.text import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 __all__ = [
     "EOS_ID",
@@ -23,6 +24,7 @@ __all__ = [
     "LOG_PROB_MIX",
     "PAD_ID",
     "PRESETS",
+    "TOKENIZER_PATH",
     "VOCAB_SIZE",
     "DataProtoLike",
     "Preset",
@@ -30,4 +32,6 @@ __all__ = [
     "get_preset",
     "jagged_payload",
     "padded_batch",
+    "shipped_tokenizer",
+    "text_rollouts",
 ]

@@ -1,0 +1,328 @@
+"""One preset's measurements as a verdict and a report.
+
+:func:`score` adds the ratios zarr_skip / baseline, the pass/fail verdict of each target in
+:data:`TARGETS` and the information floor (:mod:`benchmarks.floor`) to the result of
+:func:`benchmarks.runners.bench_preset`; :func:`markdown` renders a whole run (machine,
+physical limits, data, results table, status(), floor, targets, errors) as the
+``<preset>.md`` file; :func:`verdict_line` is a target's line on the console.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .formats import BASELINE_OF, FORMATS, OPS, STEP
+
+OP_LABEL = {
+    "write": "write",
+    "write_fsync": "write + fsync",
+    "read_cold": "full read, cold",
+    "read_warm": "full read, warm",
+    "column_cold": "one column (responses), cold",
+    "column_warm": "one column (responses), warm",
+    "rows64_cold": "64 rows of responses, cold",
+    "rows64_warm": "64 rows of responses, warm",
+}
+FORMAT_LABEL = {
+    "torch_save_jagged": "torch.save jagged (tq_batch.pt)",
+    "zarr_skip_jagged": "zarr_skip jagged",
+    "pickle_padded": "pickle padded (gen_batch.dp)",
+    "zarr_skip_padded": "zarr_skip padded",
+}
+
+# (shape, metric, max ratio zarr_skip / baseline)
+TARGETS: dict[str, list[tuple[str, str, float]]] = {
+    "small": [("jagged", "write", 2.0), ("jagged", "read_cold", 2.0)],
+    "medium": [
+        ("jagged", "write", 0.8),
+        ("jagged", "read_cold", 0.8),
+        ("jagged", "bytes", 0.20),
+        ("jagged", "column_cold", 0.20),
+        ("jagged", "rows64_cold", 0.10),
+        ("padded", "write", 0.4),
+        ("padded", "read_cold", 0.3),
+        ("padded", "bytes", 0.10),
+    ],
+    "large": [
+        ("jagged", "write", 0.5),
+        ("jagged", "read_cold", 0.5),
+        ("jagged", "bytes", 0.20),
+        ("jagged", "column_cold", 0.15),
+        ("jagged", "rows64_cold", 0.03),
+    ],
+}
+STATUS_TARGET_S = 1.0
+
+
+# --------------------------------------------------------------------------- ratios and targets
+
+
+def _metric(res: dict[str, Any], metric: str) -> float | None:
+    if metric in ("bytes", "files"):
+        disk = res.get("write", {}).get("disk")
+        if not disk:
+            return None
+        return float(disk["bytes_allocated"] if metric == "bytes" else disk["files"])
+    if metric.startswith("rss:"):
+        return res.get(metric[4:], {}).get("peak_rss_bytes")
+    return res.get(metric, {}).get("median_s")
+
+
+METRICS = list(OPS) + ["bytes", "files"]
+
+
+def ratios(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    r: dict[str, dict[str, float | None]] = {}
+    for zs_fmt, base_fmt in BASELINE_OF.items():
+        if zs_fmt not in out["formats"] or base_fmt not in out["formats"]:
+            continue
+        shape = FORMATS[zs_fmt][0]
+        r[shape] = {}
+        for m in METRICS + [f"rss:{op}" for op in OPS]:
+            a = _metric(out["formats"][zs_fmt], m)
+            b = _metric(out["formats"][base_fmt], m)
+            r[shape][m] = (a / b) if (a is not None and b) else None
+    return r
+
+
+def check_targets(name: str, out: dict[str, Any], baseline_only: bool) -> list[dict[str, Any]]:
+    res = []
+    for shape, metric, limit in TARGETS.get(name, []):
+        val = out["ratios"].get(shape, {}).get(metric)
+        if baseline_only:
+            verdict = "SKIP"
+        elif val is None:
+            verdict = "FAIL (no value)"
+        else:
+            verdict = "PASS" if val <= limit else "FAIL"
+        res.append({"target": f"{name} {shape} {metric} ratio <= {limit}", "value": val, "verdict": verdict})
+    status = out.get("status")
+    st = (status or {}).get("status_cold", {}).get("median_s")
+    label = f"status() of {(status or {}).get('steps', 1000)} steps, cold, < {STATUS_TARGET_S} s"
+    if baseline_only or status is None:
+        res.append({"target": label, "value": None, "verdict": "SKIP"})
+    else:
+        res.append(
+            {
+                "target": label,
+                "value": st,
+                "verdict": "FAIL (no value)" if st is None else ("PASS" if st < STATUS_TARGET_S else "FAIL"),
+            }
+        )
+    return res
+
+
+def score(out: dict[str, Any], baseline_only: bool) -> None:
+    """Add ``ratios``, ``targets`` and ``floor`` to the measurements ``out`` of one preset."""
+    from zarr_skip.synthetic import PRESETS
+
+    from .floor import jagged_floor
+
+    name = out["preset"]
+    out["ratios"] = ratios(out)
+    out["targets"] = check_targets(name, out, baseline_only)
+    floor = jagged_floor(PRESETS[name], out["seed"], STEP)  # untimed, after every measurement
+    base = _metric(out["formats"].get("torch_save_jagged", {}), "bytes")
+    floor["ratio"] = floor["bytes"] / base if base else None
+    out["floor"] = floor
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.2f} s"
+
+
+def _fmt_b(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= k:
+            return f"{x / k:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _fmt_r(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.4f}" if abs(x) < 0.1 else f"{x:.3f}"
+
+
+def _cell(res: dict[str, Any] | None, metric: str) -> str:
+    if res is None:
+        return "-"
+    if metric in ("bytes", "files"):
+        if "error" in res.get("write", {}):
+            return "error"
+        v = _metric(res, metric)
+        return _fmt_b(v) if metric == "bytes" else ("n/a" if v is None else f"{v:.0f}")
+    if metric.startswith("rss:"):
+        r = res.get(metric[4:], {})
+        return "error" if "error" in r else _fmt_b(r.get("peak_rss_bytes"))
+    r = res.get(metric, {})
+    if "error" in r:
+        return "error"
+    return _fmt_s(r.get("median_s")) + (" *" if _noisy(r) else "")
+
+
+def _noisy(r: dict[str, Any]) -> bool:
+    """Spread (max - min) over the repetitions larger than half the median."""
+    med = r.get("median_s")
+    return bool(med and len(r.get("samples", [])) > 1 and (r["max_s"] - r["min_s"]) > 0.5 * med)
+
+
+def markdown(run: dict[str, Any]) -> str:
+    m = run["machine"]
+    lines = [f"# zarr_skip benchmark: preset `{run['result']['preset']}`", ""]
+    git = (m.get("git_commit") or "no commit") + (" + local changes" if m.get("git_dirty") else "")
+    lines.append(f"Run {run['started']} (git {git}), command: `{run['command']}`")
+    lines += ["", "## Machine", ""]
+    d = m.get("disk", {})
+    lines.append(
+        f"- CPU: {m.get('cpu_model')} ({m.get('cpu_count')} cores, affinity "
+        f"{m.get('cpu_affinity')}, torch threads {m.get('torch_threads')})"
+    )
+    lines.append(f"- RAM: {m.get('ram_GiB')} GiB")
+    lines.append(
+        f"- Disk: {d.get('device')} ({d.get('fstype')}, model {d.get('model')}, "
+        f"rotational {d.get('rotational')}, size {d.get('size_GB')} GB), "
+        f"work dir {d.get('workdir')}"
+    )
+    lines.append(
+        f"- Kernel {m.get('kernel')}, Python {m.get('python')}, "
+        + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    )
+    lim = run.get("limits") or {}
+    if lim:
+        lines.append(
+            f"- Physical limits: dd write {lim.get('dd_write_MBps', float('nan')):.0f} MB/s "
+            f"({lim.get('dd_write_cmd')}), dd read {lim.get('dd_read_MBps', float('nan')):.0f} "
+            f"MB/s ({lim.get('dd_read_cmd')}), memcpy {lim.get('memcpy_GBps', float('nan')):.1f} "
+            f"GB/s ({lim.get('memcpy_note')})"
+        )
+    res = run["result"]
+    p, mem = res["params"], res["in_memory"]
+    lines += ["", "## Data", ""]
+    lines.append(
+        f"- {p['rows']} rows (n={p['n']}), max_prompt {p['max_prompt']}, "
+        f"max_response {p['max_response']}, seed {res['seed']}, {res['reps']} reps "
+        f"(medians)"
+    )
+    lines.append(
+        f"- {mem['prompt_tokens']} prompt + {mem['response_tokens']} response tokens; "
+        f"tensors in memory: padded {_fmt_b(mem['padded_tensor_bytes'])}, jagged "
+        f"{_fmt_b(mem['jagged_tensor_bytes'])}"
+    )
+    lines.append(
+        f"- cold = page cache dropped before each rep "
+        f"({_cold_method(res)}); warm = files read once untimed first; zarr_skip reads "
+        f"include `open_cache()`; peak RSS = high-water mark above the RSS at the start "
+        f"of the operation (median over reps); each rep runs in a fresh process "
+        f"({res.get('isolation')}) after an untimed tiny warm-up of the same format"
+    )
+
+    F = res["formats"]
+    lines += ["", "## Results", ""]
+    hdr = ["metric"]
+    cols: list[tuple[str, str | None]] = []
+    for base, zs_ in (("torch_save_jagged", "zarr_skip_jagged"), ("pickle_padded", "zarr_skip_padded")):
+        cols.append((base, None))
+        hdr.append(FORMAT_LABEL[base])
+        if zs_ in F:
+            cols.append((zs_, None))
+            cols.append((zs_, "ratio"))
+            hdr += [FORMAT_LABEL[zs_], "ratio"]
+    lines.append("| " + " | ".join(hdr) + " |")
+    lines.append("|" + "---|" * len(hdr))
+    measured = [o for o in OPS if any(o in rr for rr in F.values())]
+    rows = [(OP_LABEL[o], o) for o in measured] + [("bytes on disk (allocated)", "bytes"), ("file count", "files")]
+    rows += [(f"peak RSS: {OP_LABEL[o]}", f"rss:{o}") for o in measured]
+    for label, metric in rows:
+        cells = [label]
+        for fmt, kind in cols:
+            if kind == "ratio":
+                cells.append(_fmt_r(res["ratios"].get(FORMATS[fmt][0], {}).get(metric)))
+            else:
+                cells.append(_cell(F.get(fmt), metric))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    la0, la1 = res.get("loadavg_start"), res.get("loadavg_end")
+    note = (
+        "`*`: the spread over repetitions (max - min) exceeds half the median: noisy. "
+        f"Load average (1/5/15 min) at start {_fmt_la(la0)}, at end {_fmt_la(la1)} on "
+        f"{m.get('cpu_count')} cores."
+    )
+    lines += ["", note]
+    errors = [(f, op, r["error"]) for f, rr in F.items() for op, r in rr.items() if "error" in r]
+    ver = [(f, rr["write"]["verify"]) for f, rr in F.items() if "verify" in rr.get("write", {})]
+    if ver:
+        lines += ["", "Round trip (`load(step).to_dict()` equals what was written):", ""]
+        lines += [f"- {FORMAT_LABEL[f]}: {v}" for f, v in ver]
+    st = res.get("status")
+    if st:
+        lines += ["", "## status()", ""]
+        if "error" in st.get("setup", {}):
+            lines.append(f"- setup failed: {st['setup']['error'].splitlines()[-1]}")
+        else:
+            lines.append(
+                f"- {st['steps']} tiny steps ({st['preset']}), write "
+                f"{_fmt_s(st['setup'].get('write_per_step_s'))} per step, "
+                f"{st['setup']['disk']['files']} files, "
+                f"{_fmt_b(st['setup']['disk']['bytes_allocated'])}"
+            )
+            for op in ("status_cold", "status_warm"):
+                r = st.get(op, {})
+                if "error" in r:
+                    lines.append(f"- {op}: error {r['error'].splitlines()[-1]}")
+                else:
+                    lines.append(
+                        f"- {op} (open_cache + status()): {_fmt_s(r.get('median_s'))}, "
+                        f"{r.get('n_steps')} steps listed, {r.get('n_complete')} complete"
+                        f", peak RSS +{_fmt_b(r.get('peak_rss_bytes'))}"
+                    )
+    fl = res.get("floor")
+    if fl:
+        top = sorted(fl["parts"].items(), key=lambda kv: -kv[1])[:3]
+        lines += [
+            "",
+            "## Information floor (jagged)",
+            "",
+            f"No lossless format can store this step in fewer than {_fmt_b(fl['bytes'])}"
+            f" (ratio {_fmt_r(fl.get('ratio'))} to torch.save): its values are drawn "
+            "independently at random (see `benchmarks/floor.py`). Largest parts: "
+            + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
+            + ".",
+        ]
+    if res["targets"]:
+        lines += ["", "## Targets", "", "| target | value | verdict |", "|---|---|---|"]
+        for t in res["targets"]:
+            v = t["value"]
+            vs = "n/a" if v is None else (_fmt_r(v) if "ratio" in t["target"] else _fmt_s(v))
+            lines.append(f"| {t['target']} | {vs} | {t['verdict']} |")
+    if errors:
+        lines += ["", "## Errors", ""]
+        for f, op, e in errors:
+            lines.append(f"- {f} {op}: `{e.strip().splitlines()[-1][:300]}`")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_la(la: Any) -> str:
+    return "n/a" if not la else "/".join(f"{x:.1f}" for x in la)
+
+
+def _cold_method(res: dict[str, Any]) -> str:
+    for rr in res["formats"].values():
+        for r in rr.values():
+            if r.get("cold_method"):
+                return r["cold_method"]
+    return "n/a"
+
+
+def verdict_line(target: dict[str, Any]) -> str:
+    """One entry of :func:`check_targets` as the line printed on the console."""
+    v = target["value"]
+    vs = "n/a" if v is None else _fmt_r(v)
+    return f"{target['verdict']:16s} {target['target']} (value {vs})"

@@ -1,0 +1,187 @@
+"""Decoded text of a stored step: token-id columns as strings, chat prompts as messages.
+
+Everything here reads lazily through a :class:`~zarr_skip.StepView`: only the rows asked for
+(and, for padded columns, the same rows of their mask) are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from zarr_skip.errors import TokenizerNotFoundError
+from zarr_skip.readable.tokenizers import ATTR_MODEL, ATTR_TOKENIZER, Decoder, _attributes_of, tokenizer_for
+
+if TYPE_CHECKING:
+    from zarr_skip.lazy import StepView
+
+__all__ = [
+    "Message",
+    "Rows",
+    "chat_messages",
+    "chat_rows",
+    "decode_column",
+    "decode_ids",
+    "require_tokenizer",
+    "row_index",
+    "token_ids",
+]
+
+#: which rows to read: one row, a slice, row numbers, or None for all
+Rows = int | slice | Sequence[int] | np.ndarray | None
+
+#: the mask whose first columns mark a padded token column's valid tokens
+_MASKS = {"responses": "response_mask", "prompts": "attention_mask"}
+
+
+class Message(NamedTuple):
+    """One chat message: a ``(role, content)`` pair."""
+
+    role: str
+    content: str
+
+
+def row_index(rows: Rows, n: int, where: str = "") -> slice | np.ndarray:
+    """``rows`` as a slice of step 1 or an array of row numbers in ``[0, n)``.
+
+    Raises IndexError for a row out of range (negative rows count from the end).
+    """
+    if rows is None:
+        return slice(0, n)
+    if isinstance(rows, slice):
+        start, stop, stride = rows.indices(n)
+        return slice(start, max(start, stop)) if stride == 1 else np.arange(start, stop, stride)
+    if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
+        rows = [int(rows)]
+    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+    idx = np.where(idx < 0, idx + n, idx)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"{where}row {rows!r} out of range for {n} rows")
+    return idx
+
+
+def _as_rows(value: Any) -> list[np.ndarray]:
+    """A column's rows (NestedTensor, tensor, array or list of them) as 1-d int arrays."""
+    if hasattr(value, "is_nested") and value.is_nested:
+        return [t.numpy() for t in value.unbind()]
+    if hasattr(value, "numpy") and hasattr(value, "dim"):  # torch.Tensor
+        return list(value.numpy()) if value.dim() == 2 else [value.numpy()]
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return list(value) if value.ndim == 2 else [value]
+    return [np.asarray(v) for v in value]
+
+
+def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray]:
+    """The token ids of ``column`` for ``rows``, padding dropped.
+
+    Jagged columns store no padding. A padded ``responses`` column is cut to its
+    ``response_mask``, a padded ``prompts`` column to the prompt part of its ``attention_mask``;
+    other padded columns (or those without a mask) lose the pad id (``pad_token_id`` of the
+    step's meta_info) at both ends.
+    """
+    col = view[column]
+    idx = row_index(rows, len(col), f"step {view.step}, column {column!r}: ")
+    values = _as_rows(col[idx])
+    if col.spec.jagged:
+        return values
+    mask_name = _MASKS.get(column, "")
+    if mask_name in view and not view[mask_name].spec.jagged and view[mask_name].spec.shape:
+        masks = _as_rows(view[mask_name][idx])
+        width = len(values[0]) if values else 0
+        if masks and len(masks[0]) >= width:  # an attention mask covers prompt then response
+            return [v[m[:width].astype(bool)] for v, m in zip(values, masks, strict=True)]
+    pad = view.meta_info.get("pad_token_id")
+    if isinstance(pad, int):
+        return [_strip(v, pad) for v in values]
+    return values
+
+
+def _strip(ids: np.ndarray, pad: int) -> np.ndarray:
+    keep = np.flatnonzero(ids != pad)
+    return ids[keep[0] : keep[-1] + 1] if keep.size else ids[:0]
+
+
+def require_tokenizer(view: StepView, tokenizer: Any = None) -> Decoder:
+    """The tokenizer to decode ``view`` with (see :func:`tokenizer_for`), or a clear error."""
+    found = tokenizer_for(view, tokenizer)
+    if found is not None:
+        return found
+    attrs = _attributes_of(view)
+    recorded = attrs.get(ATTR_TOKENIZER) or attrs.get(ATTR_MODEL)
+    why = (
+        f"the recorded tokenizer {recorded!r} is not on this machine"
+        if recorded
+        else "none is recorded in the experiment's attributes"
+    )
+    raise TokenizerNotFoundError(
+        f"step {view.step}: no tokenizer to decode with ({why}); pass tokenizer=PATH (a tokenizer.json or a "
+        "model directory), a tokenizers.Tokenizer or a transformers tokenizer (on the CLI: --tokenizer PATH)"
+    )
+
+
+def decode_ids(decoder: Decoder, rows: Sequence[np.ndarray], skip_special_tokens: bool = True) -> list[str]:
+    """Each row of ids decoded, in one batch when the decoder has ``decode_batch``."""
+    batch = [r.tolist() for r in rows]
+    decode_batch = getattr(decoder, "decode_batch", None)
+    if callable(decode_batch):
+        return list(decode_batch(batch, skip_special_tokens=skip_special_tokens))
+    return [decoder.decode(r, skip_special_tokens=skip_special_tokens) for r in batch]
+
+
+def decode_column(
+    view: StepView,
+    column: str = "responses",
+    rows: Rows = None,
+    tokenizer: Any = None,
+    *,
+    skip_special_tokens: bool = True,
+) -> list[str]:
+    """:meth:`zarr_skip.StepView.text`: ``column``'s rows decoded, reading those rows only."""
+    decoder = require_tokenizer(view, tokenizer)  # before any read: a missing one fails fast
+    return decode_ids(decoder, token_ids(view, column, rows), skip_special_tokens)
+
+
+def chat_messages(value: Any) -> list[Message]:
+    """A chat prompt (verl's ``raw_prompt``: a list of ``{"role", "content"}``) as messages.
+
+    A content given as parts (``[{"type": "text", "text": ...}, ...]``) is joined; a plain
+    string is one user message; None is no message.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [Message("user", value)]
+    if isinstance(value, dict):
+        value = [value]
+    out = []
+    for m in list(value):
+        if isinstance(m, dict):
+            out.append(Message(str(m.get("role", "")), _content(m.get("content", ""))))
+        else:
+            out.append(Message("", str(m)))
+    return out
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for p in content:
+            if isinstance(p, dict):
+                parts.append(str(p.get("text", f"<{p.get('type', 'part')}>")))
+            else:
+                parts.append(str(p))
+        return "".join(parts)
+    return "" if content is None else str(content)
+
+
+def chat_rows(view: StepView, rows: Rows = None, column: str = "raw_prompt") -> list[list[Message]]:
+    """:meth:`zarr_skip.StepView.messages`: each row's chat prompt, reading those rows only."""
+    if column not in view:
+        raise KeyError(f"step {view.step}: no column {column!r} with chat messages (columns: {', '.join(view)})")
+    col = view[column]
+    values = col[row_index(rows, len(col), f"step {view.step}, column {column!r}: ")]
+    return [chat_messages(v) for v in list(values)]
