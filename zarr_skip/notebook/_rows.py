@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zarr_skip.notebook.measures import SCORE_COLUMNS
+from zarr_skip.readable.text import chat_messages, decode_ids, token_ids
+from zarr_skip.readable.tokenizers import Decoder
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import LazyColumn, StepView
@@ -31,14 +33,6 @@ __all__ = ["SCORE_COLUMNS", "Decoder", "Rollout", "RolloutReader"]
 ADVANTAGE_COLUMNS = ("advantage", "advantages")
 #: columns tried, in order, for the response tokens' log-probs
 LOGPROB_COLUMNS = ("old_log_probs", "rollout_log_probs", "log_probs")
-
-
-class Decoder(Protocol):
-    """What the views need of a tokenizer (:func:`zarr_skip.readable.load_tokenizer` gives one)."""
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-
-    def tokens(self, ids: Sequence[int]) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -117,21 +111,11 @@ def take(col: LazyColumn, rows: np.ndarray) -> list[Any]:
 
 
 def _messages(value: Any) -> tuple[tuple[str, str], ...] | None:
-    """``raw_prompt`` as ``(role, content)`` pairs; ``None`` when it is not a list of messages."""
+    """``raw_prompt`` as ``(role, content)`` pairs; ``None`` when there are none."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        return None
-    out = []
-    for m in value:
-        if not isinstance(m, dict) or "content" not in m:
-            return None
-        content = m["content"]
-        if not isinstance(content, str):  # multi-part content: the text parts
-            parts = content if isinstance(content, list) else [content]
-            content = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in parts)
-        out.append((str(m.get("role", "?")), content))
-    return tuple(out)
+    found = tuple((m.role or "?", m.content) for m in chat_messages(value))
+    return found or None
 
 
 def _text(value: Any) -> str | None:
@@ -208,14 +192,7 @@ class RolloutReader:
         """The decoded responses of ``rows`` (reads the responses, and a padded batch's mask)."""
         if self.decoder is None:
             raise ValueError(f"step {self.view.step}: no tokenizer to decode the responses; pass tokenizer=")
-        names = ["responses"] + (self._mask_columns(prompts=False) if self.padded else [])
-        cols = {n: take(self.view[n], rows) for n in names if n in self.view}
-        out = []
-        for k in range(len(rows)):
-            values = {n: v[k] for n, v in cols.items()}
-            ids = _ints(values["responses"]).reshape(-1)[: self._response_length(values)]
-            out.append(self.decoder.decode(ids.tolist(), skip_special_tokens=self.skip_special_tokens))
-        return out
+        return decode_ids(self.decoder, token_ids(self.view, "responses", rows), self.skip_special_tokens)
 
     def read(self, rows: Sequence[int] | np.ndarray, *, tokens: bool = False, text: bool = True) -> list[Rollout]:
         """The rollouts of ``rows`` (in that order); ``tokens`` also splits each response into
@@ -281,6 +258,7 @@ class RolloutReader:
             adv = adv[:length] if adv.size > 1 else adv
             advantage = float(adv.mean()) if adv.size else None
         prompt_ids = self._prompt_ids(values)
+        messages = _messages(values.get("raw_prompt"))
         decoder = self.decoder if text else None
         skip = self.skip_special_tokens
         return Rollout(
@@ -292,10 +270,10 @@ class RolloutReader:
             response_text=decoder.decode(ids.tolist(), skip_special_tokens=skip) if decoder else None,
             response_tokens=tuple(decoder.tokens(ids.tolist())) if decoder and tokens else None,
             log_probs=log_probs,
-            prompt_messages=_messages(values.get("raw_prompt")),
-            prompt_text=(
+            prompt_messages=messages,
+            prompt_text=(  # the messages say it better when stored
                 decoder.decode(prompt_ids.tolist(), skip_special_tokens=skip)
-                if decoder and prompt_ids is not None
+                if decoder and prompt_ids is not None and messages is None
                 else None
             ),
             prompt_ids=prompt_ids,

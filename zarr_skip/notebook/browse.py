@@ -1,7 +1,7 @@
 """The readable views of a step, as :class:`~zarr_skip.StepView` offers them.
 
 ``view.rollout(i)``, ``view.group(uid)``, ``view.find(...)`` and ``view.page(k)`` call the
-functions here. Each takes ``tokenizer`` (anything with ``decode``; see :func:`decoder`) and
+functions here. Each takes ``tokenizer`` (see :func:`decoder`; by default the one the experiment recorded) and
 ``max_length`` (the response length limit, for the "truncated" badge; default: the padded
 width of ``responses``, else the cache fingerprint's ``max_response_length`` when the view
 came from a cache that has one).
@@ -24,36 +24,25 @@ if TYPE_CHECKING:
 __all__ = ["decoder", "find", "group", "page", "reader", "rollout"]
 
 
-class _Ids:
-    """A decoder from an object with ``decode`` only (or ``convert_ids_to_tokens``, as
-    ``transformers`` tokenizers have): each token is decoded alone when it has no ``tokens``."""
+def decoder(view: Any, tokenizer: Any = None) -> Decoder | None:
+    """The decoder the views of ``view`` (a step view or a cache) use: ``tokenizer`` when given
+    (a path, a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or a Decoder), else the one
+    the experiment recorded when it is on this machine, else ``None`` (token ids are shown)."""
+    from zarr_skip.readable.tokenizers import tokenizer_for
 
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-
-    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def tokens(self, ids: Any) -> list[str]:
-        return [self.decode([i], skip_special_tokens=False) for i in ids]
+    return tokenizer_for(view, tokenizer)
 
 
-def decoder(tokenizer: Any) -> Decoder | None:
-    """A :class:`~zarr_skip.notebook._rows.Decoder` for ``tokenizer``: ``None`` stays ``None``
-    (token ids are shown), an object with ``decode`` and ``tokens`` is used as it is, an object
-    with ``decode`` only is wrapped."""
-    if tokenizer is None:
-        return None
-    if hasattr(tokenizer, "decode") and hasattr(tokenizer, "tokens") and callable(tokenizer.tokens):
-        return tokenizer
-    if hasattr(tokenizer, "decode"):
-        return _Ids(tokenizer)
-    raise TypeError(f"tokenizer: expected an object with decode(ids), got {type(tokenizer).__name__}")
+def _max_length(view: StepView, max_length: int | None) -> int | None:
+    if max_length is not None:
+        return int(max_length)
+    fp = getattr(getattr(view, "cache", None), "fingerprint", None) or {}
+    return int(fp["max_response_length"]) if "max_response_length" in fp else None
 
 
 def reader(view: StepView, tokenizer: Any = None, max_length: int | None = None) -> RolloutReader:
     """The reader the views of ``view`` share."""
-    return RolloutReader(view, decoder(tokenizer), max_length)
+    return RolloutReader(view, decoder(view, tokenizer), _max_length(view, max_length))
 
 
 def rollout(view: StepView, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
