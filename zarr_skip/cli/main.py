@@ -26,6 +26,7 @@ from zarr_skip.errors import (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
     ZarrSkipError,
 )
 
@@ -43,6 +44,7 @@ USAGE_ERRORS = (
     IncompleteStepError,
     ReadOnlyCacheError,
     StepNotFoundError,
+    TokenizerNotFoundError,
 )
 
 
@@ -56,15 +58,16 @@ examples:
   zarr-skip rm runs/cache 12 13-15 --yes
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
+  zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
 
 exit status: 0 ok, 1 problems found, 2 usage error
 """
 
 
-def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
+def _common(*, experiment: bool = True, storage_short: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
-        "-o",
+        *(["-o"] if storage_short else []),  # `report` takes -o for its output file
         "--storage-option",
         dest="storage_option",
         action="append",
@@ -229,6 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["verl"], default="verl", help="output format (verl)")
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto")
     p.add_argument("--overwrite", action="store_true", help="replace step directories that exist")
+    from zarr_skip.cli import _report as rep
+
+    p = _add(
+        sub,
+        "report",
+        rep.cmd_report,
+        "write a self-contained HTML report: step table, plots, rollouts with decoded text",
+        f"{loc}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, no\n"
+        "scripts): open it in any browser or send it. Rollouts are shown for STEPs (default: the\n"
+        "latest complete step), whole GRPO groups, up to --rows per step.\n"
+        "(Here -o is the output file; storage options are --storage-option KEY=VALUE.)\n\n"
+        "examples:\n  zarr-skip report runs/cache -o report.html\n"
+        "  zarr-skip report runs/cache 10 20-22 -o report.html --tokenizer ~/models/qwen/tokenizer.json",
+        [_common(storage_short=False)],
+    )
+    p.add_argument("location", metavar="LOCATION")
+    p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N or A-B)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or model directory (default: the recorded one)")
+    p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
     return parser
 
 

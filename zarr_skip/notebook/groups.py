@@ -62,7 +62,8 @@ def _summary(uid: str, rollouts: list[Rollout]) -> list[str]:
         out.append(f"{sum(r.truncated for r in rollouts)} truncated")
     lengths = [r.length for r in rollouts]
     if lengths:
-        out.append(f"lengths {min(lengths)}–{max(lengths)} tokens")
+        span = f"{min(lengths)}–{max(lengths)}" if min(lengths) != max(lengths) else f"all {lengths[0]}"
+        out.append(f"lengths {span} tokens")
     return out
 
 

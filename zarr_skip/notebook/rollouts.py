@@ -236,6 +236,8 @@ class RolloutList:
 
     def __repr__(self) -> str:
         lines = [self.title] + ([self.note] if self.note else [])
+        if self.rollouts() and self.rollouts()[0].response_text is None:
+            lines.append(f"({NO_TOKENIZER})")
         for r in self.rollouts():
             lines.append(f"  row {r.row:>6}  " + " · ".join(t for t, _, _ in badge_items(r)))
             lines.append("          " + _preview(r))
