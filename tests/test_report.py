@@ -223,3 +223,44 @@ def test_the_report_command_refuses_bad_input(
     assert not out.exists()
     code, _, err = run(capsys, "report", str(tmp_path / "cache"), "-o", str(tmp_path / "nodir" / "r.html"))
     assert code == 2 and "does not exist" in err
+
+
+JP_DARK = "--jp-layout-color0:#111111;--jp-content-font-color1:#eeeeee;--jp-ui-font-family:sans-serif"
+JP_LIGHT = "--jp-layout-color0:#ffffff;--jp-content-font-color1:#222222;--jp-ui-font-family:sans-serif"
+JS_VIEW = """(() => {
+  const view = document.querySelector('.zs-r'), hot = document.querySelector('.zs-tokens .zs-t[class*="zs-p"]');
+  return {bg: getComputedStyle(view).backgroundColor, fg: getComputedStyle(view).color,
+          hot: getComputedStyle(hot).backgroundColor, tokens: document.querySelectorAll('.zs-tokens .zs-t').length,
+          title: hot.title};
+})()"""
+
+
+@pytest.mark.parametrize(
+    ("scheme", "body", "dark"),
+    [
+        ("light", "", False),
+        ("dark", "", True),
+        ("light", f'data-jp-theme-light="false" style="{JP_DARK}"', True),  # JupyterLab's dark theme
+        ("dark", f'data-jp-theme-light="true" style="{JP_LIGHT}"', False),  # a light JupyterLab on a dark system
+        ("dark", 'class="vscode-light"', False),
+    ],
+    ids=["light", "dark", "jupyterlab-dark", "jupyterlab-light-on-dark-os", "vscode-light"],
+)
+def test_a_rollout_view_follows_the_theme_in_chromium(
+    browser: Browser, cache: zs.Cache, tmp_path: Path, scheme: str, body: str, dark: bool
+) -> None:
+    shown = cache.load(1).rollout(0, tokenizer=TOKENIZER_PATH)
+    page = tmp_path / "view.html"
+    page.write_text(
+        f"<!DOCTYPE html><html><head><meta charset=utf-8></head><body {body}>{shown._repr_html_()}</body></html>"
+    )
+    browser.open(page, dark=scheme == "dark")
+    state = browser.evaluate(JS_VIEW)
+    browser.screenshot(tmp_path / f"view-{scheme}.png")
+    assert browser.problems() == []
+    bg, fg = _luminance(state["bg"]), _luminance(state["fg"])
+    assert (bg < 0.2 and fg > 0.7) if dark else (bg > 0.9 and fg < 0.3), state
+    if "jp-layout-color0" in body:  # Jupyter's own colours win
+        assert state["bg"] == ("rgb(17, 17, 17)" if dark else "rgb(255, 255, 255)"), state
+    assert state["hot"] not in ("rgba(0, 0, 0, 0)", "transparent") and "logprob -" in state["title"]
+    assert state["tokens"] == shown.rollout.length

@@ -6,8 +6,10 @@ callers pass plain text and get markup back as :class:`Markup`, which is never e
 The stylesheet scopes everything under ``.zs-r`` and draws with CSS variables: Jupyter's own
 theme variables where they exist (``--jp-*``, so JupyterLab's light and dark themes are
 followed), otherwise the colours of the page's colour scheme (``prefers-color-scheme``, and
-JupyterLab's ``data-jp-theme-light`` or VS Code's ``vscode-dark`` on ``<body>``). Nothing needs
-JavaScript: long texts sit in ``<details>`` elements and scrolling boxes.
+JupyterLab's ``data-jp-theme-light`` or VS Code's ``vscode-dark`` on ``<body>``). A view paints
+its own background with its text colour, so it stays readable on a page whose colours it
+cannot know (a light notebook on a system that prefers dark). Nothing needs JavaScript: long
+texts sit in ``<details>`` elements and scrolling boxes.
 """
 
 from __future__ import annotations
@@ -75,7 +77,11 @@ _DARK = """
   --zs-p2: rgba(210, 153, 34, 0.5); --zs-p3: rgba(187, 128, 9, 0.35);
 """
 _RULES = """
-.zs-r { color: var(--zs-fg); font-size: 13px; line-height: 1.45; max-width: 100%; }
+.zs-r { color: var(--zs-fg); background: var(--zs-bg); font-size: 13px; line-height: 1.45; max-width: 100%;
+  font-family: var(--jp-ui-font-family, system-ui, -apple-system, "Segoe UI", Roboto, sans-serif);
+  box-sizing: border-box; padding: 2px 4px; border-radius: 4px; }
+.zs-r *, .zs-r *::before, .zs-r *::after { box-sizing: border-box; }
+.zs-r .zs-r { padding: 0; }
 .zs-r .zs-head { font-weight: 600; margin: 4px 0; }
 .zs-r .zs-muted { color: var(--zs-muted); }
 .zs-r .zs-badge { display: inline-block; border-radius: 9px; padding: 0 7px; margin: 1px 3px 1px 0;
