@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _browser import Browser, missing
 
@@ -115,6 +116,19 @@ def test_the_report_shows_whole_groups_up_to_rows_and_ids_without_a_tokenizer(ca
     assert "showing 8 (2 groups)" in page
     with pytest.raises(ValueError, match=r"steps \[7\]: not complete"):
         report_html(cache, [7])
+
+
+def test_the_report_shows_padded_steps_steps_without_uids_and_without_responses(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    cache.write(1, text_rollouts(2, N, seed=0, padded=True))
+    cache.write(2, {k: v for k, v in text_rollouts(2, N, seed=1).items() if k != "uid"})
+    cache.write(3, {"x": np.arange(4)})
+    page = report_html(cache, [1, 2, 3], tokenizer=TOKENIZER_PATH, plots=False)
+    step1, step2, step3 = page.split('<section class="zs-step"')[1:]
+    assert step1.count('class="zs-card') == 2 * N and "truncated at 96" in step1
+    assert html.escape(decoded(cache, 1, 0)) in step1  # padding dropped: the same text as StepView.text
+    assert step2.count('<details class="zs-rollout"') == 2 * N and 'class="zs-card' not in step2
+    assert "no responses column (columns: x)" in step3
 
 
 @pytest.fixture(scope="module")

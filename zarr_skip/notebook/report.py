@@ -142,6 +142,10 @@ def _chosen_rows(reader: RolloutReader, limit: int) -> list[tuple[str | None, np
 
 
 def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int) -> Markup:
+    start = f'<section class="zs-step" id="step-{view.step}" data-step="{view.step}"><h2>step {view.step}</h2>'
+    if "responses" not in view:
+        columns = ", ".join(view.columns)
+        return Markup(f'{start}<div class="zs-muted">no responses column (columns: {esc(columns)})</div></section>')
     reader = RolloutReader(view, dec, max_length)
     groups = _chosen_rows(reader, rows)
     every = np.concatenate([r for _, r in groups]) if groups else np.empty(0, np.int64)
@@ -166,10 +170,7 @@ def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int) -
     hint = (
         "" if dec is not None else '<div class="zs-muted">no tokenizer: token ids shown (pass --tokenizer PATH)</div>'
     )
-    return Markup(
-        f'<section class="zs-step" id="step-{view.step}" data-step="{view.step}"><h2>step {view.step}</h2>'
-        f'<div class="zs-muted">{esc(head)}</div>{hint}{"".join(body)}</section>'
-    )
+    return Markup(f'{start}<div class="zs-muted">{esc(head)}</div>{hint}{"".join(body)}</section>')
 
 
 def report_html(
