@@ -39,6 +39,7 @@ RANKS: dict[str, int] = {
 UPWARD_ALLOWED = {
     ("cache", "maintenance"),
     ("cache", "notebook"),
+    ("cache", "readable"),  # ``Cache.export()`` writes parquet / JSON Lines with the readable wing
     ("lazy", "notebook"),
     ("lazy", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute

@@ -387,3 +387,23 @@ def test_rollout_tq_killed_mid_step_regenerates_only_that_step(tmp_path: Path) -
     assert seeds == {1: {1}, 2: {2}}  # step 2 holds run 2's data only, nothing of the killed run
     view = _cache(config, "rollout_tq").load(2)
     assert len(view.minibatches) == 4 and len(view) == 16
+
+
+def test_the_trainers_tokenizer_and_model_paths_are_recorded_for_readers(tmp_path: Path) -> None:
+    from zarr_skip.readable import tokenizer_for
+    from zarr_skip.synthetic import TOKENIZER_PATH
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes(TOKENIZER_PATH.read_bytes())
+    config = ft.make_config(tmp_path / "c", role="rollout", steps=[1])
+    config.actor_rollout_ref.model = {"path": str(model)}
+    ft.run_sync(config, 1, seed=1)
+    reader = open_cache(tmp_path / "c")
+    assert reader.attributes == {"model": str(model)}
+    assert tokenizer_for(reader.load(1)) is not None  # browsing finds it by itself
+    config.actor_rollout_ref.model.tokenizer_path = str(model / "tokenizer.json")
+    SkipManager.reset()
+    run = ft.run_sync(config, 1, seed=2)
+    assert run.calls == {1: 0}  # replayed, and the tokenizer path recorded on top
+    assert open_cache(tmp_path / "c").attributes == {"model": str(model), "tokenizer": str(model / "tokenizer.json")}

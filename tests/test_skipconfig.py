@@ -420,3 +420,20 @@ def test_config_error_is_the_core_error() -> None:
 
     assert ConfigError is zarr_skip.ConfigError
     assert issubclass(ConfigError, ZarrSkipError) and issubclass(ConfigError, ValueError)
+
+
+def test_tokenizer_paths_prefer_the_tokenizer_then_name_the_model(tmp_path: Path, monkeypatch: Any) -> None:
+    from zarr_skip.trainer.skipconfig import tokenizer_paths
+
+    model = tmp_path / "models" / "qwen"
+    model.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    cfg = {"actor_rollout_ref": {"model": {"path": "models/qwen", "tokenizer_path": None}}}
+    assert tokenizer_paths(cfg) == {"model": str(model)}  # a local relative path becomes absolute
+    cfg["data"] = {"tokenizer": "Qwen/Qwen2.5-7B"}  # not local: recorded as written
+    assert tokenizer_paths(cfg) == {"model": str(model), "tokenizer": "Qwen/Qwen2.5-7B"}
+    cfg["actor_rollout_ref"]["model"]["tokenizer_path"] = "~/tok"
+    assert tokenizer_paths(cfg)["tokenizer"] == os.path.expanduser("~/tok")
+    assert tokenizer_paths({"trainer": {}}) == {}
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.model\.path: expected a path"):
+        tokenizer_paths({"actor_rollout_ref": {"model": {"path": 3}}})

@@ -33,6 +33,7 @@ from zarr_skip.store.writer import PartInfo, RunContext, write_part
 
 if TYPE_CHECKING:
     from zarr_skip.maintenance import GcReport, VerifyReport
+    from zarr_skip.readable.export import ExportReport
 
 logger = logging.getLogger(__name__)
 
@@ -436,6 +437,21 @@ class Cache:
             f"step {step} not found in experiment {self.experiment!r} at {self.location} "
             f"(complete steps: {near or 'none'})"
         )
+
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        steps: int | Iterable[int] | None = None,
+        *,
+        format: str | None = None,
+        tokenizer: Any = None,
+    ) -> ExportReport:
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
+        with decoded text when a tokenizer is known: see
+        :func:`zarr_skip.readable.export.export_rollouts`."""
+        from zarr_skip.readable.export import export_rollouts
+
+        return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)
 
     # -- maintenance ------------------------------------------------------------------------
 

@@ -193,9 +193,20 @@ def test_rollout_repeat_with_nothing_cached_generates(tmp_path: Path) -> None:
     SkipManager.init(make_config(tmp_path / "empty", steps=[3], action="repeat"))
     role = SkipManager.skip_instances["rollout"]
     assert role.meet_precondition(3, None) is False
-    with pytest.raises(zv.CachedStepMissingError, match="repeat action expected a cached step") as info:
+    verls = "^repeat action expected dumped data for step 3, but none was found under"  # verl's own wording
+    with pytest.raises(zv.CachedStepMissingError, match=verls) as info:
         role.warp_function(3, None)
     assert isinstance(info.value, RuntimeError)
+    assert "no complete step in the Zarr cache" in str(info.value)
+
+
+def test_the_model_path_is_recorded_for_readers(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    cfg = make_config(tmp_path / "c", steps=[1])
+    cfg.actor_rollout_ref.model = {"path": str(model), "tokenizer_path": None}
+    rollout_run("zarr", cfg, [1])
+    assert zs.open_cache(tmp_path / "c").attributes == {"model": str(model)}
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -86,6 +86,10 @@ def cmd_show(ctx: Context) -> int:
 
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
+    if ctx.args.text or ctx.args.uid is not None or ctx.args.tokenizer is not None:
+        from zarr_skip.cli._text import cmd_show_text
+
+        return cmd_show_text(ctx, name, cache)
     step = ctx.args.step
     info = cache.info(step)
     view = cache.load(step)

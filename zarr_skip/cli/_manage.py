@@ -148,8 +148,29 @@ def cmd_import(ctx: Context) -> int:
     return 0 if report.ok else 1
 
 
+def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
+    from pathlib import Path
+
+    from zarr_skip.cli._context import UsageError
+    from zarr_skip.readable.export import export_rollouts
+
+    a = ctx.args
+    out = Path(a.dest)
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory; with --format {a.format} OUT is the file to write")
+    if out.exists() and not a.overwrite:
+        raise UsageError(f"{out} exists; pass --overwrite to replace it")
+    with ctx.bar("export", "step", total=len(steps)) as bar:
+        report = export_rollouts(cache, out, steps, format=a.format, tokenizer=a.tokenizer, progress=bar.callback())
+    text = "decoded text" if report.tokenizer else "token ids (no tokenizer: pass --tokenizer PATH for text)"
+    ctx.say(f"{report.rows} rollouts of {len(report.steps)} step(s) -> {report.path} ({report.format}, {text})")
+    if ctx.json:
+        ctx.emit({"location": str(a.location), "experiment": cache.experiment, **report.to_json()})
+    return 0
+
+
 def cmd_export(ctx: Context) -> int:
-    """Write steps of one experiment in verl's dump layout."""
+    """Write steps of one experiment as parquet / JSON Lines records, or in verl's dump layout."""
     from zarr_skip.cli._context import parse_steps
     from zarr_skip.legacy.transfer import export_steps
 
@@ -159,6 +180,8 @@ def cmd_export(ctx: Context) -> int:
     cache = ctx.open(name)
     if steps is None:
         steps = cache.steps()
+    if a.format != "verl":
+        return _export_records(ctx, cache, steps)
     with ctx.bar("export", "step", total=len(steps)) as bar:
         report = export_steps(cache, steps, a.dest, layout=a.layout, overwrite=a.overwrite, progress=bar.callback())
     for s in report.steps:

@@ -53,11 +53,13 @@ examples:
   zarr-skip ls runs/cache                                   experiments and steps
   zarr-skip ls s3://bucket/cache -o endpoint_url=http://minio:9000 --json
   zarr-skip show runs/cache 12 --rows 5                     columns and first rows of step 12
+  zarr-skip show runs/cache 12 --text --uid 3f2a...         one GRPO group's rollouts, decoded
   zarr-skip verify runs/cache                               read every chunk, check checksums
   zarr-skip gc runs/cache --keep-last 50 --pin 100 --dry-run
   zarr-skip rm runs/cache 12 13-15 --yes
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
+  zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
   zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
 
 exit status: 0 ok, 1 problems found, 2 usage error
@@ -90,6 +92,14 @@ def _common(*, experiment: bool = True, storage_short: bool = True) -> argparse.
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     return p
+
+
+def _tokenizer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json or model directory to decode with (default: the one the trainer recorded, if here)",
+    )
 
 
 def _add(
@@ -138,13 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "show",
         ins.cmd_show,
-        "show a step's columns and first rows",
-        f"{loc}\n\nexamples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout",
+        "show a step's columns and first rows, or its rollouts decoded (--text)",
+        f"{loc}\nWith --text: each rollout's prompt (as chat messages when stored) and response,\n"
+        "decoded with --tokenizer or the tokenizer the trainer recorded, with its data source,\n"
+        "length, truncation, score, reward and advantage; --json gives them as records.\n\n"
+        "examples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout\n"
+        "  zarr-skip show runs/cache 12 --text --rows 2 --tokenizer ~/models/qwen/tokenizer.json\n"
+        "  zarr-skip show runs/cache 12 --text --uid 3f2a9c1e-... --json",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("step", metavar="STEP", type=int)
-    p.add_argument("-n", "--rows", type=int, default=3, help="rows to show per column (default 3)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("-n", "--rows", type=int, default=3, help="rows to show (per column; default 3)")
+    which.add_argument("--uid", metavar="UID", help="the rows of one GRPO group (implies --text)")
+    p.add_argument("--text", action="store_true", help="decoded rollouts instead of columns")
+    _tokenizer_option(p)
 
     p = _add(
         sub,
@@ -219,19 +238,27 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "export",
         man.cmd_export,
-        "write steps back in verl's dump layout",
-        f"{loc}\nDEST is verl's dump_dir: steps go to DEST/{{exp}}_{{proj}}/GBS.._N.._in.._out../STEP/.\n"
+        "write steps as parquet or JSON Lines (one record per rollout), or in verl's dump layout",
+        f"{loc}\n--format parquet / jsonl: OUT is the file to write, one record per rollout (step, uid,\n"
+        "decoded prompt and response when a tokenizer is known, lengths, scores and every scalar,\n"
+        "string and JSON column), readable by pandas, pyarrow, polars and DuckDB.\n"
+        "--format verl: OUT is verl's dump_dir: steps go to OUT/{exp}_{proj}/GBS.._N.._in.._out../STEP/.\n"
         "Layout auto: gen_batch.dp flat (as verl's rollout skip), tq_batch.pt nested per mini-batch.\n\n"
-        "examples:\n  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
+        "examples:\n  zarr-skip export runs/cache all rollouts.parquet --format parquet\n"
+        "  zarr-skip export runs/cache 12 13 rollouts.jsonl --format jsonl --tokenizer ~/models/qwen\n"
+        "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
         "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="+", help="steps (N, A-B or all)")
-    p.add_argument("dest", metavar="DEST")
-    p.add_argument("--format", choices=["verl"], default="verl", help="output format (verl)")
-    p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto")
-    p.add_argument("--overwrite", action="store_true", help="replace step directories that exist")
+    p.add_argument("dest", metavar="OUT")
+    p.add_argument(
+        "--format", choices=["verl", "parquet", "jsonl"], default="verl", help="output format (default verl)"
+    )
+    p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
+    p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
+    _tokenizer_option(p)
     from zarr_skip.cli import _report as rep
 
     p = _add(
@@ -250,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N or A-B)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or model directory (default: the recorded one)")
+    _tokenizer_option(p)
     p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
     return parser

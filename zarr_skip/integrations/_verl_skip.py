@@ -32,9 +32,9 @@ from zarr_skip.errors import (
 from zarr_skip.integrations._verl_legacy import LegacySource
 from zarr_skip.integrations._verl_meta import decode_meta, encode_meta
 from zarr_skip.integrations._verl_options import options
-from zarr_skip.trainer.manager import fields_to_mapping, inject_step
+from zarr_skip.trainer.manager import fields_to_mapping, inject_step, record_attributes
 from zarr_skip.trainer.remap import parse_sample_step
-from zarr_skip.trainer.skipconfig import RoleConfig, fingerprint, parameter_sync_step
+from zarr_skip.trainer.skipconfig import RoleConfig, fingerprint, parameter_sync_step, tokenizer_paths
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,12 @@ class ZarrSkipBase(BaseSkip):
         try:
             self.fingerprint = fingerprint(global_config, self.role)
             self.expected = self._expected(global_config)
+            self.attributes = tokenizer_paths(global_config)  # recorded for readers of the cache
         except ConfigError:
             if self.enable:
                 raise
             logger.debug("skip.%s is disabled; ignoring its unusable settings", self.role, exc_info=True)
-            self.fingerprint, self.expected = {}, 1
+            self.fingerprint, self.expected, self.attributes = {}, 1, {}
         fp = self.fingerprint
         # the attributes verl's own role objects expose
         self.exp_name, self.project_name = fp.get("experiment_name"), fp.get("project_name")
@@ -103,7 +104,7 @@ class ZarrSkipBase(BaseSkip):
                 }
                 if self.options.compression is not None:
                     kwargs["compression"] = self.options.compression
-                self._cache = open_cache(self.location, self.fingerprint, **kwargs)
+                self._cache = record_attributes(open_cache(self.location, self.fingerprint, **kwargs), self.attributes)
                 logger.info(
                     "skip.%s: Zarr cache %s (experiment %s, run %s)",
                     self.role,
@@ -172,9 +173,9 @@ class ZarrRolloutSkip(ZarrSkipBase):
         """
         source = self.resolve_step(step)
         if source is None:
-            raise CachedStepMissingError(
-                f"skip.{self.role}: {self.action.value} action expected a cached step for step {step}, "
-                f"but none is complete in {self.location}"
+            raise CachedStepMissingError(  # verl's own wording first, so code matching it still matches
+                f"{self.action.value} action expected dumped data for step {step}, but none was found under "
+                f"{self.location} (zarr_skip, skip.{self.role}: no complete step in the Zarr cache serves it)"
             )
         with self._lock:
             view = self.cache().load(source, allow_pickle=self.options.allow_pickle)
@@ -290,7 +291,10 @@ class ZarrRolloutTqSkip(ZarrSkipBase):
         """
         source = self.resolve_step(step)
         if source is None:
-            raise CachedStepMissingError(f"skip.{self.role}: no cached step for step {step} in {self.location}")
+            raise CachedStepMissingError(  # verl's own wording first, as for rollout
+                f"No dump data found for step {step} under {self.location} "
+                f"(zarr_skip, skip.{self.role}: no complete step in the Zarr cache serves it)"
+            )
         with self._lock:
             view = self.cache().load(source, allow_pickle=self.options.allow_pickle)
             plan = inject_step(

@@ -32,8 +32,11 @@ __all__ = [
 #: which rows to read: one row, a slice, row numbers, or None for all
 Rows = int | slice | Sequence[int] | np.ndarray | None
 
-#: the mask whose first columns mark a padded token column's valid tokens
-_MASKS = {"responses": "response_mask", "prompts": "attention_mask"}
+#: the mask whose first columns mark a padded token column's valid tokens (for every other
+#: per-token column, such as old_log_probs or advantages, the response mask)
+_MASKS = {"prompts": "attention_mask"}
+#: the token-id columns whose padding is the pad id when no mask says where it is
+_ID_COLUMNS = ("prompts", "responses", "input_ids")
 
 
 class Message(NamedTuple):
@@ -76,24 +79,24 @@ def _as_rows(value: Any) -> list[np.ndarray]:
 def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray]:
     """The token ids of ``column`` for ``rows``, padding dropped.
 
-    Jagged columns store no padding. A padded ``responses`` column is cut to its
-    ``response_mask``, a padded ``prompts`` column to the prompt part of its ``attention_mask``;
-    other padded columns (or those without a mask) lose the pad id (``pad_token_id`` of the
-    step's meta_info) at both ends.
+    Jagged columns store no padding. A padded ``prompts`` column is cut to the prompt part of
+    its ``attention_mask``, other padded per-token columns (``responses``, ``old_log_probs``,
+    ...) to the ``response_mask``; token-id columns without a mask lose the pad id
+    (``pad_token_id`` of the step's meta_info) at both ends.
     """
     col = view[column]
     idx = row_index(rows, len(col), f"step {view.step}, column {column!r}: ")
     values = _as_rows(col[idx])
     if col.spec.jagged:
         return values
-    mask_name = _MASKS.get(column, "")
-    if mask_name in view and not view[mask_name].spec.jagged and view[mask_name].spec.shape:
+    mask_name = _MASKS.get(column, "response_mask")
+    if mask_name != column and mask_name in view and not view[mask_name].spec.jagged and view[mask_name].spec.shape:
         masks = _as_rows(view[mask_name][idx])
         width = len(values[0]) if values else 0
         if masks and len(masks[0]) >= width:  # an attention mask covers prompt then response
             return [v[m[:width].astype(bool)] for v, m in zip(values, masks, strict=True)]
     pad = view.meta_info.get("pad_token_id")
-    if isinstance(pad, int):
+    if isinstance(pad, int) and column in _ID_COLUMNS:
         return [_strip(v, pad) for v in values]
     return values
 

@@ -24,7 +24,14 @@ from zarr_skip.errors import ConfigError, StepCompleteError
 from zarr_skip.format.chunks import Compression
 from zarr_skip.format.specs import is_tensordict
 from zarr_skip.trainer.remap import Remap, RemapError, parse_sample_step, remap
-from zarr_skip.trainer.skipconfig import RoleConfig, SkipConfig, fingerprint, parameter_sync_step, parse_skip_config
+from zarr_skip.trainer.skipconfig import (
+    RoleConfig,
+    SkipConfig,
+    fingerprint,
+    parameter_sync_step,
+    parse_skip_config,
+    tokenizer_paths,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,8 @@ class _Role:
     missed: set[int] = field(default_factory=set)  # rollout_tq steps whose submit missed in this run
     stored: dict[int, int] = field(default_factory=dict)  # rollout_tq mini-batches stored in this run
     handle: Any = None
+    #: what the experiment records for readers: the trainer's tokenizer and model paths
+    attributes: dict[str, str] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -62,9 +71,20 @@ class _Role:
                 kwargs: dict[str, Any] = {"run_id": self.cfg.run_id}
                 if self.cfg.compression is not None:
                     kwargs["compression"] = self.cfg.compression
-                self.handle = open_cache(self.cfg.dump_dir, self.fingerprint, **kwargs)
+                self.handle = record_attributes(
+                    open_cache(self.cfg.dump_dir, self.fingerprint, **kwargs), self.attributes
+                )
                 logger.info("%s: opened rollout cache at %s", self.cfg.role, self.cfg.dump_dir)
             return self.handle
+
+
+def record_attributes(cache: Any, attributes: Mapping[str, str]) -> Any:
+    """Record ``attributes`` (the trainer's tokenizer and model paths, from
+    :func:`~zarr_skip.trainer.skipconfig.tokenizer_paths`) in ``cache``'s experiment unless it
+    holds them already, so that browsing decodes with the trainer's tokenizer; returns ``cache``."""
+    if attributes and any(cache.attributes.get(k) != v for k, v in attributes.items()):
+        cache.set_attributes(attributes)
+    return cache
 
 
 def _prompts_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -179,6 +199,7 @@ class SkipManager:
             If a setting is invalid (the message names the key).
         """
         skip = parse_skip_config(config)
+        paths = tokenizer_paths(config)
         roles: dict[str, _Role] = {}
         for name in ROLLOUT_ROLES + TQ_ROLES:
             cfg = skip.role(name)
@@ -195,7 +216,7 @@ class SkipManager:
                 expected = parameter_sync_step(config)
                 if fp["n"] < 1:
                     raise ConfigError(f"actor_rollout_ref.rollout.n: skip.{name} needs n >= 1, got {fp['n']}")
-            roles[name] = _Role(cfg, fp, expected)
+            roles[name] = _Role(cfg, fp, expected, attributes=dict(paths))
             logger.info("skip.%s: action=%s, %d step(s), cache %s", name, cfg.action, len(cfg.steps), cfg.dump_dir)
         with cls._lock:
             cls._config, cls._roles, cls._step, cls._tq = skip, roles, -1, transfer_queue

@@ -361,6 +361,36 @@ def fingerprint(config: Any, role: str) -> dict[str, Any]:
     }
 
 
+#: where a trainer configuration names its tokenizer, first found wins (verl: the model's own
+#: ``tokenizer_path``, then the legacy ``data.tokenizer``), and its model
+TOKENIZER_KEYS = ("actor_rollout_ref.model.tokenizer_path", "data.tokenizer")
+MODEL_KEYS = ("actor_rollout_ref.model.path",)
+
+
+def tokenizer_paths(config: Any) -> dict[str, str]:
+    """The tokenizer and model paths the trainer configuration names, for the cache to record.
+
+    Returns ``{"tokenizer": ..., "model": ...}`` with the keys that are set (see
+    :data:`TOKENIZER_KEYS`, :data:`MODEL_KEYS`). A local path (``~`` expanded, made absolute when
+    it exists) is recorded so that a reader on the same machine finds it; anything else (a hub
+    name) is recorded as written.
+    """
+    out: dict[str, str] = {}
+    for name, keys in (("tokenizer", TOKENIZER_KEYS), ("model", MODEL_KEYS)):
+        for key in keys:
+            value = _select(config, key)
+            if value is None or value == "":
+                continue
+            out[name] = _local_path(_check_str(value, key, allow_path=True))
+            break
+    return out
+
+
+def _local_path(value: str) -> str:
+    expanded = os.path.expanduser(value)
+    return os.path.abspath(expanded) if os.path.exists(expanded) else expanded
+
+
 def parameter_sync_step(config: Any) -> int:
     """Return how many ``sample`` calls make up one ``rollout_tq`` step.
 
