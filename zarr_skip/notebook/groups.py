@@ -12,7 +12,16 @@ import numpy as np
 
 from zarr_skip.notebook._html import Markup, badge, esc, wrap
 from zarr_skip.notebook._rows import Rollout, RolloutReader
-from zarr_skip.notebook.rollouts import TEXT_IDS, badge_items, badges, ids_text, prompt_html, response_html, wrapped
+from zarr_skip.notebook.rollouts import (
+    TEXT_IDS,
+    Rows,
+    badge_items,
+    badges,
+    ids_text,
+    prompt_html,
+    response_html,
+    wrapped,
+)
 
 __all__ = ["GroupView", "group_html", "group_rows", "group_text", "marks"]
 
@@ -106,7 +115,7 @@ def group_text(uid: str, rollouts: list[Rollout]) -> str:
     return "\n".join(lines)
 
 
-class GroupView:
+class GroupView(Rows):
     """The responses of one GRPO group (``view.group(uid)``); reads its rows when first shown.
 
     Attributes
@@ -116,18 +125,8 @@ class GroupView:
     """
 
     def __init__(self, reader: RolloutReader, uid: object = None, *, row: int | None = None) -> None:
-        self._reader = reader
-        self.uid, self.rows = group_rows(reader, uid, row=row)
-        self._rollouts: list[Rollout] | None = None
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def rollouts(self) -> list[Rollout]:
-        """Each response's :class:`Rollout` (read once)."""
-        if self._rollouts is None:
-            self._rollouts = self._reader.read(self.rows)
-        return self._rollouts
+        self.uid, rows = group_rows(reader, uid, row=row)
+        super().__init__(reader, rows)
 
     @property
     def best(self) -> list[int]:

@@ -190,21 +190,17 @@ class RolloutView:
         return rollout_text(self.rollout)
 
 
-class RolloutList:
-    """Rows of a step (a page, or what :meth:`StepView.find` found), each folded to one line.
+class Rows:
+    """Some rows of a step, read together (one read per column) when first needed.
 
     Attributes
     ----------
     rows : the row numbers, in the order shown.
-    title : what the list is.
-    note : a remark shown under the title (the next page, how many more matched).
     """
 
-    def __init__(self, reader: RolloutReader, rows: Sequence[int] | np.ndarray, title: str, note: str = "") -> None:
+    def __init__(self, reader: RolloutReader, rows: Sequence[int] | np.ndarray) -> None:
         self._reader = reader
         self.rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        self.title = title
-        self.note = note
         self._rollouts: list[Rollout] | None = None
 
     @property
@@ -215,14 +211,30 @@ class RolloutList:
         return len(self.rows)
 
     def rollouts(self) -> list[Rollout]:
-        """The :class:`Rollout` of every row shown (read once, in one read per column)."""
+        """The :class:`Rollout` of every row (read once, in one read per column)."""
         if self._rollouts is None:
             self._rollouts = self._reader.read(self.rows)
         return self._rollouts
 
     def rollout(self, k: int) -> RolloutView:
-        """The ``k``-th row of the list in full."""
+        """The ``k``-th of these rows in full."""
         return RolloutView(self._reader, int(self.rows[k]))
+
+
+class RolloutList(Rows):
+    """Rows of a step (a page, or what :meth:`StepView.find` found), each folded to one line.
+
+    Attributes
+    ----------
+    rows : the row numbers, in the order shown.
+    title : what the list is.
+    note : a remark shown under the title (the next page, how many more matched).
+    """
+
+    def __init__(self, reader: RolloutReader, rows: Sequence[int] | np.ndarray, title: str, note: str = "") -> None:
+        super().__init__(reader, rows)
+        self.title = title
+        self.note = note
 
     def _repr_html_(self) -> str:
         items = self.rollouts()
