@@ -278,8 +278,8 @@ def test_rm(loc: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "rm", loc, "2", "-e", "rollout")
     assert code == 2 and "stdin is not a terminal" in err and 2 in states(loc)
     code, out, err = run(capsys, "rm", loc, "1-2", "4", "-e", "rollout", "--yes", "--json")
-    assert code == 0 and json.loads(out) == {"experiment": EXP, "removed": [1, 2, 4]}
-    assert "being written by a live run" in err
+    assert code == 0 and json.loads(out) == {"location": loc, "experiment": EXP, "removed": [1, 2, 4]}
+    assert "zarr-skip: WARNING: step(s) [4] are being written by a live run" in err
     assert states(loc) == {3: "abandoned"}
     code, _, err = run(capsys, "rm", loc, "5", "--yes")
     assert code == 2 and "several experiments" in err

@@ -73,14 +73,15 @@ class GcReport:
 
 
 def verify(
-    cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int], Any] | None = None
+    cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int, int], Any] | None = None
 ) -> VerifyReport:
     """Read every chunk of complete steps and check presence, size and crc32c.
 
     Parameters
     ----------
     step : one step, several, or None for every complete step.
-    progress : called with the number of chunks checked after each mini-batch (for bars).
+    progress : called as ``progress(checked, total)`` with the number of chunks checked after
+        each mini-batch and the number to check (for bars).
     """
     storage = cache.storage
     exp = cache._exp()  # noqa: SLF001 - same package
@@ -89,7 +90,11 @@ def verify(
     problems: list[Problem] = []
     n_chunks = n_bytes = 0
     checked: list[int] = []
-    for scan in scan_steps(storage, exp, wanted) if exp else []:
+    scans = scan_steps(storage, exp, wanted) if exp else []
+    total = _planned_chunks(scans, time.time(), cache.lease)
+    if progress is not None:
+        progress(0, total)
+    for scan in scans:
         info = scan.info(time.time(), cache.lease)
         if scan.step not in all_steps:
             problems.append(Problem(scan.step, None, None, exp, "no such step", "missing"))
@@ -159,10 +164,28 @@ def verify(
                         n_chunks += 1
                         n_bytes += len(blob or b"")
             if progress is not None:
-                progress(n_chunks)
+                progress(n_chunks, max(total, n_chunks))
     for p in problems:
         logger.warning("verify: %s", p)
     return VerifyReport(tuple(checked), n_chunks, n_bytes, tuple(problems))
+
+
+def _planned_chunks(scans: Sequence[Any], now: float, lease: float) -> int:
+    """How many chunks verifying ``scans`` reads (their complete steps' chunks, from the metadata)."""
+    total = 0
+    for scan in scans:
+        info = scan.info(now, lease)
+        if not info.complete:
+            continue
+        for rec in scan.parts:
+            if rec.run != info.run or not rec.complete:
+                continue
+            try:
+                part = Part.from_doc(scan.step, layout.join(scan.path, rec.run, str(rec.index)), rec.doc)
+            except MetadataError:  # reported by verify itself
+                continue
+            total += sum(len(arr.sizes) for arrays in part.arrays.values() for arr in arrays.values())
+    return total
 
 
 def gc(

@@ -13,7 +13,10 @@ from typing import Any
 
 from zarr_skip.errors import ExperimentNotFoundError
 
-__all__ = ["Context", "UsageError", "parse_steps", "parse_storage_options"]
+__all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options"]
+
+#: how the command prints a library log record and its own warnings alike
+LOG_FORMAT = "zarr-skip: %(levelname)s: %(message)s"
 
 
 class UsageError(Exception):
@@ -40,6 +43,10 @@ class Context:
     def note(self, text: str) -> None:
         """A remark for the human at the terminal (stderr)."""
         print(text, file=sys.stderr)
+
+    def warn(self, text: str) -> None:
+        """A warning (stderr), in the same format as the library's logged warnings."""
+        print(LOG_FORMAT % {"levelname": "WARNING", "message": text}, file=sys.stderr)
 
     def emit(self, doc: Any) -> None:
         """The ``--json`` document (stdout)."""
@@ -76,10 +83,43 @@ class Context:
     def open(self, experiment: str | None = None, fingerprint: Mapping[str, Any] | None = None) -> Any:
         """A handle on ``LOCATION``: read-only, or writable when ``fingerprint`` is given."""
         from zarr_skip import open_cache
+        from zarr_skip.errors import CacheNotFoundError, MetadataError
 
-        return open_cache(
-            self.args.location, fingerprint, experiment=experiment, storage_options=self.args.storage_options
-        )
+        try:
+            return open_cache(
+                self.args.location, fingerprint, experiment=experiment, storage_options=self.args.storage_options
+            )
+        except (CacheNotFoundError, MetadataError) as exc:
+            found = self._root_above(str(self.args.location))
+            if found is None:
+                raise
+            root, cache = found
+            inside = str(self.args.location).rstrip("/")[len(root) :].strip("/")
+            names = [n for n in cache.experiments() if inside == n or inside.startswith(n + "/")]
+            hint = f" -e {max(names, key=len)}" if names else ""
+            raise UsageError(
+                f"{self.args.location} is not a zarr_skip cache but a group inside one: the cache is at {root} "
+                f"({inside} inside it); run: zarr-skip {self.args.command} {root}{hint}"
+            ) from exc
+
+    def _root_above(self, location: str) -> tuple[str, Any] | None:
+        """The nearest location above ``location`` that is a zarr_skip cache (a few levels up),
+        with a read-only handle on it."""
+        from zarr_skip import open_cache
+        from zarr_skip.errors import ZarrSkipError
+
+        scheme, sep, path = location.rpartition("://")
+        head = f"{scheme}{sep}"
+        parts = path.rstrip("/").split("/")
+        for cut in range(len(parts) - 1, max(0, len(parts) - 9), -1):
+            candidate = head + "/".join(parts[:cut])
+            if not candidate[len(head) :]:
+                break
+            try:
+                return candidate, open_cache(candidate, storage_options=self.args.storage_options)
+            except (ZarrSkipError, OSError, ValueError):  # not a cache either: one level up
+                continue
+        return None
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """The experiments at ``LOCATION`` that ``--experiment`` selects (all without it)."""

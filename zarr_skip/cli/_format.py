@@ -131,6 +131,7 @@ class Bar:
             return
         if total is not None and self._bar.total != total:
             self._bar.total = total
+            self._bar.refresh()  # show "done/total" from now on, not a bare count
         self._bar.update(n - self._bar.n)
 
     def callback(self) -> Callable[..., None]:

@@ -159,6 +159,21 @@ def cmd_show(ctx: Context) -> int:
     return 0
 
 
+def _check_steps_exist(cache: Any, name: str, steps: list[int]) -> None:
+    """StepNotFoundError (exit 2, as ``show``) for steps the experiment does not have at all."""
+    from zarr_skip.errors import StepNotFoundError
+
+    have = {i.step for i in cache.status(steps)}
+    missing = [s for s in steps if s not in have]
+    if missing:
+        complete = cache.steps()
+        near = ", ".join(map(str, complete[:20])) + (" ..." if len(complete) > 20 else "")
+        raise StepNotFoundError(
+            f"step(s) {', '.join(map(str, missing))} not found in experiment {name!r} at {cache.location} "
+            f"(complete steps: {near or 'none'}); nothing verified"
+        )
+
+
 def cmd_verify(ctx: Context) -> int:
     """Read every chunk; exit 1 and list the problems when anything is broken."""
     from zarr_skip.cli._context import parse_steps
@@ -175,6 +190,8 @@ def cmd_verify(ctx: Context) -> int:
     with ctx.quiet("zarr_skip.maintenance"):  # problems are listed below; no duplicate warnings
         for name in found:
             cache = ctx.open(name)
+            if steps is not None:
+                _check_steps_exist(cache, name, steps)
             with ctx.bar(f"verify {name}", "chunk") as bar:
                 report = cache.verify(steps, progress=bar.callback())
             bad += len(report.problems)

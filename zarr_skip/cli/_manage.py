@@ -49,7 +49,14 @@ def cmd_gc(ctx: Context) -> int:
     if a.dry_run or total == 0:
         ctx.say("dry run: nothing removed" if total else "nothing to remove")
         if ctx.json:
-            ctx.emit({"dry_run": True, "removed": False, "experiments": list(plan.values())})
+            ctx.emit(
+                {
+                    "location": str(ctx.args.location),
+                    "dry_run": True,
+                    "removed": False,
+                    "experiments": list(plan.values()),
+                }
+            )
         return 0
     if not ctx.confirm(f"remove {total} item(s)?"):
         ctx.note("nothing removed")
@@ -63,7 +70,7 @@ def cmd_gc(ctx: Context) -> int:
             bar.to(k)
     _say_gc(ctx, done, done=True)
     if ctx.json:
-        ctx.emit({"dry_run": False, "removed": True, "experiments": done})
+        ctx.emit({"location": str(ctx.args.location), "dry_run": False, "removed": True, "experiments": done})
     return 0
 
 
@@ -86,7 +93,7 @@ def cmd_rm(ctx: Context) -> int:
         ctx.say(f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes)}")
     live = [s for s in steps if infos[s].state == "writing"]
     if live:
-        ctx.note(f"warning: step(s) {live} are being written by a live run; its writes will fail")
+        ctx.warn(f"step(s) {live} are being written by a live run; its writes will fail")
     if not ctx.confirm(f"remove {len(steps)} step(s) of {name}?"):
         ctx.note("nothing removed")
         return 1
@@ -96,7 +103,7 @@ def cmd_rm(ctx: Context) -> int:
             bar.to(k)
     ctx.say(f"removed step(s) {', '.join(map(str, steps))}")
     if ctx.json:
-        ctx.emit({"experiment": name, "removed": steps})
+        ctx.emit({"location": str(ctx.args.location), "experiment": name, "removed": steps})
     return 0
 
 
@@ -124,7 +131,7 @@ def cmd_import(ctx: Context) -> int:
     if not report.steps:
         raise UsageError("; ".join(report.warnings) or f"no legacy steps under {a.legacy_dir}")
     for w in report.warnings:
-        ctx.note(f"warning: {w}")
+        ctx.warn(w)
     rows = [
         (
             s.step,

@@ -93,7 +93,7 @@ def cmd_show_text(ctx: Context, name: str, cache: Any) -> int:
         try:
             require_tokenizer(view)
         except TokenizerNotFoundError as exc:  # say why, then show the ids
-            ctx.note(f"{str(exc).split('; pass')[0]}: showing token ids; pass --tokenizer PATH to read text")
+            ctx.warn(f"{str(exc).split('; pass')[0]}: showing token ids; pass --tokenizer PATH to read text")
     records = rollouts(view, rows, decoder=decoder)
     limit = max_response_length(view)
     if ctx.json:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zarr_skip.cli._context import Context, UsageError, parse_storage_options
+from zarr_skip.cli._context import LOG_FORMAT, Context, UsageError, parse_storage_options
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     log = logging.getLogger("zarr_skip")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     old_level = log.level
     log.addHandler(handler)
     log.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)])
