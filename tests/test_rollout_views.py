@@ -279,6 +279,8 @@ def test_find_says_what_it_needs(view: zs.StepView) -> None:
         view.find(text="w")
     with pytest.raises(ValueError, match="pass max_length="):
         view.find(truncated=True)
+    with pytest.raises(TypeError, match="unknown criteria scor "):
+        view.find(scor=1)
     with pytest.raises(ValueError, match="one of longest, shortest, best, worst"):
         view.find(longest=2, best=1)
     with pytest.raises(ValueError, match="not a regular expression"):

@@ -21,6 +21,8 @@ from zarr_skip.store.storage import Storage
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
+    from zarr_skip.notebook.groups import GroupView
+    from zarr_skip.notebook.rollouts import RolloutList, RolloutView
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
@@ -183,7 +185,7 @@ class StepView:
 
     # -- readable views (zarr_skip.notebook.browse, imported when used) ------------------------
 
-    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> Any:
+    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
         """Row ``row`` drawn in full (prompt, response, badges, tokens by log-prob); lazy."""
         from zarr_skip.notebook import browse
 
@@ -191,7 +193,7 @@ class StepView:
 
     def group(
         self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
-    ) -> Any:
+    ) -> GroupView:
         """The GRPO group ``uid`` (or that of row ``row``): its responses side by side; lazy."""
         from zarr_skip.notebook import browse
 
@@ -199,14 +201,14 @@ class StepView:
 
     def find(
         self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
-    ) -> Any:
+    ) -> RolloutList:
         """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
         ``best`` / ``worst``: see :func:`zarr_skip.notebook.finding.find_rows`."""
         from zarr_skip.notebook import browse
 
         return browse.find(self, tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
 
-    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> Any:
+    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
         """Page ``k`` of the step's rollouts, ``size`` rows a page; reads its rows when shown."""
         from zarr_skip.notebook import browse
 

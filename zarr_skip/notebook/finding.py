@@ -19,10 +19,12 @@ import numpy as np
 from zarr_skip.notebook._rows import RolloutReader
 from zarr_skip.notebook.rollouts import RolloutList
 
-__all__ = ["PAGE_ROWS", "SEARCH_BLOCK", "find", "find_rows", "page"]
+__all__ = ["CRITERIA", "PAGE_ROWS", "SEARCH_BLOCK", "find", "find_rows", "page"]
 
 #: rows of a page (and shown by a search) unless told otherwise
 PAGE_ROWS = 20
+#: what :func:`find` can be asked
+CRITERIA = ("uid", "score", "truncated", "text", "regex", "case", "longest", "shortest", "best", "worst")
 #: rows whose responses a text search decodes at a time
 SEARCH_BLOCK = 256
 
@@ -151,6 +153,9 @@ def _describe(criteria: dict[str, Any]) -> str:
 
 def find(reader: RolloutReader, *, limit: int | None = PAGE_ROWS, **criteria: Any) -> RolloutList:
     """:func:`find_rows` as a list to show (see there for the criteria)."""
+    unknown = sorted(set(criteria) - set(CRITERIA))
+    if unknown:
+        raise TypeError(f"find: unknown criteria {', '.join(unknown)} (known: {', '.join(CRITERIA)})")
     rows, total = find_rows(reader, limit=limit, **criteria)
     what = _describe({k: v for k, v in criteria.items() if k not in ("regex", "case")}) or "all rows"
     title = f"step {reader.view.step}: rows with {what}"
