@@ -127,11 +127,11 @@ CSS = (
 )
 
 
-def wrap(body: str, *, style: bool = True) -> Markup:
-    """A view's outer element, with the stylesheet unless ``style`` is false (a page that has
-    it once in its head)."""
+def wrap(body: str, *, style: bool = True, cls: str = "") -> Markup:
+    """A view's outer element (with the classes ``cls`` too), with the stylesheet unless
+    ``style`` is false (a page that has it once in its head)."""
     css = f"<style>{CSS}</style>" if style else ""
-    return Markup(f'<div class="zs-r">{css}{body}</div>')
+    return Markup(f'<div class="{" ".join(["zs-r", *cls.split()])}">{css}{body}</div>')
 
 
 def badge(text: object, kind: str = "", title: str | None = None) -> Markup:

@@ -222,13 +222,13 @@ def report_html(
     for s in chosen:
         parts.append(_step_section(cache.load(s), dec, max_length, rows))
     title = f"zarr_skip report: {cache.experiment}"
-    page = wrap("".join(parts), style=False)
+    page = wrap("".join(parts), style=False, cls="zs-page")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<meta name="color-scheme" content="light dark"><title>{esc(title)}</title>'
         f"<style>{CSS}{_PAGE_CSS}</style></head>"
-        f"<body>{page.replace('zs-r', 'zs-r zs-page', 1)}</body></html>\n"
+        f"<body>{page}</body></html>\n"
     )
 
 
