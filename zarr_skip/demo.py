@@ -7,7 +7,11 @@
 2. starts a second writer process for step 6 and kills it (SIGKILL) after 2 of its 4
    mini-batches, leaving a partial step as a crashed run would;
 3. reopens the cache read-only, prints the status table and a summary of one step, and checks
-   a few values against what was written.
+   a few values against what was written;
+4. writes readable rollouts beside them (experiment ``.../rollout``: maths problems with worked
+   answers, right and wrong, scored, tokenized with the project's own tokenizer, which the
+   experiment records as a trainer's SkipManager would) and prints one decoded rollout and one
+   GRPO group.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import numpy as np
 import torch
 
 from zarr_skip import open_cache
+from zarr_skip.cli._text import badges, render_rollout
 from zarr_skip.notebook.display import human_bytes
-from zarr_skip.synthetic import Preset, as_mapping, jagged_payload
+from zarr_skip.readable.records import max_response_length, rollouts, rows_of_uid
+from zarr_skip.synthetic import TOKENIZER_PATH, Preset, as_mapping, jagged_payload, text_rollouts
 
 FINGERPRINT = {
     "experiment_name": "demo",
@@ -41,6 +47,17 @@ FINGERPRINT = {
 }
 PRESET = Preset(rows=128, max_prompt=512, max_response=2048, n=8)
 MINIBATCHES = 4
+#: the readable rollouts: 16 maths prompts, 8 answers each, responses of at most 96 tokens
+TEXT_N = 8
+TEXT_FINGERPRINT = {
+    **FINGERPRINT,
+    "n": TEXT_N,
+    "gen_batch_size": 16,
+    "max_prompt_length": 128,
+    "max_response_length": 96,
+    "role": "rollout",
+}
+TEXT_GROUPS = 16
 
 
 def minibatches(step: int) -> list[dict[str, Any]]:
@@ -79,8 +96,38 @@ def crashed_writer(location: Path, step: int) -> None:
     time.sleep(600)
 
 
+def write_text_steps(location: Path, steps: range) -> str:
+    """Readable rollouts in their own experiment; returns its name."""
+    cache = open_cache(location, TEXT_FINGERPRINT)
+    # what a SkipManager records from the trainer config (actor_rollout_ref.model.tokenizer_path)
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    for step in steps:
+        batch = text_rollouts(TEXT_GROUPS, TEXT_N, seed=0, step=step, max_response=96)
+        cache.write(step, batch, meta_info={"global_steps": step})
+    assert cache.experiment is not None
+    return cache.experiment
+
+
+def readable(location: Path, experiment: str, step: int) -> str:
+    """One decoded rollout and one GRPO group (one with right and wrong answers) of ``step``."""
+    view = open_cache(location, experiment=experiment).load(step)  # decodes with the recorded tokenizer
+    limit = max_response_length(view)
+    uids, scores = view["uid"][:], view["score"][:]
+    by_uid: dict[str, set[float]] = {}
+    for u, score in zip(uids, scores, strict=True):
+        by_uid.setdefault(u, set()).add(float(score))
+    mixed = next(u for u, found in by_uid.items() if len(found) > 1)
+    group = rollouts(view, rows_of_uid(view, mixed).tolist())
+    lines = [f"one rollout of step {step} ({experiment}):", *render_rollout(group[0], limit), ""]
+    lines.append(f"its GRPO group: {len(group)} answers to the same prompt, uid {mixed}")
+    for r in group:
+        answer = (r["response"].splitlines() or [""])[-1]
+        lines.append(f"  row {r['row']:>3} {' '.join(f'[{b}]' for b in badges(r, limit)[1:])}  ...{answer[-32:]}")
+    return "\n".join(lines)
+
+
 def status_table(location: Path) -> str:
-    cache = open_cache(location)
+    cache = _main_experiment(location)
     lines = [f"{'step':>5} {'state':<10} {'minibatches':>11} {'rows':>6} {'stored':>10} {'ratio':>6}"]
     for i in cache.status():
         lines.append(
@@ -90,8 +137,12 @@ def status_table(location: Path) -> str:
     return "\n".join(lines)
 
 
+def _main_experiment(location: Path) -> Any:
+    return open_cache(location, experiment=open_cache(location, FINGERPRINT, read_only=True).experiment)
+
+
 def step_summary(location: Path, step: int) -> str:
-    view = open_cache(location).load(step)
+    view = _main_experiment(location).load(step)
     lines = [
         f"step {step}: {len(view)} rows in {len(view.parts)} mini-batches, "
         f"{human_bytes(view.nbytes)} stored ({human_bytes(view.raw_nbytes)} raw)"
@@ -134,14 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     print("killed the writer of step 6 after 2 of 4 mini-batches\n")
     print(status_table(args.out), "\n")
     print(step_summary(args.out, 3), "\n")
-    cache = open_cache(args.out)
+    cache = _main_experiment(args.out)
     assert cache.steps() == [1, 2, 3, 4, 5], cache.steps()
     assert cache.status()[-1].state == "abandoned"
     want = minibatches(3)[1]
     got = cache.load(3).minibatches[1]
     assert got["keys"][:] == want["keys"] and (got["responses"][5] == want["responses"].unbind()[5]).all()
     print(f"cache.resolve(6, 'repeat') -> {cache.resolve(6, 'repeat')}  (step 6 is partial)")
-    print(f"ok: {args.out} holds 5 complete steps and one abandoned step")
+    print(f"ok: {args.out} holds 5 complete steps and one abandoned step\n")
+    experiment = write_text_steps(args.out, range(1, 3))
+    print(readable(args.out, experiment, 1), "\n")
+    print(f"more: zarr-skip show {args.out} 1 -e rollout --text --rows 5")
+    print(f"      zarr-skip export {args.out} all rollouts.parquet -e rollout --format parquet")
+    print(f"      zarr-skip report {args.out} -e rollout -o report.html")
     return 0
 
 
