@@ -204,6 +204,10 @@ def test_the_report_command(cache: zs.Cache, tmp_path: Path, capsys: pytest.Capt
     assert stdout.startswith(f"wrote {out} (") and "rollouts of [1, 2]" in stdout
     page = out.read_text()
     assert html.escape(decoded(cache, 1, 0)) in page and page.count('class="zs-card') == 2 * GROUPS * N
+    code, stdout, err = run(capsys, "report", loc, "-o", str(out), "--no-plots", "1", "3")  # steps after options
+    assert code == 0 and "rollouts of [1, 3]" in stdout, err
+    code, _, err = run(capsys, "report", loc, "-o", str(out), "--bogus")
+    assert code == 2 and "unrecognized arguments: --bogus" in err
     code, stdout, err = run(capsys, "report", loc, "-o", str(out), "--json", "--no-plots", "--rows", "4")
     assert code == 0, err
     doc = json.loads(stdout)

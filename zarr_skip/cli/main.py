@@ -280,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tokenizer_option(p)
     p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
+    p.set_defaults(trailing_steps=True)
     return parser
 
 
@@ -294,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zarr-skip`` with ``argv`` (default: the process arguments); return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and getattr(args, "trailing_steps", False) and not any(x.startswith("-") for x in extra):
+            args.steps = [*args.steps, *extra]  # `report LOC -e NAME 3 5 -o F`: steps after an option
+        elif extra:
+            parser.parse_args(argv)  # argparse's own message for what it does not know
         args.storage_options = parse_storage_options(args.storage_option)
     except SystemExit as exc:  # --help, --version, argparse's usage errors
         return exc.code if isinstance(exc.code, int) else 2
