@@ -213,6 +213,13 @@ def test_the_report_command(cache: zs.Cache, tmp_path: Path, capsys: pytest.Capt
     doc = json.loads(stdout)
     assert doc["steps"] == [3] and doc["decoded"] is False and doc["bytes"] == out.stat().st_size
     assert "no tokenizer given or recorded" in err and "<figure" not in out.read_text()
+    assert "zs-tokens" not in out.read_text()
+    code, _, err = run(
+        capsys, "report", loc, "2", "-o", str(out), "--no-plots", "--tokens", "--tokenizer", str(TOKENIZER_PATH)
+    )
+    assert code == 0, err
+    page = out.read_text()  # each response's tokens, folded, under one legend
+    assert page.count("class='zs-text zs-tokens'") == GROUPS * N and page.count("token probability under") == 1
 
 
 def test_the_report_command_uses_the_recorded_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,7 +38,9 @@ def cmd_report(ctx: Context) -> int:
     tokenizer = tokenizer_for(cache, ctx.args.tokenizer)  # --tokenizer wins over the recorded one
     if tokenizer is None:
         ctx.note("note: no tokenizer given or recorded: the report shows token ids (pass --tokenizer PATH)")
-    path = write_report(cache, out, steps, tokenizer=tokenizer, rows=ctx.args.rows, plots=ctx.args.plots)
+    path = write_report(
+        cache, out, steps, tokenizer=tokenizer, rows=ctx.args.rows, plots=ctx.args.plots, tokens=ctx.args.tokens
+    )
     size = path.stat().st_size
     shown = steps if steps is not None else complete[-1:]
     if ctx.json:

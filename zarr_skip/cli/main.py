@@ -280,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tokenizer_option(p)
     p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
+    p.add_argument("--tokens", action="store_true", help="add each response's tokens coloured by log-prob")
     p.set_defaults(trailing_steps=True)
     return parser
 

@@ -20,6 +20,7 @@ from zarr_skip.notebook.rollouts import (
     ids_text,
     prompt_html,
     response_html,
+    tokens_html,
     wrapped,
 )
 
@@ -77,7 +78,9 @@ def _summary(uid: str, rollouts: list[Rollout]) -> list[str]:
 
 
 def group_html(uid: str, rollouts: list[Rollout], *, style: bool = True) -> Markup:
-    """The group: its prompt once, then one card per response with its badges, best and worst marked."""
+    """The group: its prompt once, then one card per response with its badges, best and worst
+    marked (and, for rollouts read with their tokens, the tokens by log-prob, folded)."""
+    tokens = bool(rollouts) and all(r.response_tokens is not None for r in rollouts)
     step = rollouts[0].step if rollouts else "?"
     head = f'<div class="zs-head">step {esc(step)}, group {esc(uid)}</div>'
     head += f'<div class="zs-muted">{esc("; ".join(_summary(uid, rollouts)))}</div>'
@@ -92,7 +95,7 @@ def group_html(uid: str, rollouts: list[Rollout], *, style: bool = True) -> Mark
         cls = f"zs-card zs-{mark}" if mark else "zs-card"
         cards.append(
             f'<div class="{cls}" data-row="{r.row}"><div><b>row {r.row}</b> {flag}</div>'
-            f"<div>{badges(r)}</div>{response_html(r)}</div>"
+            f"<div>{badges(r)}</div>{response_html(r)}{tokens_html(r, opened=False, key=False) if tokens else ''}</div>"
         )
     return wrap(f'{head}{prompt}<div class="zs-grid">{"".join(cards)}</div>', style=style)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.notebook._html import CSS, Markup, badge, esc, table, wrap
+from zarr_skip.notebook._html import CSS, Markup, badge, esc, legend, table, wrap
 from zarr_skip.notebook._rows import RolloutReader
 from zarr_skip.notebook.browse import decoder
 from zarr_skip.notebook.display import human_age, human_bytes, ratio_text
@@ -141,7 +141,7 @@ def _chosen_rows(reader: RolloutReader, limit: int) -> list[tuple[str | None, np
     return out
 
 
-def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int) -> Markup:
+def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int, tokens: bool) -> Markup:
     start = f'<section class="zs-step" id="step-{view.step}" data-step="{view.step}"><h2>step {view.step}</h2>'
     if "responses" not in view:
         columns = ", ".join(view.columns)
@@ -149,7 +149,7 @@ def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int) -
     reader = RolloutReader(view, dec, max_length)
     groups = _chosen_rows(reader, rows)
     every = np.concatenate([r for _, r in groups]) if groups else np.empty(0, np.int64)
-    rollouts = {r.row: r for r in reader.read(every)}  # one indexed read per column
+    rollouts = {r.row: r for r in reader.read(every, tokens=tokens and dec is not None)}  # a read per column
     shown = len(every)
     what = f"{len(groups)} group{'s' if len(groups) != 1 else ''}" if groups and groups[0][0] is not None else "rows"
     parts = f"{len(view.parts)} mini-batch{'es' if len(view.parts) != 1 else ''}"
@@ -167,9 +167,9 @@ def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int) -
             body.append("".join(summary_html(r) for r in items))
         else:
             body.append(f'<div class="zs-group" data-uid="{esc(uid)}">{group_html(uid, items, style=False)}</div>')
-    hint = (
-        "" if dec is not None else '<div class="zs-muted">no tokenizer: token ids shown (pass --tokenizer PATH)</div>'
-    )
+    hint = legend() if tokens and dec is not None else Markup("")
+    if dec is None:
+        hint = Markup('<div class="zs-muted">no tokenizer: token ids shown (pass --tokenizer PATH)</div>')
     return Markup(f'{start}<div class="zs-muted">{esc(head)}</div>{hint}{"".join(body)}</section>')
 
 
@@ -181,6 +181,7 @@ def report_html(
     rows: int = ROWS,
     max_length: int | None = None,
     plots: bool = True,
+    tokens: bool = False,
 ) -> str:
     """The report page of ``cache`` as a string.
 
@@ -193,6 +194,7 @@ def report_html(
     rows : rollouts shown per step (whole GRPO groups: the group that reaches it is kept whole).
     max_length : the response length limit; default: the fingerprint's ``max_response_length``.
     plots : draw the plots (needs matplotlib).
+    tokens : add each response's tokens coloured by log-prob (folded; about 100 bytes a token).
     """
     if cache.experiment is None:
         raise ValueError(f"{cache.location}: holds several experiments; open one with experiment=NAME")
@@ -220,7 +222,7 @@ def report_html(
     if plots and complete:
         parts += ["<h2>plots</h2>", _plots(cache, max_length)]
     for s in chosen:
-        parts.append(_step_section(cache.load(s), dec, max_length, rows))
+        parts.append(_step_section(cache.load(s), dec, max_length, rows, tokens))
     title = f"zarr_skip report: {cache.experiment}"
     page = wrap("".join(parts), style=False, cls="zs-page")
     return (

@@ -99,14 +99,17 @@ def response_html(r: Rollout) -> Markup:
     return Markup(f'<div class="zs-text zs-response">{esc(text)}</div>')
 
 
-def _tokens_html(r: Rollout) -> Markup:
+def tokens_html(r: Rollout, *, opened: bool = True, key: bool = True) -> Markup:
+    """The response's tokens coloured by log-prob (exact values on hover), folded unless
+    ``opened``, under the colours' legend when ``key``."""
     tokens = list(r.response_tokens) if r.response_tokens is not None else [f"{int(i)} " for i in r.response_ids]
     lp = None if r.log_probs is None else r.log_probs.tolist()
     title = "response tokens" + (" coloured by log-prob" if lp is not None else " (no log-prob column)")
     spans = token_spans(tokens, lp, r.response_ids.tolist())
-    key = legend() if lp is not None else Markup("")
+    shown = legend() if lp is not None and key else Markup("")
     return Markup(
-        f"<details open><summary>{esc(title)}</summary>{key}<div class='zs-text zs-tokens'>{spans}</div></details>"
+        f"<details{' open' if opened else ''}><summary>{esc(title)}</summary>{shown}"
+        f"<div class='zs-text zs-tokens'>{spans}</div></details>"
     )
 
 
@@ -120,7 +123,7 @@ def rollout_html(r: Rollout, *, tokens: bool = True, style: bool = True) -> Mark
     parts = [f'<div class="zs-head">{esc(_where(r))}</div><div>{badges(r)}</div>', prompt_html(r)]
     parts.append(f"<div class='zs-head'>response</div>{response_html(r)}")
     if tokens:
-        parts.append(_tokens_html(r))
+        parts.append(tokens_html(r))
     if r.response_text is None:
         parts.append(f'<div class="zs-muted">{esc(NO_TOKENIZER)}</div>')
     return wrap(f'<div class="zs-rollout" data-row="{r.row}">{"".join(parts)}</div>', style=style)
