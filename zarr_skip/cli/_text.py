@@ -54,22 +54,18 @@ def render_rollout(record: dict[str, Any], limit: int | None, width: int = WRAP)
         head += f" · uid {record['uid']}"
     lines = [head, INDENT + " ".join(f"[{b}]" for b in badges(record, limit))]
     messages = record.get("messages") or []
-    if messages:
-        for m in messages:
-            lines.append(f"{m['role'] or 'message'}:")
-            lines += _wrapped(str(m["content"]), width)
-    elif record.get("prompt") is not None:
-        lines.append("prompt:")
-        lines += _wrapped(record["prompt"], width)
-    elif record.get("prompt_ids") is not None:
-        lines.append(f"prompt ids ({record['prompt_length']}):")
-        lines.append(INDENT + clip(str(record["prompt_ids"]), width - len(INDENT)))
-    if record.get("response") is not None:
-        lines.append("response:")
-        lines += _wrapped(record["response"], width)
-    elif record.get("response_ids") is not None:
-        lines.append(f"response ids ({record['response_length']}):")
-        lines.append(INDENT + clip(str(record["response_ids"]), width - len(INDENT)))
+    for m in messages:
+        lines.append(f"{m['role'] or 'message'}:")
+        lines += _wrapped(str(m["content"]), width)
+    for field in ("prompt", "response"):
+        if field == "prompt" and messages:
+            continue
+        if record.get(field) is not None:
+            lines.append(f"{field}:")
+            lines += _wrapped(record[field], width)
+        elif record.get(f"{field}_ids") is not None:
+            lines.append(f"{field} ids ({record[f'{field}_length']}):")
+            lines.append(INDENT + clip(str(record[f"{field}_ids"]), width - len(INDENT)))
     return lines
 
 

@@ -16,8 +16,9 @@ The columns and their names are verl's: ``prompts``, ``responses``, ``response_m
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,9 @@ class _Row:
     score: float
 
 
-def _answer(tok: Any, p: Problem, prompt: list[int], rng: np.random.Generator, max_response: int) -> _Row:
+def _answer(
+    encode: Callable[[str], Any], eos: int, p: Problem, prompt: list[int], rng: np.random.Generator, max_response: int
+) -> _Row:
     """One sampled answer: right (55%), one slip (35%) or rambling until truncated (10%)."""
     u = rng.random()
     slip = None if u < 0.55 else int(rng.choice([-10, -2, -1, 1, 2, 10]))
@@ -177,8 +180,8 @@ def _answer(tok: Any, p: Problem, prompt: list[int], rng: np.random.Generator, m
     if u >= 0.9:
         text = f"{_worked(p, None)[0].rsplit('The answer', 1)[0]}{_RAMBLE * (max_response // 4 + 1)}"
         span = None
-    enc = tok.encode(text, add_special_tokens=False)
-    ids = list(enc.ids) + [tok.token_to_id(EOS_TEXT)]
+    enc = encode(text)
+    ids = list(enc.ids) + [eos]
     # confident tokens, a few uncertain ones, and a slip the model was unsure of
     lp = -rng.exponential(np.where(rng.random(len(ids)) < 0.85, 0.03, 0.9)).astype(np.float32)
     if span is not None:
@@ -208,13 +211,16 @@ def text_rollouts(
     Deterministic for ``(groups, n, seed, step, max_response)``.
     """
     tok = shipped_tokenizer()
+    # the n answers of a group often share a text: encode each text once
+    encode = lru_cache(maxsize=1024)(partial(tok.encode, add_special_tokens=False))
+    eos = int(tok.token_to_id(EOS_TEXT))
     rng = np.random.default_rng([int(seed), int(step), 0x7E47])
     rows: list[_Row] = []
     uids: list[str] = []
     per_group: list[Problem] = []
     for p in problems(groups, seed=int(seed) * 100_003 + int(step)):
-        prompt = list(tok.encode(chat_prompt(p.question), add_special_tokens=False).ids)
-        rows += [_answer(tok, p, prompt, rng, max_response) for _ in range(n)]
+        prompt = list(encode(chat_prompt(p.question)).ids)
+        rows += [_answer(encode, eos, p, prompt, rng, max_response) for _ in range(n)]
         uids.append(str(uuid.UUID(bytes=bytes(rng.integers(0, 256, 16, dtype=np.uint8)), version=4)))
         per_group.append(p)
     scores = np.array([r.score for r in rows], dtype=np.float32)
