@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.notebook.measures import SCORE_COLUMNS
+from zarr_skip.notebook.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.readable.text import chat_messages, decode_ids, token_ids
 from zarr_skip.readable.tokenizers import Decoder
 
@@ -165,19 +165,16 @@ class RolloutReader:
     def lengths(self) -> np.ndarray:
         """Every row's response length: the stored lengths of a jagged column (no token read),
         or the padded mask's non-zero entries."""
-        from zarr_skip.notebook.measures import response_lengths
-
         return response_lengths(self.view)
 
     def scores(self) -> np.ndarray:
-        """Every row's score (NaN-free float64); ``KeyError`` when no column holds scores."""
+        """Every row's score (a token-level column summed per row); ``KeyError`` when no column
+        holds scores."""
         if self.score_column is None:
             raise KeyError(
                 f"step {self.view.step}: no score column (looked for {', '.join(SCORE_COLUMNS)}; "
                 f"columns: {', '.join(self.view.columns)})"
             )
-        from zarr_skip.notebook.measures import row_scores
-
         return row_scores(self.view, self.score_column)
 
     def uids(self) -> np.ndarray:
