@@ -31,7 +31,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .formats import OPS
+from .formats import FORMATS, OPS
 from .machine import REPO_ROOT, machine_info, physical_limits
 from .report import markdown, score, verdict_line
 from .runners import Runner, bench_preset, log
@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         help="do not run the untimed tiny warm-up operation in each process",
     )
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ", ".join(OPS))
+    ap.add_argument(
+        "--formats", default=None, help="comma-separated subset of the formats (default all): " + ", ".join(FORMATS)
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--zygote-zarr", action="store_true", help=argparse.SUPPRESS)
@@ -99,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.zygote:
         return zygote_main(args.zygote_zarr)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if args.formats:
+        args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+        unknown = [f for f in args.formats if f not in FORMATS]
+        if unknown:
+            ap.error(f"unknown formats {unknown}; choose from {list(FORMATS)}")
     bad = [o for o in args.ops if o not in OPS]
     if bad:
         ap.error(f"unknown ops {bad}; choose from {list(OPS)}")

@@ -6,7 +6,10 @@ can store it in, because the generator draws its values independently at random.
 - log-probs: the exact entropy of the float32 values the generator draws (a mixture of
   exponentials, see ``zarr_skip.synthetic.LOG_PROB_MIX``), integrated over every binade;
 - everything else (lengths, masks, tags, keys, JSON rows): what zstd level 19 makes of it, an
-  upper bound on its information (a small share of the total).
+  upper bound on its information (a small share of the total); per-row objects that repeat
+  (the rows of a GRPO group share ``uid``, ``raw_prompt``, ``extra_info``, ...) count each
+  distinct value once, plus the entropy of which value each row holds (what a dictionary
+  encoding must store at least).
 """
 
 from __future__ import annotations
@@ -40,8 +43,20 @@ def log_prob_bits_per_value(mix: tuple[tuple[float, float], ...], low: float) ->
     return bits
 
 
-def jagged_floor(preset: Any, seed: int, step: int) -> dict[str, Any]:
-    """Bytes of information in :func:`zarr_skip.synthetic.jagged_payload` ``(preset, seed, step)``."""
+def rows_floor(rows: list[Any], zstd: Any) -> int:
+    """Bytes of information in per-row JSON objects: zstd 19 of the distinct values, each once,
+    plus the entropy of the rows' choice among them."""
+    texts = [json.dumps(r, sort_keys=True) for r in rows]
+    distinct = list(dict.fromkeys(texts))
+    _, counts = np.unique(np.array(texts, dtype=object), return_counts=True)
+    p = counts / counts.sum()
+    choice_bits = float(-(p * np.log2(p)).sum() * len(rows)) if len(distinct) > 1 else 0.0
+    return len(zstd.encode(("[" + ",".join(distinct) + "]").encode())) + int(np.ceil(choice_bits / 8))
+
+
+def jagged_floor(preset: Any, seed: int, step: int, payload: str = "minimal") -> dict[str, Any]:
+    """Bytes of information in :func:`zarr_skip.synthetic.jagged_payload` ``(preset, seed, step,
+    payload=payload)``."""
     from zarr_skip.synthetic import (
         LOG_PROB_MIN,
         LOG_PROB_MIX,
@@ -51,7 +66,7 @@ def jagged_floor(preset: Any, seed: int, step: int) -> dict[str, Any]:
     )
 
     p = get_preset(preset)
-    batch = as_mapping(jagged_payload(p, seed, step=step))
+    batch = as_mapping(jagged_payload(p, seed, step=step, payload=payload))
     prompts = batch.pop("prompts")
     offsets = prompts.offsets().numpy()
     first = [prompts.values()[offsets[g] : offsets[g + 1]].numpy() for g in range(0, p.rows, p.n)]
@@ -68,7 +83,8 @@ def jagged_floor(preset: Any, seed: int, step: int) -> dict[str, Any]:
         elif hasattr(value, "numpy"):
             raw = value.numpy().tobytes()
         else:
-            raw = json.dumps(value).encode()
+            parts[name] = rows_floor(list(value), zstd)
+            continue
         parts[name] = len(zstd.encode(raw))
     whole = {k: int(v) for k, v in parts.items()}
     return {"bytes": sum(whole.values()), "parts": whole}

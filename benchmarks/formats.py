@@ -27,14 +27,24 @@ STEP = 1
 WRITE_OPS = ("write", "write_fsync")
 READ_OPS = ("read_cold", "read_warm", "column_cold", "column_warm", "rows64_cold", "rows64_warm")
 OPS = WRITE_OPS + READ_OPS
-# format name -> (shape, is baseline)
+# format name -> (shape, is baseline); shape "realistic": the jagged step with the realistic
+# per-row payload (zarr_skip.synthetic.payloads)
 FORMATS = {
     "torch_save_jagged": ("jagged", True),
     "zarr_skip_jagged": ("jagged", False),
     "pickle_padded": ("padded", True),
     "zarr_skip_padded": ("padded", False),
+    "tq_batch_realistic": ("realistic", True),
+    "plain_dump_realistic": ("realistic", True),
+    "zarr_skip_realistic": ("realistic", False),
 }
-BASELINE_OF = {"zarr_skip_jagged": "torch_save_jagged", "zarr_skip_padded": "pickle_padded"}
+#: comparison name -> (contender, baseline); ratios are contender / baseline
+COMPARISONS = {
+    "jagged": ("zarr_skip_jagged", "torch_save_jagged"),
+    "padded": ("zarr_skip_padded", "pickle_padded"),
+    "realistic": ("zarr_skip_realistic", "tq_batch_realistic"),
+    "realistic_vs_dump": ("zarr_skip_realistic", "plain_dump_realistic"),
+}
 
 
 def fingerprint(preset) -> dict[str, Any]:
@@ -69,6 +79,8 @@ class Format:
     def make(self, seed: int):
         from zarr_skip.synthetic import jagged_payload, padded_batch
 
+        if self.shape == "realistic":
+            return jagged_payload(self.preset, seed, step=STEP, payload="realistic")
         if self.shape == "jagged":
             return jagged_payload(self.preset, seed, step=STEP)
         return padded_batch(self.preset, seed, step=STEP)
@@ -109,6 +121,42 @@ class TorchSaveJagged(Format):
         return nested_head(self.read(d)["tensordict"]["responses"], 64)
 
 
+class TqBatchRealistic(TorchSaveJagged):
+    """verl's ``tq_batch.pt`` as ``RolloutTqSkip.prepare_data`` saves it: ``torch.save`` of
+    ``{"tensordict": TensorDict (NonTensorStack fields), "tags", "keys", "global_steps"}``."""
+
+    shape = "realistic"
+
+
+class PlainDumpRealistic(Format):
+    """``torch.save`` of the same tensors and lists as a plain dict (no TensorDict, no
+    NonTensorStack): the speed of an uncompressed dump. Its input is the flat mapping, made
+    untimed."""
+
+    shape = "realistic"
+
+    def make(self, seed):
+        from zarr_skip.synthetic import as_mapping
+
+        return as_mapping(super().make(seed))
+
+    def write(self, ctx, d, data):
+        import torch
+
+        torch.save(data, d / "dump.pt")
+
+    def read(self, d):
+        import torch
+
+        return torch.load(d / "dump.pt", weights_only=False)
+
+    def column(self, d):
+        return self.read(d)["responses"]
+
+    def rows64(self, d):
+        return nested_head(self.read(d)["responses"], 64)
+
+
 class PicklePadded(Format):
     shape = "padded"
 
@@ -136,7 +184,7 @@ class ZarrSkip(Format):
         return zs.open_cache(str(d), fingerprint=fingerprint(self.preset))
 
     def _batch(self, data):
-        if self.shape == "jagged":
+        if self.shape in ("jagged", "realistic"):
             from zarr_skip.synthetic import as_mapping
 
             return as_mapping(data)  # timed: converting the TQ payload is part of the job
@@ -168,11 +216,18 @@ class ZarrSkipPadded(ZarrSkip):
     shape = "padded"
 
 
+class ZarrSkipRealistic(ZarrSkip):
+    shape = "realistic"
+
+
 FORMAT_CLASSES: dict[str, type[Format]] = {
     "torch_save_jagged": TorchSaveJagged,
     "zarr_skip_jagged": ZarrSkipJagged,
     "pickle_padded": PicklePadded,
     "zarr_skip_padded": ZarrSkipPadded,
+    "tq_batch_realistic": TqBatchRealistic,
+    "plain_dump_realistic": PlainDumpRealistic,
+    "zarr_skip_realistic": ZarrSkipRealistic,
 }
 
 
@@ -229,7 +284,7 @@ def verify_roundtrip(fmt: Format, d: Path, seed: int) -> dict[str, Any]:
     from zarr_skip.synthetic import as_mapping
 
     data = fmt.make(seed)
-    if fmt.shape == "jagged":
+    if fmt.shape in ("jagged", "realistic"):
         expected = as_mapping(data)
     else:
         expected = {**data.batch, **data.non_tensor_batch}

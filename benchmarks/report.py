@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .formats import BASELINE_OF, FORMATS, OPS, STEP
+from .formats import COMPARISONS, OPS, STEP
 
 OP_LABEL = {
     "write": "write",
@@ -28,12 +28,20 @@ FORMAT_LABEL = {
     "zarr_skip_jagged": "zarr_skip jagged",
     "pickle_padded": "pickle padded (gen_batch.dp)",
     "zarr_skip_padded": "zarr_skip padded",
+    "tq_batch_realistic": "verl tq_batch.pt (TensorDict, NonTensorStack)",
+    "plain_dump_realistic": "plain torch.save dump",
+    "zarr_skip_realistic": "zarr_skip",
 }
 
 # (shape, metric, max ratio zarr_skip / baseline)
 TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "small": [("jagged", "write", 2.0), ("jagged", "read_cold", 2.0)],
     "medium": [
+        ("realistic", "write", 0.5),
+        ("realistic", "read_cold", 0.5),
+        ("realistic_vs_dump", "write", 1.2),
+        ("realistic_vs_dump", "read_cold", 1.0),
+        ("realistic", "floor", 1.10),
         ("jagged", "write", 0.8),
         ("jagged", "read_cold", 0.8),
         ("jagged", "bytes", 0.20),
@@ -44,6 +52,11 @@ TARGETS: dict[str, list[tuple[str, str, float]]] = {
         ("padded", "bytes", 0.10),
     ],
     "large": [
+        ("realistic", "write", 0.5),
+        ("realistic", "read_cold", 0.5),
+        ("realistic_vs_dump", "write", 1.2),
+        ("realistic_vs_dump", "read_cold", 1.0),
+        ("realistic", "floor", 1.10),
         ("jagged", "write", 0.5),
         ("jagged", "read_cold", 0.5),
         ("jagged", "bytes", 0.20),
@@ -73,10 +86,9 @@ METRICS = list(OPS) + ["bytes", "files"]
 
 def ratios(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     r: dict[str, dict[str, float | None]] = {}
-    for zs_fmt, base_fmt in BASELINE_OF.items():
+    for shape, (zs_fmt, base_fmt) in COMPARISONS.items():
         if zs_fmt not in out["formats"] or base_fmt not in out["formats"]:
             continue
-        shape = FORMATS[zs_fmt][0]
         r[shape] = {}
         for m in METRICS + [f"rss:{op}" for op in OPS]:
             a = _metric(out["formats"][zs_fmt], m)
@@ -120,11 +132,17 @@ def score(out: dict[str, Any], baseline_only: bool) -> None:
 
     name = out["preset"]
     out["ratios"] = ratios(out)
-    out["targets"] = check_targets(name, out, baseline_only)
     floor = jagged_floor(PRESETS[name], out["seed"], STEP)  # untimed, after every measurement
     base = _metric(out["formats"].get("torch_save_jagged", {}), "bytes")
     floor["ratio"] = floor["bytes"] / base if base else None
     out["floor"] = floor
+    if "zarr_skip_realistic" in out["formats"]:
+        real = jagged_floor(PRESETS[name], out["seed"], STEP, payload="realistic")
+        ours = _metric(out["formats"]["zarr_skip_realistic"], "bytes")
+        real["ratio"] = ours / real["bytes"] if ours else None  # zarr_skip's bytes / the floor
+        out["floor_realistic"] = real
+        out["ratios"].setdefault("realistic", {})["floor"] = real["ratio"]
+    out["targets"] = check_targets(name, out, baseline_only)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -228,26 +246,31 @@ def markdown(run: dict[str, Any]) -> str:
     lines += ["", "## Results", ""]
     hdr = ["metric"]
     cols: list[tuple[str, str | None]] = []
-    for base, zs_ in (("torch_save_jagged", "zarr_skip_jagged"), ("pickle_padded", "zarr_skip_padded")):
+    for name in ("jagged", "padded"):
+        zs_, base = COMPARISONS[name]
         cols.append((base, None))
         hdr.append(FORMAT_LABEL[base])
         if zs_ in F:
-            cols.append((zs_, None))
-            cols.append((zs_, "ratio"))
+            cols += [(zs_, None), (name, "ratio")]
             hdr += [FORMAT_LABEL[zs_], "ratio"]
-    lines.append("| " + " | ".join(hdr) + " |")
-    lines.append("|" + "---|" * len(hdr))
     measured = [o for o in OPS if any(o in rr for rr in F.values())]
-    rows = [(OP_LABEL[o], o) for o in measured] + [("bytes on disk (allocated)", "bytes"), ("file count", "files")]
-    rows += [(f"peak RSS: {OP_LABEL[o]}", f"rss:{o}") for o in measured]
-    for label, metric in rows:
-        cells = [label]
-        for fmt, kind in cols:
-            if kind == "ratio":
-                cells.append(_fmt_r(res["ratios"].get(FORMATS[fmt][0], {}).get(metric)))
-            else:
-                cells.append(_cell(F.get(fmt), metric))
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += _table(res, hdr, cols, measured)
+    if "tq_batch_realistic" in F:
+        lines += [
+            "",
+            "## Realistic per-row payload (jagged)",
+            "",
+            "The jagged step with verl's per-row objects at real sizes (chat `raw_prompt`, `extra_info` "
+            "with question and answer, shared by the rows of a group; `zarr_skip.synthetic.payloads`), "
+            "against verl's `tq_batch.pt` and a plain `torch.save` of the same tensors and lists.",
+            "",
+        ]
+        cols = [("tq_batch_realistic", None), ("plain_dump_realistic", None)]
+        hdr = ["metric", FORMAT_LABEL["tq_batch_realistic"], FORMAT_LABEL["plain_dump_realistic"]]
+        if "zarr_skip_realistic" in F:
+            cols += [("zarr_skip_realistic", None), ("realistic", "ratio"), ("realistic_vs_dump", "ratio")]
+            hdr += [FORMAT_LABEL["zarr_skip_realistic"], "ratio vs tq_batch.pt", "ratio vs plain dump"]
+        lines += _table(res, hdr, cols, measured)
 
     la0, la1 = res.get("loadavg_start"), res.get("loadavg_end")
     note = (
@@ -296,6 +319,17 @@ def markdown(run: dict[str, Any]) -> str:
             + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
             + ".",
         ]
+    fr = res.get("floor_realistic")
+    if fr:
+        top = sorted(fr["parts"].items(), key=lambda kv: -kv[1])[:3]
+        lines += [
+            "",
+            f"With the realistic per-row payload the floor is {_fmt_b(fr['bytes'])} (repeated per-row "
+            "objects count once per distinct value); zarr_skip stores "
+            f"{_fmt_r(fr.get('ratio'))} times that. Largest parts: "
+            + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
+            + ".",
+        ]
     if res["targets"]:
         lines += ["", "## Targets", "", "| target | value | verdict |", "|---|---|---|"]
         for t in res["targets"]:
@@ -307,6 +341,22 @@ def markdown(run: dict[str, Any]) -> str:
         for f, op, e in errors:
             lines.append(f"- {f} {op}: `{e.strip().splitlines()[-1][:300]}`")
     return "\n".join(lines) + "\n"
+
+
+def _table(res: dict[str, Any], hdr: list[str], cols: list[tuple[str, str | None]], measured: list[str]) -> list[str]:
+    """A results table: a row per metric, a column per format (or ratio of a comparison)."""
+    lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    rows = [(OP_LABEL[o], o) for o in measured] + [("bytes on disk (allocated)", "bytes"), ("file count", "files")]
+    rows += [(f"peak RSS: {OP_LABEL[o]}", f"rss:{o}") for o in measured]
+    for label, metric in rows:
+        cells = [label]
+        for key, kind in cols:
+            if kind == "ratio":
+                cells.append(_fmt_r(res["ratios"].get(key, {}).get(metric)))
+            else:
+                cells.append(_cell(res["formats"].get(key), metric))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _fmt_la(la: Any) -> str:

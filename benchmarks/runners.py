@@ -182,7 +182,8 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path, runner: Run
 
     preset = PRESETS[name]
     pdict = {"rows": preset.rows, "max_prompt": preset.max_prompt, "max_response": preset.max_response, "n": preset.n}
-    formats = [f for f, (_s, base) in FORMATS.items() if base or not args.baseline_only]
+    wanted = getattr(args, "formats", None) or list(FORMATS)
+    formats = [f for f, (_s, base) in FORMATS.items() if (base or not args.baseline_only) and f in wanted]
     ops = [o for o in OPS if o in args.ops]
     if "write" not in ops:
         ops.insert(0, "write")  # reads need its artifact

@@ -27,8 +27,6 @@ FINGERPRINT = {
 }
 
 logging.getLogger("zarr_skip").setLevel(logging.DEBUG)
-# torch logs a tracing notice the first time a process builds a jagged NestedTensor
-logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 class CountingStore(MemoryStore):

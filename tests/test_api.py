@@ -30,6 +30,7 @@ PUBLIC = [
     "LazyColumn",
     "MetadataError",
     "MissingDataError",
+    "MissingExtraError",
     "PartInfo",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
@@ -68,7 +69,7 @@ def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:
         errors.IncompleteStepError: LookupError,
         errors.ChecksumError: ValueError,
         errors.TokenizerNotFoundError: FileNotFoundError,
-        errors.MissingDependencyError: ImportError,
+        errors.MissingExtraError: ImportError,
     }
     for cls, builtin in pairs.items():
         assert issubclass(cls, errors.ZarrSkipError) and issubclass(cls, builtin)

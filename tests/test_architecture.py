@@ -22,6 +22,8 @@ RANKS: dict[str, int] = {
     "format": 1,
     "store": 2,
     "lazy": 3,
+    "reading": 3,
+    "tables": 3,
     "cache": 4,
     "maintenance": 4,
     "synthetic": 5,
@@ -41,7 +43,8 @@ UPWARD_ALLOWED = {
     ("cache", "notebook"),
     ("cache", "readable"),  # ``Cache.export()`` writes parquet / JSON Lines with the readable wing
     ("lazy", "notebook"),
-    ("lazy", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
+    ("reading", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
+    ("reading", "notebook"),  # ``StepView.rollout()`` / ``group()`` / ``find()`` / ``page()`` draw, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute
 }
 

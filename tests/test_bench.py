@@ -30,3 +30,15 @@ def test_the_floor_is_below_what_strong_codecs_reach() -> None:
     assert floor["parts"]["old_log_probs"] > 0.85 * len(strong.encode(lp))
     assert floor["bytes"] == sum(floor["parts"].values())
     assert 20 < log_prob_bits_per_value(LOG_PROB_MIX, LOG_PROB_MIN) < 32
+
+
+def test_the_floor_of_repeated_rows_counts_each_distinct_value_once() -> None:
+    from benchmarks.floor import rows_floor
+
+    zstd = numcodecs.Zstd(level=19)
+    groups = [{"question": f"question {g} " + "abc " * 50, "index": g} for g in range(16)]
+    once = rows_floor(groups, zstd)
+    repeated = rows_floor([g for g in groups for _ in range(8)], zstd)
+    assert once < repeated <= once + 16 * 8 * 4 // 8 + 1  # plus 4 bits per row: which of 16 values
+    floor = jagged_floor("small", 0, 1, payload="realistic")
+    assert floor["parts"]["extra_info"] > jagged_floor("small", 0, 1)["parts"]["extra_info"]

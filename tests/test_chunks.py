@@ -123,7 +123,7 @@ def test_a_cache_in_the_0_1_layout_still_loads(tmp_path: Path, fingerprint: dict
     assert _root_version(tmp_path) == 1
     more = make_batch(4, seed=7)
     reopened.write(3, more)
-    assert _root_version(tmp_path) == layout.FORMAT_VERSION == 2
+    assert _root_version(tmp_path) == layout.FORMAT_VERSION == 3
     assert_equal(reopened.load(3).to_dict(), more)
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(2).to_dict(), concat(parts))
 

@@ -147,7 +147,7 @@ def test_step_rendering_reads_nothing_and_lists_columns_parts_meta(store: Counti
 def test_column_preview_reads_only_the_chunks_of_its_rows(store: CountingStore) -> None:
     view = zs.open_cache(store).load(1)
     k = display.PREVIEW_ROWS
-    for name in ("responses", "input_ids", "tags"):
+    for name in ("responses", "input_ids", "raw_prompt"):  # rows that do not repeat (stored plain)
         col = view[name]
         arrays = col._parts  # one {array name: ArrayPart} per mini-batch
         data = "values" if col.spec.jagged else "data"

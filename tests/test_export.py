@@ -13,7 +13,7 @@ from conftest import make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
-from zarr_skip.errors import ConfigError, MissingDependencyError, StepNotFoundError
+from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 pa = pytest.importorskip("pyarrow")
@@ -122,7 +122,7 @@ def test_bad_requests_write_nothing(cache: zs.Cache, tmp_path: Path, monkeypatch
         cache.export(tmp_path / "out.parquet", steps=[1, 7])
     assert not (tmp_path / "out.parquet").exists()
     monkeypatch.setitem(sys.modules, "pyarrow", None)
-    with pytest.raises(MissingDependencyError, match=r"zarr-skip\[export\]"):
+    with pytest.raises(MissingExtraError, match=r"zarr-skip\[export\]"):
         cache.export(tmp_path / "out.parquet")
     cache.export(tmp_path / "out.jsonl")  # JSON Lines needs no pyarrow
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import CountingStore
 
 import zarr_skip as zs
-from zarr_skip.errors import MissingDependencyError, TokenizerNotFoundError
+from zarr_skip.errors import MissingExtraError, TokenizerNotFoundError
 from zarr_skip.readable import Message, chat_messages, load_tokenizer, tokenizer_for
 from zarr_skip.readable.tokenizers import surface_tokens
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
@@ -104,7 +104,7 @@ def test_a_file_that_is_no_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_without_the_tokenizers_package_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
-    with pytest.raises(MissingDependencyError, match=r"zarr-skip\[text\]"):
+    with pytest.raises(MissingExtraError, match=r"zarr-skip\[text\]"):
         load_tokenizer(TOKENIZER_PATH)
 
 

@@ -378,7 +378,7 @@ def test_a_page_of_a_big_step_reads_only_its_rows() -> None:
     read = chunk_keys(store)
     assert read and all("/2/w-" in k for k in read), sorted(read)  # mini-batch 2 only
     assert sum(store.reads[k] for k in read) <= 40
-    assert sum(store.bytes_read[k] for k in read) < 0.01 * stored
+    assert sum(store.bytes_read[k] for k in read) < 0.02 * stored  # whole chunks of 20 of 10k rows
     # showing it again reads nothing more; one rollout reads its row's chunks only
     store.reads.clear()
     page._repr_html_()

@@ -239,3 +239,32 @@ def test_pickle_roundtrip_like_verl() -> None:
         assert torch.equal(dp.batch[k], back.batch[k]), k
     assert back.non_tensor_batch["uid"].tolist() == dp.non_tensor_batch["uid"].tolist()
     assert back.meta_info == dp.meta_info
+
+
+def test_realistic_payload_has_verl_sized_objects_shared_per_group() -> None:
+    from zarr_skip.synthetic import as_mapping, jagged_payload, padded_batch
+
+    m = as_mapping(jagged_payload("small", 3, payload="realistic"))
+    dp = padded_batch("small", 3, payload="realistic")
+    n = 8
+    for name in ("raw_prompt", "extra_info", "reward_model", "uid", "data_source"):
+        rows = m[name]
+        assert rows[0] is rows[n - 1] and rows[n] is rows[2 * n - 1], name  # one object per group
+        assert rows[0] is not rows[n] or name == "data_source", name
+        assert [repr(r) for r in rows] == [repr(r) for r in dp.non_tensor_batch[name]], name
+    system, user = m["raw_prompt"][0]
+    assert (system["role"], user["role"]) == ("system", "user")
+    users = np.array([len(r[1]["content"]) for r in m["raw_prompt"]])
+    answers = np.array([len(e["answer"]) for e in m["extra_info"]])
+    assert 150 < np.median(users) < 600 and 200 < np.median(answers) < 1000
+    assert all(e["question"] in r[1]["content"] for e, r in zip(m["extra_info"], m["raw_prompt"], strict=True))
+    assert all(
+        e["answer"].endswith("#### " + g["ground_truth"])
+        for e, g in zip(m["extra_info"], m["reward_model"], strict=True)
+    )
+    again = as_mapping(jagged_payload("small", 3, payload="realistic"))
+    assert repr(again["extra_info"]) == repr(m["extra_info"])
+    minimal = as_mapping(jagged_payload("small", 3))
+    assert torch.equal(minimal["responses"].values(), m["responses"].values())  # tensors unchanged
+    with pytest.raises(ValueError, match="unknown payload"):
+        padded_batch("small", payload="huge")

@@ -26,12 +26,24 @@ from zarr_skip.format import chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
-from zarr_skip.store.catalog import attribute, group_doc, scan_step, step_infos, summarized_parts
+from zarr_skip.store.catalog import (
+    attribute,
+    experiment_info,
+    group_doc,
+    list_steps,
+    scan_step,
+    step_infos,
+    summarized_parts,
+    summarized_steps,
+    update_experiment_info,
+)
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
 
 if TYPE_CHECKING:
+    import pandas
+
     from zarr_skip.maintenance import GcReport, VerifyReport
     from zarr_skip.readable.export import ExportReport
 
@@ -254,31 +266,15 @@ class Cache:
         """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
         ``model`` paths, ...), from its group's attributes: read once, on first use."""
         if self._attributes is None:
-            exp = self.experiment
-            key = layout.meta_key(exp or "")
-            where = self._storage.key_path(key)
-            found = attribute(parse_json(self._storage.get(key), where), layout.INFO_ATTR, where) if exp else None
-            self._attributes = dict(found or {})
+            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
         return dict(self._attributes)
 
     def set_attributes(self, values: Mapping[str, Any]) -> None:
-        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored.
-
-        Several writers recording the same values is safe; different values: the last one wins.
-        """
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
+        (writers recording the same values may race; of different values the last one wins)."""
         if self.read_only or self.experiment is None:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
-        key = layout.meta_key(self.experiment)
-        where = self._storage.key_path(key)
-        doc = parse_json(self._storage.get(key), where)
-        if doc is None:
-            raise MetadataError(f"{where}: the experiment group's metadata is missing")
-        attrs = dict(doc.get("attributes") or {})
-        info = {**(attribute(doc, layout.INFO_ATTR, where) or {}), **dict(values)}
-        if attrs.get(layout.INFO_ATTR) != info:
-            self._storage.set(key, group_doc({**attrs, layout.INFO_ATTR: info}))
-            logger.debug("%s: experiment attributes %s", where, sorted(values))
-        self._attributes = info
+        self._attributes = update_experiment_info(self._storage, self.experiment, values)
 
     @property
     def run_id(self) -> str:
@@ -420,6 +416,27 @@ class Cache:
         )
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
 
+    def table(self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None) -> pandas.DataFrame:
+        """One row per rollout of every complete step (or of ``steps``, each of which must be
+        complete), as a pandas DataFrame (``pip install 'zarr-skip[pandas]'``): ``step``,
+        ``minibatch``, ``row``, then per-row scalars, strings and small JSON objects, and the
+        per-row lengths of jagged columns (or the ``columns`` named); see
+        :mod:`zarr_skip.tables`. Reads the steps' records and those columns' chunks (for jagged
+        ones: their lengths alone), each in one batch of requests across the steps."""
+        from zarr_skip.tables import pandas_module, views_table
+
+        pandas_module()  # before any I/O
+        exp = self._exp()
+        wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
+        found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
+        views = []
+        for step, fast in zip(wanted, found, strict=True):
+            if fast is not None:
+                views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
+            elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
+                views.append(self.load(step))
+        return views_table(self._storage, views, columns)
+
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)
         return StepView(
@@ -439,16 +456,10 @@ class Cache:
         )
 
     def export(
-        self,
-        path: str | os.PathLike[str],
-        steps: int | Iterable[int] | None = None,
-        *,
-        format: str | None = None,
-        tokenizer: Any = None,
+        self, path: str | os.PathLike[str], steps: Any = None, *, format: Any = None, tokenizer: Any = None
     ) -> ExportReport:
-        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
-        with decoded text when a tokenizer is known: see
-        :func:`zarr_skip.readable.export.export_rollouts`."""
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines, with
+        text when a tokenizer is known: see :func:`zarr_skip.readable.export.export_rollouts`."""
         from zarr_skip.readable.export import export_rollouts
 
         return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from zarr_skip import open_cache
 from zarr_skip.cli._text import badges, render_rollout
+from zarr_skip.format.specs import jagged_tensor
 from zarr_skip.notebook.display import human_bytes
 from zarr_skip.readable.records import max_response_length, rollouts, rows_of_uid
 from zarr_skip.synthetic import TOKENIZER_PATH, Preset, as_mapping, jagged_payload, text_rollouts
@@ -71,9 +71,7 @@ def minibatches(step: int) -> list[dict[str, Any]]:
         for name, value in payload.items():
             if hasattr(value, "is_nested") and value.is_nested:
                 off = value.offsets()
-                mb[name] = torch.nested.nested_tensor_from_jagged(
-                    value.values()[int(off[a]) : int(off[b])].clone(), offsets=off[a : b + 1] - off[a]
-                )
+                mb[name] = jagged_tensor(value.values()[int(off[a]) : int(off[b])].clone(), off[a : b + 1] - off[a])
             else:
                 mb[name] = value[a:b]
         out.append(mb)

@@ -22,7 +22,7 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
     ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
     ├── TokenizerNotFoundError (FileNotFoundError)  no local tokenizer at that path, or none known
-    ├── MissingDependencyError (ImportError)     an optional package is missing (names the extra)
+    ├── MissingExtraError (ImportError)          an optional dependency is not installed
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
@@ -48,7 +48,7 @@ __all__ = [
     "IncompleteStepError",
     "MetadataError",
     "MissingDataError",
-    "MissingDependencyError",
+    "MissingExtraError",
     "ReadOnlyCacheError",
     "SchemaMismatchError",
     "StepCompleteError",
@@ -141,8 +141,9 @@ class TokenizerNotFoundError(ZarrSkipError, FileNotFoundError):
     """No tokenizer at a path (nothing is downloaded), or none given and none recorded."""
 
 
-class MissingDependencyError(ZarrSkipError, ImportError):
-    """An optional package is not installed; the message names the extra that installs it."""
+class MissingExtraError(ZarrSkipError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (``pip install 'zarr-skip[pandas]'``)."""
 
 
 class CorruptCacheError(ZarrSkipError, ValueError):

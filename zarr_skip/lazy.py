@@ -8,28 +8,33 @@ output array when it can (no per-mini-batch copies followed by a concatenation).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Sequence, ValuesView
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zarr_skip.errors import MetadataError
+from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.reading import StepReading
+from zarr_skip.store.blocks import iter_rows
+from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
 
 if TYPE_CHECKING:
-    from zarr_skip.cache import Cache
-    from zarr_skip.notebook.groups import GroupView
-    from zarr_skip.notebook.rollouts import RolloutList, RolloutView
+    import pandas
+    import torch
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
 PREFETCH_CHUNKS = 8
+#: iterating a column reads this many chunks at a time
+ITER_CHUNKS = 8
 
 
-class StepView:
+class StepView(StepReading):
     """A complete step, lazily: ``view[name]`` is a :class:`LazyColumn` merged across mini-batches.
 
     Attributes
@@ -43,13 +48,7 @@ class StepView:
     """
 
     def __init__(
-        self,
-        storage: Storage,
-        step: int,
-        parts: Sequence[Part],
-        *,
-        allow_pickle: bool = False,
-        cache: Cache | None = None,
+        self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False, cache: Any = None
     ):
         if not parts:
             raise MetadataError(f"step {step}: a step view needs at least one mini-batch")
@@ -114,6 +113,26 @@ class StepView:
             self._cols[name] = LazyColumn(self._storage, self.step, self.parts, name, self._allow_pickle)
         return self._cols[name]
 
+    # -- a mapping of columns (``len()`` stays the row count, as in pandas) ------------------
+
+    def keys(self) -> KeysView[str]:
+        return self.parts[0].specs.keys()
+
+    def values(self) -> ValuesView[LazyColumn]:
+        return {name: self[name] for name in self.columns}.values()
+
+    def items(self) -> ItemsView[str, LazyColumn]:
+        return {name: self[name] for name in self.columns}.items()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
+        """This step as a table: see :meth:`zarr_skip.Cache.table` (needs ``zarr-skip[pandas]``)."""
+        from zarr_skip.tables import views_table
+
+        return views_table(self._storage, [self], columns)
+
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Every column (or those named) read in full, as the types that were written.
 
@@ -154,66 +173,6 @@ class StepView:
             return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
-    def text(
-        self,
-        column: str = "responses",
-        rows: int | slice | Sequence[int] | np.ndarray | None = None,
-        tokenizer: Any = None,
-        skip_special_tokens: bool = True,
-    ) -> list[str]:
-        """Token ids of ``column`` (``"responses"``, ``"prompts"``) decoded, one string per row.
-
-        Only the rows asked for are read: ``rows`` is one row (an int), a slice, a sequence of
-        row numbers, or None (all). ``tokenizer`` is a path, a ``tokenizers.Tokenizer``, a
-        ``transformers`` tokenizer or a Decoder; by default the one the experiment recorded
-        (:func:`zarr_skip.readable.tokenizers.tokenizer_for`). Padding is dropped.
-
-        Raises
-        ------
-        TokenizerNotFoundError
-            No tokenizer given and none recorded (or the recorded path is not on this machine).
-        """
-        from zarr_skip.readable.text import decode_column
-
-        return decode_column(self, column, rows, tokenizer, skip_special_tokens=skip_special_tokens)
-
-    def messages(self, rows: int | slice | Sequence[int] | np.ndarray | None = None) -> list[list[Any]]:
-        """The chat prompt of each row (its ``raw_prompt``) as ``Message(role, content)`` pairs."""
-        from zarr_skip.readable.text import chat_rows
-
-        return chat_rows(self, rows)
-
-    # -- readable views (zarr_skip.notebook.browse, imported when used) ------------------------
-
-    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
-        """Row ``row`` drawn in full (prompt, response, badges, tokens by log-prob); lazy."""
-        from zarr_skip.notebook import browse
-
-        return browse.rollout(self, row, tokenizer=tokenizer, max_length=max_length)
-
-    def group(
-        self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
-    ) -> GroupView:
-        """The GRPO group ``uid`` (or that of row ``row``): its responses side by side; lazy."""
-        from zarr_skip.notebook import browse
-
-        return browse.group(self, uid, row=row, tokenizer=tokenizer, max_length=max_length)
-
-    def find(
-        self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
-    ) -> RolloutList:
-        """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
-        ``best`` / ``worst``: see :func:`zarr_skip.notebook.finding.find_rows`."""
-        from zarr_skip.notebook import browse
-
-        return browse.find(self, tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
-
-    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
-        """Page ``k`` of the step's rollouts, ``size`` rows a page; reads its rows when shown."""
-        from zarr_skip.notebook import browse
-
-        return browse.page(self, k, size, tokenizer=tokenizer, max_length=max_length)
-
     def __repr__(self) -> str:
         from zarr_skip.notebook.display import step_repr
 
@@ -252,6 +211,12 @@ class LazyColumn:
         self._allow_pickle = allow_pickle
         self._lengths: np.ndarray | None = None
         self._rows = sum(p.rows for p in parts)
+        # mini-batches storing repeated rows once (dictionary-encoded) are read by DictColumn
+        self._dict = (
+            DictColumn(storage, self.spec, [p.specs[name] for p in parts], self._parts, allow_pickle)
+            if any(is_dictionary(a) for a in self._parts)
+            else None
+        )
 
     def __len__(self) -> int:
         return self._rows
@@ -271,10 +236,14 @@ class LazyColumn:
         """Per-row lengths of a jagged column (tokens, bytes or elements), read once."""
         if not self.spec.jagged:
             raise TypeError(f"column {self.name!r} is not jagged")
+        if self._lengths is None and self._dict is not None:
+            self._lengths = self._dict.lengths()
         if self._lengths is None:
-            parts = [p["lengths"] for p in self._parts]
-            self._lengths = read_range(self._storage, parts, 0, self._rows, np.dtype(np.int64), ())
+            self._lengths = read_ranges(self._storage, [self._lengths_whole()])[0]
         return self._lengths
+
+    def _lengths_whole(self) -> Range:
+        return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
 
     def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> Any:
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
@@ -303,22 +272,74 @@ class LazyColumn:
             raise IndexError(f"column {self.name!r}: row index out of range for {self._rows} rows")
         return self._select(idx)
 
+    # -- the array protocol: see zarr_skip.format.arrays for what each kind answers -----------
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        """Rows, ``None`` for a ragged dimension, the per-row shape (``(rows,)`` for objects)."""
+        return arrays.logical_shape(self.spec, self._rows)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype | torch.dtype:
+        """What ``col[:]`` holds: a torch dtype for torch columns, numpy's for the others."""
+        return arrays.logical_dtype(self.spec)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(col)``: every row (see :mod:`zarr_skip.format.arrays`); ValueError for
+        ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
+        if copy is False:
+            raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
+        stored = self._stored(read_ranges(self._storage, self._whole()))
+        return arrays.as_numpy(self.spec, stored, dtype, allow_pickle=self._allow_pickle, plain=self._plain)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
+        if self._dict is not None:  # repeated rows: decoded once each, as col[:] does
+            rows = self[:]
+            return iter(rows.unbind() if self.spec.kind == "nested" else rows)
+        lengths = self.lengths() if self.spec.jagged else None
+        return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
+
     def _whole(self) -> list[Range]:
         """What reading every row takes: the data, or the lengths and the values (whose range
         is known from the metadata, so both are read at once)."""
         spec = self.spec
         if not spec.jagged:
             return [([p["data"] for p in self._parts], 0, self._rows, spec.storage_dtype, spec.storage_shape)]
+        if self._dict is not None:
+            return self._dict.whole_ranges()
         values = [p["values"] for p in self._parts]
         return [
             ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ()),
             (values, 0, sum(a.rows for a in values), spec.storage_dtype, spec.storage_shape),
         ]
 
+    def _stored(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays :meth:`_whole` named as a plain column stores them (``data``, or per-row
+        ``lengths`` and ``values``)."""
+        if not self.spec.jagged:
+            return {"data": arrays[0]}
+        if self._dict is not None:
+            return self._dict.expand_whole(arrays)
+        return {"lengths": arrays[0], "values": arrays[1]}
+
+    def _lengths_ranges(self) -> list[Range]:
+        """What reading every row's length takes; :meth:`_lengths_of` gives the lengths."""
+        return self._dict.lengths_ranges() if self._dict is not None else [self._lengths_whole()]
+
+    def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        return self._dict.lengths_of(arrays) if self._dict is not None else arrays[0]
+
     def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
         """The column from the arrays :meth:`_whole` named."""
         if not self.spec.jagged:
             return restore(self.spec, {"data": arrays[0]})
+        if self._dict is not None:
+            return self._dict.restore_whole(arrays)
         self._lengths, values = arrays
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
@@ -333,6 +354,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], start, stop, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(np.arange(start, stop, dtype=np.int64))
         fetched: Fetched = {}
         lengths, vstart = self._lengths_range(start, stop, fetched)
         values = read_range(
@@ -438,6 +461,8 @@ class LazyColumn:
                 self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
             )
             return restore(spec, {"data": data})
+        if self._dict is not None:
+            return self._dict.rows(idx)
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
         # value positions of every selected row, in order: starts repeated, plus 0..len-1

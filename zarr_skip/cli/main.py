@@ -308,8 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    # torch announces its tracing machinery the first time a process builds a jagged tensor
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     log = logging.getLogger("zarr_skip")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))

@@ -293,8 +293,13 @@ def array_metadata(
     separator: str = "/",
     *,
     shard: int = 1,
+    dimension_names: Sequence[str] | None = None,
+    attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The zarr v3 ``zarr.json`` document of an array we write.
+
+    ``dimension_names`` and ``attributes`` describe the array to other zarr tools (see
+    :mod:`zarr_skip.format.describe`).
 
     ``shard > 1``: the array's chunks are stored back to back in one file (zarr's
     ``sharding_indexed`` codec, the index of ``(offset, nbytes)`` pairs at the end), so an array
@@ -315,7 +320,7 @@ def array_metadata(
                 },
             }
         ]
-    return {
+    doc: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(shape),
@@ -324,8 +329,11 @@ def array_metadata(
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
         "fill_value": False if dtype.kind == "b" else 0,
         "codecs": codecs,
-        "attributes": {},
+        "attributes": dict(attributes or {}),
     }
+    if dimension_names is not None:
+        doc["dimension_names"] = list(dimension_names)
+    return doc
 
 
 _INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]

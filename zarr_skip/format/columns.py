@@ -25,17 +25,15 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format import dictionary
 from zarr_skip.format.jsonvalues import json_rows, to_json_value
 from zarr_skip.format.specs import (
     NARROW_ORDER,
-    TORCH_NUMPY,
-    UINT_OF_SIZE,
     ColumnSpec,
     EncodedBatch,
     EncodedColumn,
@@ -43,8 +41,14 @@ from zarr_skip.format.specs import (
     StoredArray,
     dtype_name,
     is_dataproto,
+    is_tensor,
     is_tensordict,
+    torch_numpy,
+    uint_of_size,
 )
+
+if TYPE_CHECKING:  # torch loads with the first tensor, not at import
+    import torch
 
 # ---------------------------------------------------------------------------------------------
 # encoding
@@ -118,7 +122,7 @@ def _keys(container: Any) -> list[str]:
 
 def encode_column(name: str, value: Any, *, section: str = "", allow_pickle: bool = False) -> EncodedColumn:
     """Encode one column (see the module docstring for the kinds)."""
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         if value.is_nested:
             return _encode_nested(name, value, section)
         return _encode_tensor(name, value, section)
@@ -151,17 +155,13 @@ def _tensor_to_numpy(t: torch.Tensor, name: str) -> np.ndarray:
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype in TORCH_NUMPY:
+    if t.dtype in torch_numpy():
         return t.numpy()
-    if (
-        t.is_quantized
-        or t.dtype.itemsize not in UINT_OF_SIZE
-        or t.dtype.is_complex
-        and (t.dtype.itemsize not in UINT_OF_SIZE)
-    ):
+    uints = uint_of_size()
+    if t.is_quantized or t.dtype.itemsize not in uints or t.dtype.is_complex and (t.dtype.itemsize not in uints):
         raise UnsupportedColumnError(f"column {name!r}: torch dtype {t.dtype} is not supported")
     try:
-        return t.view(UINT_OF_SIZE[t.dtype.itemsize]).numpy()
+        return t.view(uints[t.dtype.itemsize]).numpy()
     except (RuntimeError, TypeError) as exc:
         raise UnsupportedColumnError(f"column {name!r}: torch dtype {t.dtype} cannot be stored ({exc})") from None
 
@@ -175,6 +175,8 @@ def _encode_tensor(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
 
 
 def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
+    import torch
+
     if t.layout != torch.jagged:
         raise UnsupportedColumnError(
             f"column {name!r}: only jagged NestedTensors (layout=torch.jagged) are supported, got layout {t.layout}"
@@ -190,10 +192,19 @@ def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
         values = t.values()[int(offsets[0]) : int(offsets[-1])]
         lengths = offsets.diff()
     spec = ColumnSpec(name, "nested", dtype_name(t.dtype), tuple(values.shape[1:]), "torch", section)
+    return _jagged_column(spec, _tensor_to_numpy(values, name), lengths.numpy())
+
+
+def _jagged_column(spec: ColumnSpec, values: np.ndarray, lengths: np.ndarray) -> EncodedColumn:
+    """A jagged column's arrays: its rows, or its distinct rows and a code per row when rows
+    repeat (see :mod:`zarr_skip.format.dictionary`)."""
+    repeated = dictionary.repeated_rows(values, lengths)
+    if repeated is None:
+        return EncodedColumn(spec, len(lengths), {"values": narrow(values), "lengths": narrow(lengths)})
+    codes, entries = repeated
+    values, lengths = dictionary.gather_rows(values, lengths, entries)
     return EncodedColumn(
-        spec,
-        int(lengths.shape[0]),
-        {"values": narrow(_tensor_to_numpy(values, name)), "lengths": narrow(lengths.numpy())},
+        spec, len(codes), {"codes": narrow(codes), "values": narrow(values), "lengths": narrow(lengths)}
     )
 
 
@@ -220,7 +231,7 @@ def _encode_objects(name: str, rows: Sequence[Any], container: str, section: str
     if "" in kinds:
         kinds = {_row_kind(r) for r in rows}
     if kinds == {"str"}:
-        blobs = [r.encode("utf-8", "surrogatepass") for r in rows]
+        blobs = dictionary.shared_blobs(rows, _utf8)
         return _bytes_column(ColumnSpec(name, "str", "str", (), container, section), blobs)
     if kinds == {"array"} and container in ("object", "list"):
         return _encode_rows(name, rows, container, section)
@@ -230,7 +241,7 @@ def _encode_objects(name: str, rows: Sequence[Any], container: str, section: str
         if bad is None:
             return _bytes_column(ColumnSpec(name, "json", "json", (), container, section), blobs)
     if allow_pickle:
-        blobs = [pickle.dumps(r, protocol=5) for r in rows]
+        blobs = dictionary.shared_blobs(rows, _pickled)
         return _bytes_column(ColumnSpec(name, "pickle", "pickle", (), container, section), blobs)
     if bad is None:
         i, first = next((i, r) for i, r in enumerate(rows) if _row_kind(r) not in ("str", "json"))
@@ -258,10 +269,25 @@ def _row_kind(row: Any) -> str:
     return "other"
 
 
+def _utf8(row: str) -> bytes:
+    return row.encode("utf-8", "surrogatepass")
+
+
+def _pickled(row: Any) -> bytes:
+    return pickle.dumps(row, protocol=5)
+
+
 def _bytes_column(spec: ColumnSpec, blobs: list[bytes]) -> EncodedColumn:
+    """Rows of bytes: stored back to back, or once per distinct row with a code per row."""
+    codes, distinct = dictionary.blob_codes(blobs)
+    arrays: dict[str, StoredArray] = {}
+    if dictionary.pays(len(blobs), len(distinct)):
+        arrays["codes"] = narrow(codes)
+        blobs = distinct
     lengths = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
-    values = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    return EncodedColumn(spec, len(blobs), {"values": values, "lengths": narrow(lengths)})
+    arrays["values"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    arrays["lengths"] = narrow(lengths)
+    return EncodedColumn(spec, len(codes), arrays)
 
 
 def _encode_rows(name: str, rows: Sequence[Any], container: str, section: str) -> EncodedColumn:
@@ -277,7 +303,7 @@ def _encode_rows(name: str, rows: Sequence[Any], container: str, section: str) -
     values = np.concatenate(list(rows)) if len(rows) else np.empty((0, *trailing), dt)
     values = values.astype(dt.newbyteorder("<"), copy=False) if dt.byteorder == ">" else values
     spec = ColumnSpec(name, "rows", dt.str, trailing, container, section)
-    return EncodedColumn(spec, len(rows), {"values": narrow(values), "lengths": narrow(lengths)})
+    return _jagged_column(spec, values, lengths)
 
 
 def narrow(a: np.ndarray) -> StoredArray:

@@ -26,8 +26,10 @@ from zarr_skip.errors import ConfigError
 
 FORMAT_NAME = "zarr_skip"
 #: 2: arrays of several chunks are shards, chunk keys ``c.N``, every chunk full-shape; version 1
-#: caches are read, and marked 2 by the first write (zarr_skip 0.1 would not read those steps)
-FORMAT_VERSION = 2
+#: caches are read, and marked 2 by the first write (zarr_skip 0.1 would not read those steps).
+#: 3: jagged columns whose rows repeat may be dictionary-encoded (``codes`` plus the distinct
+#: rows), which a version 2 reader would misread; older caches are read and marked 3 likewise
+FORMAT_VERSION = 3
 
 ROOT_ATTR = "zarr_skip"
 EXPERIMENT_ATTR = "zarr_skip.experiment"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zarr_skip.errors import SchemaMismatchError, UnsupportedColumnError
+from zarr_skip.format.dictionary import gather_rows
 from zarr_skip.format.jsonvalues import json_loads
-from zarr_skip.format.specs import ColumnSpec, numpy_dtype, torch_dtype
+from zarr_skip.format.specs import ColumnSpec, jagged_tensor, numpy_dtype, torch_dtype
+
+if TYPE_CHECKING:  # torch loads with the first tensor column read, not at import
+    import torch
 
 # ---------------------------------------------------------------------------------------------
 # decoding
@@ -40,11 +43,13 @@ def restore(
         return np.ascontiguousarray(data).view(dt).reshape(data.shape[:-1])
     lengths = arrays["lengths"].astype(np.int64, copy=False)
     values = arrays["values"]
+    if "codes" in arrays:  # dictionary-encoded: the entries, expanded row by row
+        values, lengths = gather_rows(values, lengths, arrays["codes"])
     if kind == "nested":
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         vals = _to_torch(values, spec.dtype)
-        return torch.nested.nested_tensor_from_jagged(vals, offsets=torch.from_numpy(offsets))
+        return jagged_tensor(vals, _to_torch(offsets, "int64"))
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
     if kind == "rows":
@@ -77,6 +82,8 @@ def restore(
 
 
 def _to_torch(a: np.ndarray, name: str) -> torch.Tensor:
+    import torch
+
     target = torch_dtype(name)
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t if t.dtype == target else t.view(target)

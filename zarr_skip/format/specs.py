@@ -6,36 +6,27 @@ turns a batch into columns; this module holds the types both sides share.
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zarr_skip.errors import SchemaMismatchError
+
+if TYPE_CHECKING:  # torch loads when a tensor is first encoded or decoded, not at import
+    import torch
 
 JAGGED_KINDS = frozenset({"nested", "rows", "str", "json", "pickle"})
 BYTES_KINDS = frozenset({"str", "json", "pickle"})
 
-TORCH_NUMPY: dict[torch.dtype, np.dtype] = {
-    torch.bool: np.dtype(bool),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.uint16: np.dtype(np.uint16),
-    torch.uint32: np.dtype(np.uint32),
-    torch.uint64: np.dtype(np.uint64),
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.complex64: np.dtype(np.complex64),
-    torch.complex128: np.dtype(np.complex128),
-}
-UINT_OF_SIZE = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
+#: torch dtypes numpy has, by name (the same name in both)
+NUMPY_NAMES = frozenset(
+    "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
+)
 NARROW_ORDER = [np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8")]
 
 
@@ -91,8 +82,9 @@ class ColumnSpec:
         if self.kind in BYTES_KINDS:
             return np.dtype(np.uint8)
         if self.kind in ("tensor", "nested"):
-            tdt = torch_dtype(self.dtype)
-            return TORCH_NUMPY.get(tdt) or TORCH_NUMPY[UINT_OF_SIZE[tdt.itemsize]]
+            if self.dtype in NUMPY_NAMES:
+                return np.dtype(self.dtype)
+            return np.dtype(f"u{torch_dtype(self.dtype).itemsize}")  # bfloat16, float8 ... as uints
         dt = numpy_dtype(self.dtype)
         if dt.kind in "biufc":
             return dt.newbyteorder("<") if dt.byteorder == ">" else dt
@@ -187,8 +179,26 @@ class EncodedBatch:
     batch_type: str
 
 
+@functools.cache
+def torch_numpy() -> dict[torch.dtype, np.dtype]:
+    """The numpy dtype of each torch dtype numpy has."""
+    import torch
+
+    return {getattr(torch, name): np.dtype(name) for name in NUMPY_NAMES}
+
+
+@functools.cache
+def uint_of_size() -> dict[int, torch.dtype]:
+    """The torch unsigned integer dtype of each width in bytes."""
+    import torch
+
+    return {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype named ``name`` (``"bfloat16"``)."""
+    import torch
+
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
         raise SchemaMismatchError(f"unknown torch dtype {name!r} in stored column metadata")
@@ -197,6 +207,25 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
+
+
+def is_tensor(obj: object) -> bool:
+    """Whether ``obj`` is a torch tensor (without importing torch: none exists before it loads)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def jagged_tensor(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``torch.nested.nested_tensor_from_jagged(values, offsets)``, built without that function's
+    check for fx symbolic tracing, whose first call logs a warning (``is_fx_tracing will return
+    true ...``) in the user's process. Our reads are never traced; the NestedTensor is the same."""
+    try:
+        from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+    except ImportError:  # a torch without the internal constructor: the public one
+        import torch
+
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    return nested_view_from_values_offsets_lengths(values, offsets, None, ragged_idx=1)
 
 
 def is_tensordict(obj: object) -> bool:

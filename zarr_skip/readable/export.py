@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zarr_skip.errors import ConfigError, MissingDependencyError, StepNotFoundError
+from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
 from zarr_skip.readable.records import rollout_columns
 from zarr_skip.readable.tokenizers import tokenizer_for
 
@@ -129,7 +129,7 @@ def _pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet  # noqa: F401 - the writer
     except ImportError:
-        raise MissingDependencyError(
+        raise MissingExtraError(
             "writing parquet needs the 'pyarrow' package: pip install 'zarr-skip[export]'"
         ) from None
     return pyarrow

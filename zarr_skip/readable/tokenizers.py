@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from zarr_skip.errors import MissingDependencyError, TokenizerNotFoundError
+from zarr_skip.errors import MissingExtraError, TokenizerNotFoundError
 
 __all__ = [
     "ATTR_MODEL",
@@ -127,7 +127,7 @@ def _tokenizers_module() -> Any:
     try:
         return importlib.import_module("tokenizers")
     except ImportError:
-        raise MissingDependencyError(
+        raise MissingExtraError(
             "reading a tokenizer.json needs the 'tokenizers' package: pip install 'zarr-skip[text]'"
         ) from None
 
@@ -171,7 +171,7 @@ def load_tokenizer(source: Any) -> Decoder:
     TokenizerNotFoundError
         ``source`` is a string or path that does not exist locally (a hub name such as
         ``"Qwen/Qwen2.5-7B"`` is not looked up), or a file that is no tokenizer.
-    MissingDependencyError
+    MissingExtraError
         Reading a tokenizer.json needs ``tokenizers`` (``pip install 'zarr-skip[text]'``).
     """
     if isinstance(source, (str, os.PathLike)):

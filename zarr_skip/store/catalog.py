@@ -118,23 +118,38 @@ def summarized_parts(storage: Storage, experiment: str, step: int) -> tuple[str,
     requests (the step's listing and summary, then its mini-batch records), or None when
     anything is off: no summary, another run beside it, a record missing, incomplete or not
     the one expected. The caller then scans the step (:func:`scan_step`), which says why."""
-    path = layout.join(experiment, str(step))
-    (names,), (blob,) = storage.list_and_get([path], [layout.meta_key(path)])
-    try:
-        summary = _summary(blob, storage.key_path(layout.meta_key(path)))
-        if summary is None or _children(names) != [summary["run"]]:
-            return None
-        run, expected = str(summary["run"]), int(summary["expected"])
-    except (MetadataError, TypeError, ValueError):
-        return None
-    keys = [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]
-    parts = []
-    for i, (key, blob) in enumerate(zip(keys, storage.get_many(keys), strict=True)):
-        record = _part_record(blob, storage.key_path(key))
-        if record is None or record.run != run or record.index != i or not record.complete:
-            return None
-        parts.append(record)
-    return run, parts
+    return summarized_steps(storage, experiment, [step])[0]
+
+
+def summarized_steps(
+    storage: Storage, experiment: str, steps: Sequence[int]
+) -> list[tuple[str, list[PartRecord]] | None]:
+    """:func:`summarized_parts` of several steps, in the same two rounds of requests."""
+    paths = [layout.join(experiment, str(step)) for step in steps]
+    listings, blobs = storage.list_and_get(paths, [layout.meta_key(p) for p in paths])
+    owners: list[tuple[str, list[str]] | None] = []
+    for path, names, blob in zip(paths, listings, blobs, strict=True):
+        try:
+            summary = _summary(blob, storage.key_path(layout.meta_key(path)))
+            if summary is None or _children(names) != [summary["run"]]:
+                owners.append(None)
+                continue
+            run, expected = str(summary["run"]), int(summary["expected"])
+        except (MetadataError, TypeError, ValueError):
+            owners.append(None)
+            continue
+        owners.append((run, [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]))
+    records = iter(storage.get_many([k for o in owners if o is not None for k in o[1]]))
+    found: list[tuple[str, list[PartRecord]] | None] = []
+    for owner in owners:
+        if owner is None:
+            found.append(None)
+            continue
+        run, keys = owner
+        parts = [_part_record(next(records), storage.key_path(key)) for key in keys]
+        whole = all(p is not None and p.run == run and p.index == i and p.complete for i, p in enumerate(parts))
+        found.append((run, [p for p in parts if p is not None]) if whole else None)
+    return found
 
 
 def step_infos(
@@ -184,3 +199,26 @@ def _part_record(blob: bytes | None, where: str) -> PartRecord | None:
     except (MetadataError, KeyError, TypeError, ValueError) as exc:
         logger.warning("ignoring unreadable mini-batch record %s: %s", where, exc)
         return None
+
+
+def experiment_info(storage: Storage, experiment: str) -> dict[str, Any]:
+    """The experiment's recorded information (:data:`~zarr_skip.format.layout.INFO_ATTR`)."""
+    key = layout.meta_key(experiment)
+    where = storage.key_path(key)
+    return dict(attribute(parse_json(storage.get(key), where), layout.INFO_ATTR, where) or {})
+
+
+def update_experiment_info(storage: Storage, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``values`` over the experiment's recorded information; rewrites its group's
+    ``zarr.json`` only when that changes it. Returns the information now stored."""
+    key = layout.meta_key(experiment)
+    where = storage.key_path(key)
+    doc = parse_json(storage.get(key), where)
+    if doc is None:
+        raise MetadataError(f"{where}: the experiment group's metadata is missing")
+    attrs = dict(doc.get("attributes") or {})
+    info = {**(attribute(doc, layout.INFO_ATTR, where) or {}), **dict(values)}
+    if attrs.get(layout.INFO_ATTR) != info:
+        storage.set(key, group_doc({**attrs, layout.INFO_ATTR: info}))
+        logger.debug("%s: experiment information %s", where, sorted(values))
+    return info

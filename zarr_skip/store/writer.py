@@ -33,6 +33,7 @@ from typing import Any
 
 from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from zarr_skip.format import chunks, layout
+from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
 from zarr_skip.format.state import HOST, owner
 from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
@@ -298,7 +299,17 @@ def _write_arrays(
             count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
             codec = compression.for_dtype(arr.dtype)
-            meta = chunks.array_metadata(arr.shape, shape_chunks, arr.dtype, codec, sep, shard=count)
+            about = describe_array(col.spec, aname, arr.ndim, arr.dtype.name, dictionary="codes" in col.arrays)
+            meta = chunks.array_metadata(
+                arr.shape,
+                shape_chunks,
+                arr.dtype,
+                codec,
+                sep,
+                shard=count,
+                dimension_names=about.dimension_names,
+                attributes=about.attributes,
+            )
             docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
             slots = list(range(len(encoded), len(encoded) + count))
             encoded += [None] * count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zarr_skip.synthetic.payloads import PAYLOADS
 from zarr_skip.synthetic.rollouts import (
     EOS_ID,
     LOG_PROB_MIN,
@@ -23,6 +24,7 @@ __all__ = [
     "LOG_PROB_MIN",
     "LOG_PROB_MIX",
     "PAD_ID",
+    "PAYLOADS",
     "PRESETS",
     "TOKENIZER_PATH",
     "VOCAB_SIZE",

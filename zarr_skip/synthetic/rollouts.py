@@ -37,6 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarr_skip.format.specs import jagged_tensor
+from zarr_skip.synthetic.payloads import PAYLOADS, realistic_per_group
+
 __all__ = [
     "EOS_ID",
     "PAD_ID",
@@ -327,7 +330,12 @@ def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
     return _Rollout(p, int(step), plen, rlen, ptok, rtok, lp, uids, data_source, prompt_text, ground_truth, index)
 
 
-def _non_tensor_per_group(r: _Rollout) -> dict[str, list]:
+def _non_tensor_per_group(r: _Rollout, payload: str = "minimal") -> dict[str, list]:
+    if payload not in PAYLOADS:
+        raise ValueError(f"unknown payload {payload!r}; choose from {list(PAYLOADS)}")
+    if payload == "realistic":
+        rng = np.random.default_rng([r.step, int(r.index.sum()), 0xFA7])
+        return realistic_per_group(rng, r.uids, r.data_source, r.prompt_text, r.ground_truth, r.index.tolist())
     return {
         "uid": list(r.uids),
         "data_source": list(r.data_source),
@@ -347,7 +355,7 @@ def _object_array(items: list) -> np.ndarray:
 # --------------------------------------------------------------------------- public API
 
 
-def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1) -> DataProtoLike:
+def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1, payload: str = "minimal") -> DataProtoLike:
     """verl's padded ``DataProto`` for one rollout step (what verl pickles as ``gen_batch.dp``).
 
     ``batch``: ``prompts`` (rows, max_prompt) left-padded, ``responses`` (rows, max_response)
@@ -356,7 +364,8 @@ def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1) -> DataP
     (float32, zero in padding).  ``non_tensor_batch``: numpy object arrays with one entry per
     row (``uid``, ``data_source``, ``raw_prompt``, ``reward_model``, ``extra_info``); the ``n``
     rows of a GRPO group share a prompt and a uid (verl's ``repeat(interleave=True)``, which
-    shares the same Python objects).  Deterministic for ``(preset, seed, step)``.
+    shares the same Python objects); ``payload="realistic"`` gives them real sizes
+    (:mod:`zarr_skip.synthetic.payloads`).  Deterministic for ``(preset, seed, step)``.
     """
     r = _generate(preset, seed, step)
     p = r.preset
@@ -399,7 +408,7 @@ def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1) -> DataP
         "response_mask": response_mask,
         "old_log_probs": old_log_probs,
     }
-    non_tensor = {k: np.repeat(_object_array(v), p.n) for k, v in _non_tensor_per_group(r).items()}
+    non_tensor = {k: np.repeat(_object_array(v), p.n) for k, v in _non_tensor_per_group(r, payload).items()}
     meta_info = {
         "global_steps": int(step),
         "temperature": 1.0,
@@ -412,10 +421,12 @@ def padded_batch(preset: Preset | str, seed: int = 0, *, step: int = 1) -> DataP
 
 
 def _nested(values: np.ndarray, offsets: torch.Tensor) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), offsets)
+    return jagged_tensor(torch.from_numpy(values), offsets)
 
 
-def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1, non_tensor: bool = True) -> dict[str, Any]:
+def jagged_payload(
+    preset: Preset | str, seed: int = 0, *, step: int = 1, non_tensor: bool = True, payload: str = "minimal"
+) -> dict[str, Any]:
     """verl's TransferQueue payload for one rollout step (what verl saves as ``tq_batch.pt``).
 
     Returns ``{"tensordict": TensorDict, "tags": list[dict], "keys": list[str],
@@ -425,8 +436,8 @@ def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1, non_te
     ``response_len`` and ``seq_len``, and -- when ``non_tensor`` -- the non-tensor fields
     (``uid``, ``data_source``, ``raw_prompt``, ``reward_model``, ``extra_info``) as
     ``NonTensorStack``s.  Keys are ``{uid}_{session}_0`` (``session`` = sample index within the
-    GRPO group).  When tensordict is not installed ``"tensordict"`` is a plain dict of the
-    tensor fields (non-tensor fields are then omitted).
+    GRPO group); ``payload`` as for :func:`padded_batch`.  When tensordict is not installed
+    ``"tensordict"`` is a plain dict of the tensor fields (non-tensor fields are then omitted).
     """
     r = _generate(preset, seed, step)
     p = r.preset
@@ -449,7 +460,7 @@ def jagged_payload(preset: Preset | str, seed: int = 0, *, step: int = 1, non_te
     else:
         td = TensorDict(fields, batch_size=[p.rows])
         if non_tensor:
-            for k, v in _non_tensor_per_group(r).items():
+            for k, v in _non_tensor_per_group(r, payload).items():
                 per_row = [x for x in v for _ in range(p.n)]
                 td[k] = NonTensorStack(*per_row)
 
