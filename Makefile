@@ -36,6 +36,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
+	$(PY) -m benchmarks.bench_tables --out benchmarks/results
 
 clean:
 	rm -rf demo_cache .pytest_cache .hypothesis build *.egg-info

@@ -55,6 +55,7 @@ class Runner:
         self.env.setdefault("NO_COLOR", "1")
         self.log = open(log_path, "a")  # noqa: SIM115 - closed in close()
         self.zygote: subprocess.Popen | None = None
+        self._pending = b""  # bytes read from the zygote's stdout, not yet a whole line
         self.zarr_too = zarr_too
 
     def _start_zygote(self) -> subprocess.Popen:
@@ -79,6 +80,7 @@ class Runner:
             return self._spawn(spec, timeout)
         if self.zygote is None or self.zygote.poll() is not None:
             self.zygote = self._start_zygote()
+            self._pending = b""
         z = self.zygote
         assert z.stdin is not None and z.stdout is not None
         z.stdin.write(json.dumps(spec) + "\n")
@@ -91,14 +93,20 @@ class Runner:
         result: dict[str, Any] | None = None
         try:
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sel.select(left):
-                    self._restart_zygote()  # kills the zygote's process group (its child too)
-                    return {"error": f"timeout after {timeout:.0f} s"}
-                line = z.stdout.readline()
-                if not line:
-                    self.zygote = None
-                    return {"error": f"zygote exited ({z.poll()}); see {self.log.name}"}
+                # lines are split here from raw reads of the pipe: a buffered readline() could
+                # take two lines at once and leave the second in its buffer, unseen by select()
+                while b"\n" not in self._pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not sel.select(left):
+                        self._restart_zygote()  # kills the zygote's process group (its child too)
+                        return {"error": f"timeout after {timeout:.0f} s"}
+                    chunk = os.read(z.stdout.fileno(), 1 << 16)
+                    if not chunk:
+                        self.zygote = None
+                        return {"error": f"zygote exited ({z.poll()}); see {self.log.name}"}
+                    self._pending += chunk
+                raw, _, self._pending = self._pending.partition(b"\n")
+                line = raw.decode()
                 if line.startswith(RESULT_MARK):
                     result = json.loads(line[len(RESULT_MARK) :])
                 elif line.startswith("BENCH_DONE "):

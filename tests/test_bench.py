@@ -42,3 +42,19 @@ def test_the_floor_of_repeated_rows_counts_each_distinct_value_once() -> None:
     assert once < repeated <= once + 16 * 8 * 4 // 8 + 1  # plus 4 bits per row: which of 16 values
     floor = jagged_floor("small", 0, 1, payload="realistic")
     assert floor["parts"]["extra_info"] > jagged_floor("small", 0, 1)["parts"]["extra_info"]
+
+
+def test_the_tables_benchmark_runs(tmp_path: object) -> None:
+    """bench_tables end to end on a few small steps: every row of its report is there."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.bench_tables import main
+
+    out = Path(str(tmp_path))
+    main(["--parts", "arrays,tables", "--steps", "3", "--preset", "small", "--array-preset", "small",
+          "--reps", "1", "--out", str(out)])  # fmt: skip
+    res = json.loads((out / "tables.json").read_text())
+    assert set(res["arrays"]["columns"]) == {"responses", "old_log_probs", "prompt_len", "uid", "tags"}
+    assert res["tables_local"]["rows"] == 3 * 128 and res["tables_local"]["table_cold"] > 0
+    assert "Cache.table on local disk" in (out / "tables.md").read_text()

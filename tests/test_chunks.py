@@ -74,12 +74,15 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
             for name, column in part["columns"].items():
                 for aname, array in column["arrays"].items():
                     assert array.pop("separator") == "."
+                    array.pop("crc32c")  # 0.1 recorded no chunk crcs, nor the record's place
                     where = data / name / aname if len(column["arrays"]) > 1 else data / name
                     if array.pop("shard", False):
                         _unshard(where, array)
                     if array["sizes"] and array["shape"][0] % array["chunk"]:
                         array["sizes"][-1] = _cut_last_chunk(where, array)
                         cut += 1
+            for key in ("experiment", "step", "expected"):
+                part.pop(key)
             part["checksum"] = layout.doc_checksum(part)
         if meta == root / "zarr.json":
             doc["attributes"]["zarr_skip"]["version"] = 1
@@ -248,7 +251,7 @@ def test_rows_read_right_whatever_the_chunk_rows_say(tmp_path: Path, fingerprint
     assert _edit_first_rows(tmp_path, _EDITS[edit]) >= 4
     reopened = zs.open_cache(str(tmp_path), fingerprint)
     if edit == "short":
-        with pytest.raises(zs.MetadataError, match=r"step 4, .*malformed mini-batch metadata.*first_rows"):
+        with pytest.raises(zs.MetadataError, match=r"step 4, .*first_rows"):
             reopened.load(4)
         return
     merged = concat(parts)

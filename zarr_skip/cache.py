@@ -26,16 +26,16 @@ from zarr_skip.format import chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
+from zarr_skip.reading import CacheReading
 from zarr_skip.store.catalog import (
     attribute,
-    experiment_info,
+    check_experiment,
     group_doc,
     list_steps,
     scan_step,
     step_infos,
     summarized_parts,
     summarized_steps,
-    update_experiment_info,
 )
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     import pandas
 
     from zarr_skip.maintenance import GcReport, VerifyReport
-    from zarr_skip.readable.export import ExportReport
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ def open_cache(
     )
 
 
-class Cache:
+class Cache(CacheReading):
     """A rollout cache at one location, bound to one experiment. Use :func:`open_cache`."""
 
     def __init__(
@@ -131,7 +130,8 @@ class Cache:
         )
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
-        self._attributes: dict[str, Any] | None = None
+        #: experiment groups found damaged by :meth:`experiments`: path -> why
+        self._damaged: dict[str, str] = {}
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -214,6 +214,8 @@ class Cache:
         key = layout.meta_key(name)
         where = self._storage.key_path(key)
         stored = attribute(parse_json(self._get_early(early, key), where), layout.EXPERIMENT_ATTR, where)
+        if stored is not None:
+            check_experiment(stored, name, where)
         if stored is None:
             if self.read_only:
                 raise ExperimentNotFoundError(f"experiment {name!r} not found at {self.location}")
@@ -221,6 +223,7 @@ class Cache:
             for i in range(1, len(segments)):
                 self._storage.create_if_absent(layout.meta_key("/".join(segments[:i])), group_doc())
             doc = {"name": name, "fingerprint": fp, "created": time.time()}
+            doc["checksum"] = layout.doc_checksum(doc)
             self._storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
             stored = attribute(self._read_created(key, where), layout.EXPERIMENT_ATTR, where)
         theirs = (stored or {}).get("fingerprint")
@@ -240,9 +243,16 @@ class Cache:
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
         found: dict[str, dict[str, Any]] = {}
+        self._damaged = {}
         level = [""]
         for _ in range(6):
             listings = self._storage.list_dirs(level)
+            for parent, names in zip(level, listings, strict=True):
+                if parent and parent not in found and any(layout.is_step_name(n) for n in names):
+                    self._damaged.setdefault(
+                        parent,
+                        f"{self._storage.key_path(layout.meta_key(parent))}: holds steps but no experiment record",
+                    )
             children = [
                 layout.join(parent, n)
                 for parent, names in zip(level, listings, strict=True)
@@ -256,25 +266,22 @@ class Cache:
             for path, doc in zip(children, docs, strict=True):
                 exp = attribute(doc, layout.EXPERIMENT_ATTR, path)
                 if exp is not None:
+                    try:
+                        check_experiment(exp, path, self._storage.key_path(layout.meta_key(path)))
+                    except MetadataError as exc:
+                        self._damaged[path] = str(exc)
+                        continue
                     found[path] = dict(exp.get("fingerprint", {}))
-                if doc is not None and doc.get("node_type") == "group":
-                    level.append(path)  # experiments may nest (a role below its verl name)
+                if doc is None or doc.get("node_type") != "array":
+                    # experiments may nest (a role below its verl name); a group whose record
+                    # was lost or damaged is walked too, so the steps below it are not hidden
+                    level.append(path)
         return dict(sorted(found.items()))
 
-    @property
-    def attributes(self) -> dict[str, Any]:
-        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
-        ``model`` paths, ...), from its group's attributes: read once, on first use."""
-        if self._attributes is None:
-            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
-        return dict(self._attributes)
-
-    def set_attributes(self, values: Mapping[str, Any]) -> None:
-        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
-        (writers recording the same values may race; of different values the last one wins)."""
-        if self.read_only or self.experiment is None:
-            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
-        self._attributes = update_experiment_info(self._storage, self.experiment, values)
+    def damaged_experiments(self) -> dict[str, str]:
+        """Experiment groups whose record is damaged or missing beside stored steps: path -> why."""
+        self.experiments()
+        return dict(self._damaged)
 
     @property
     def run_id(self) -> str:
@@ -293,6 +300,8 @@ class Cache:
                     f"{self.location} holds several experiments ({', '.join(names)}); open one "
                     "with open_cache(location, experiment=NAME)"
                 )
+            if self._damaged:
+                raise MetadataError(f"{self.location}: damaged experiment record: {'; '.join(self._damaged.values())}")
             return ""
         return self.experiment
 
@@ -392,6 +401,10 @@ class Cache:
         if fast is not None:
             return self._view(step, path, *fast, allow_pickle=allow_pickle)
         scan = scan_step(self._storage, exp, step)
+        if scan.misplaced:
+            _, why = scan.misplaced[0]
+            more = f" (and {len(scan.misplaced) - 1} more)" if len(scan.misplaced) > 1 else ""
+            raise MetadataError(f"step {step}: {why}{more}")
         if not scan.exists:
             raise StepNotFoundError(self._missing(step))
         info = scan.info(time.time(), self.lease)
@@ -442,7 +455,7 @@ class Cache:
         return StepView(
             self._storage,
             step,
-            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc) for p in parts],
+            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc, self.experiment) for p in parts],
             allow_pickle=allow_pickle,
             cache=self,
         )
@@ -454,15 +467,6 @@ class Cache:
             f"step {step} not found in experiment {self.experiment!r} at {self.location} "
             f"(complete steps: {near or 'none'})"
         )
-
-    def export(
-        self, path: str | os.PathLike[str], steps: Any = None, *, format: Any = None, tokenizer: Any = None
-    ) -> ExportReport:
-        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines, with
-        text when a tokenizer is known: see :func:`zarr_skip.readable.export.export_rollouts`."""
-        from zarr_skip.readable.export import export_rollouts
-
-        return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)
 
     # -- maintenance ------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.reading import StepReading
-from zarr_skip.store.blocks import iter_rows
+from zarr_skip.store import reads
+from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
@@ -26,6 +27,8 @@ from zarr_skip.store.storage import Storage
 if TYPE_CHECKING:
     import pandas
     import torch
+
+_INT64 = np.dtype(np.int64)
 
 #: a row read fetches the values chunks its rows lie in together with their lengths when they
 #: are at most this many (a read of more is bound by decoding, and would hold them all at once)
@@ -43,8 +46,7 @@ class StepView(StepReading):
     columns : column names, in stored order.
     meta_info : the first mini-batch's batch-level metadata.
     minibatches : one view per mini-batch, in index order.
-    cache : the :class:`~zarr_skip.Cache` the view was loaded from (None when made directly);
-        its attributes name the tokenizer that :meth:`text` decodes with by default.
+    cache : the Cache the view was loaded from (None when made directly): see StepReading.
     """
 
     def __init__(
@@ -239,7 +241,7 @@ class LazyColumn:
         if self._lengths is None and self._dict is not None:
             self._lengths = self._dict.lengths()
         if self._lengths is None:
-            self._lengths = read_ranges(self._storage, [self._lengths_whole()])[0]
+            self._lengths = reads.checked_lengths(read_ranges(self._storage, [self._lengths_whole()])[0], self._parts)
         return self._lengths
 
     def _lengths_whole(self) -> Range:
@@ -298,9 +300,9 @@ class LazyColumn:
 
     def __iter__(self) -> Iterator[Any]:
         """The rows, as ``col[i]`` gives them, read :data:`ITER_CHUNKS` chunks at a time (each once)."""
-        if self._dict is not None:  # repeated rows: decoded once each, as col[:] does
-            rows = self[:]
-            return iter(rows.unbind() if self.spec.kind == "nested" else rows)
+        few = sum(len(a.sizes) for arrs in self._parts for a in arrs.values()) <= ITER_CHUNKS
+        if few or self._dict is not None:  # one block, or repeated rows (decoded once each): as col[:]
+            return iter(rows_of(self[:]))
         lengths = self.lengths() if self.spec.jagged else None
         return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
@@ -325,14 +327,15 @@ class LazyColumn:
             return {"data": arrays[0]}
         if self._dict is not None:
             return self._dict.expand_whole(arrays)
-        return {"lengths": arrays[0], "values": arrays[1]}
+        return {"lengths": reads.checked_lengths(arrays[0], self._parts), "values": arrays[1]}
 
     def _lengths_ranges(self) -> list[Range]:
         """What reading every row's length takes; :meth:`_lengths_of` gives the lengths."""
         return self._dict.lengths_ranges() if self._dict is not None else [self._lengths_whole()]
 
     def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        return self._dict.lengths_of(arrays) if self._dict is not None else arrays[0]
+        d = self._dict
+        return reads.checked_lengths(arrays[0], self._parts) if d is None else d.lengths_of(arrays)
 
     def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
         """The column from the arrays :meth:`_whole` named."""
@@ -340,7 +343,7 @@ class LazyColumn:
             return restore(self.spec, {"data": arrays[0]})
         if self._dict is not None:
             return self._dict.restore_whole(arrays)
-        self._lengths, values = arrays
+        self._lengths, values = reads.checked_lengths(arrays[0], self._parts), arrays[1]
         return restore(
             self.spec, {"values": values, "lengths": self._lengths}, allow_pickle=self._allow_pickle, plain=self._plain
         )
@@ -387,14 +390,13 @@ class LazyColumn:
         ahead = self._values_ahead(
             (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
         )
+        lo, hi = int(row_starts[first]), int(row_starts[last])  # all their rows: checked against their values
         lens = read_ranges(
-            self._storage,
-            [([p["lengths"] for p in self._parts], int(row_starts[first]), stop, np.dtype(np.int64), ())],
-            prefetch=ahead,
-            fetched=fetched,
+            self._storage, [([p["lengths"] for p in self._parts], lo, hi, _INT64, ())], prefetch=ahead, fetched=fetched
         )[0]
+        reads.checked_lengths(lens, self._parts[first:last])
         before = start - int(row_starts[first])
-        return lens[before:], int(value_starts[first]) + int(lens[:before].sum())
+        return lens[before : stop - lo], int(value_starts[first]) + int(lens[:before].sum())
 
     def _starts(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each mini-batch's rows and values start in the merged column (its row and
@@ -444,6 +446,8 @@ class LazyColumn:
             prefetch=ahead,
             fetched=fetched,
         )
+        for p, part_lengths in zip(touched, lens, strict=True):
+            reads.checked_lengths(part_lengths, [self._parts[p]])
         if len(touched) == len(self._parts):
             self._lengths = np.concatenate(lens)
         sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)

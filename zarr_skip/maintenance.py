@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError
-from zarr_skip.format import chunks, layout
-from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, owner, writer_alive
-from zarr_skip.store.catalog import list_steps, scan_steps
-from zarr_skip.store.reads import Part
+from zarr_skip.format import chunks, layout, records
+from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
+from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
+from zarr_skip.store.reads import ArrayPart, Part, checked_entries
+from zarr_skip.store.storage import Storage, parse_json
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
@@ -34,7 +35,7 @@ class Problem:
     kind: str
 
     def __str__(self) -> str:
-        where = f"step {self.step}"
+        where = f"step {self.step}" if self.step >= 0 else "experiment"
         if self.minibatch is not None:
             where += f", mini-batch {self.minibatch}"
         if self.column is not None:
@@ -50,6 +51,9 @@ class VerifyReport:
     chunks: int
     nbytes: int
     problems: tuple[Problem, ...]
+    #: steps holding records of older writers, which do not name their place: a chunk or
+    #: record of theirs moved or swapped could not be told apart (not a problem by itself)
+    unbound: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -75,7 +79,13 @@ class GcReport:
 def verify(
     cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int, int], Any] | None = None
 ) -> VerifyReport:
-    """Read every chunk of complete steps and check presence, size and crc32c.
+    """Read every chunk of complete steps and check presence, size, crc32c and place.
+
+    Besides each chunk's own checksum, a chunk must be the one its mini-batch's record names
+    (its crc32c there), every record must lie where it says it belongs (experiment, step, run,
+    index), a step's summary must agree with its records, and a jagged column's lengths must
+    add to its stored values. Records of older writers, which do not name their place, are
+    listed in ``unbound``.
 
     Parameters
     ----------
@@ -84,21 +94,21 @@ def verify(
         each mini-batch and the number to check (for bars).
     """
     storage = cache.storage
-    exp = cache._exp()  # noqa: SLF001 - same package
+    problems: list[Problem] = [
+        Problem(-1, None, None, path, why, "experiment") for path, why in cache.damaged_experiments().items()
+    ]
+    exp = cache._exp() if not problems else cache.experiment or ""  # noqa: SLF001 - same package
     all_steps = list_steps(storage, exp) if exp else []
     wanted = all_steps if step is None else ([step] if isinstance(step, int) else list(step))
-    problems: list[Problem] = []
-    n_chunks = n_bytes = 0
     checked: list[int] = []
-    scans = scan_steps(storage, exp, wanted) if exp else []
-    total = _planned_chunks(scans, time.time(), cache.lease)
-    if progress is not None:
-        progress(0, total)
-    for scan in scans:
+    unbound: list[int] = []
+    todo: list[tuple[int, PartRecord, Part]] = []
+    for scan in scan_steps(storage, exp, wanted) if exp else []:
         info = scan.info(time.time(), cache.lease)
         if scan.step not in all_steps:
             problems.append(Problem(scan.step, None, None, exp, "no such step", "missing"))
             continue
+        problems += [Problem(scan.step, None, None, path, why, "misplaced") for path, why in scan.misplaced]
         lost = scan.missing if scan.summary is not None and not info.complete else []
         for run, name in scan.broken + lost:
             if run == info.run:
@@ -106,86 +116,151 @@ def verify(
                 problems.append(
                     Problem(scan.step, _int(name), None, path, "metadata missing or unreadable", "metadata")
                 )
+        summary_path = storage.key_path(layout.meta_key(scan.path))
         if not info.complete:
-            if step is not None:
+            if step is not None or (scan.summary is not None and not lost):
                 problems.append(
                     Problem(scan.step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete")
                 )
             continue
+        why = summary_problem(scan, info.run)
+        if why is not None:
+            problems.append(Problem(scan.step, None, None, summary_path, why, "summary"))
         checked.append(scan.step)
         for rec in sorted((p for p in scan.parts if p.run == info.run and p.complete), key=lambda p: p.index):
             path = layout.join(scan.path, rec.run, str(rec.index))
             try:
-                part = Part.from_doc(scan.step, path, rec.doc)
+                part = Part.from_doc(scan.step, path, rec.doc, exp)
             except MetadataError as exc:
                 problems.append(Problem(scan.step, rec.index, None, storage.key_path(path), str(exc), "metadata"))
                 continue
-            for name, arrays in part.arrays.items():
-                for arr in arrays.values():
-                    keys = [arr.key(i) for i in range(len(arr.sizes))]
-                    if arr.shard:
-                        shard = storage.get(keys[0])
-                        spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
-                        blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
-                        if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
-                            problems.append(
-                                Problem(
-                                    scan.step,
-                                    rec.index,
-                                    name,
-                                    storage.key_path(keys[0]),
-                                    f"{arr.where}: the shard's index does not match its chunks "
-                                    "(zarr would misread them)",
-                                    "ChecksumError",
-                                )
-                            )
-                    else:
-                        blobs = storage.get_many(keys)
-                    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
-                        n = min(arr.chunk, arr.rows - i * arr.chunk)
-                        size = arr.sizes[i]
-                        try:
-                            if n < arr.chunk:
-                                chunks.decode_rows(
-                                    blob,
-                                    arr.dtype,
-                                    arr.shape[1:],
-                                    n,
-                                    arr.compression,
-                                    stored_size=size,
-                                    where=arr.where,
-                                )
-                            else:
-                                out = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
-                                chunks.decode_into(blob, out, arr.compression, stored_size=size, where=arr.where)
-                        except CorruptCacheError as exc:
-                            kind = type(exc).__name__
-                            problems.append(Problem(scan.step, rec.index, name, storage.key_path(key), str(exc), kind))
-                        n_chunks += 1
-                        n_bytes += len(blob or b"")
-            if progress is not None:
-                progress(n_chunks, max(total, n_chunks))
+            if not records.bound(rec.doc) and scan.step not in unbound:
+                unbound.append(scan.step)
+            todo.append((scan.step, rec, part))
+    n_chunks, n_bytes = _check_chunks(storage, todo, problems, progress)
     for p in problems:
         logger.warning("verify: %s", p)
-    return VerifyReport(tuple(checked), n_chunks, n_bytes, tuple(problems))
+    return VerifyReport(tuple(checked), n_chunks, n_bytes, tuple(problems), tuple(unbound))
 
 
-def _planned_chunks(scans: Sequence[Any], now: float, lease: float) -> int:
-    """How many chunks verifying ``scans`` reads (their complete steps' chunks, from the metadata)."""
-    total = 0
-    for scan in scans:
-        info = scan.info(now, lease)
-        if not info.complete:
-            continue
-        for rec in scan.parts:
-            if rec.run != info.run or not rec.complete:
-                continue
-            try:
-                part = Part.from_doc(scan.step, layout.join(scan.path, rec.run, str(rec.index)), rec.doc)
-            except MetadataError:  # reported by verify itself
-                continue
-            total += sum(len(arr.sizes) for arrays in part.arrays.values() for arr in arrays.values())
-    return total
+def _check_chunks(
+    storage: Storage,
+    todo: Sequence[tuple[int, PartRecord, Part]],
+    problems: list[Problem],
+    progress: Callable[[int, int], Any] | None,
+) -> tuple[int, int]:
+    """Read and check every chunk of ``todo``'s mini-batches; returns chunks and bytes read."""
+    # which recorded chunk has which crc32c and size: a chunk found in the wrong place is named
+    owners = {
+        (crc, size): f"{arr.where}, chunk {i}"
+        for _, _, part in todo
+        for arrays in part.arrays.values()
+        for arr in arrays.values()
+        for i, (crc, size) in enumerate(zip(arr.crcs or (), arr.sizes, strict=False))
+    }
+    n_chunks = n_bytes = 0
+    total = sum(len(arr.sizes) for _, _, part in todo for arrays in part.arrays.values() for arr in arrays.values())
+    if progress is not None:
+        progress(0, total)
+    for step, rec, part in todo:
+        for name, arrays in part.arrays.items():
+            decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
+            docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
+            for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
+                why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
+                if why is not None:
+                    path = storage.key_path(layout.meta_key(arr.path))
+                    problems.append(Problem(step, rec.index, name, path, why, "zarr metadata"))
+                keys = [arr.key(i) for i in range(len(arr.sizes))]
+                if arr.shard:
+                    shard = storage.get(keys[0])
+                    spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
+                    blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
+                    if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
+                        problems.append(
+                            Problem(
+                                step,
+                                rec.index,
+                                name,
+                                storage.key_path(keys[0]),
+                                f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)",
+                                "ChecksumError",
+                            )
+                        )
+                else:
+                    blobs = storage.get_many(keys)
+                for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+                    n = min(arr.chunk, arr.rows - i * arr.chunk)
+                    where = f"{arr.where}, chunk {i}"
+                    try:
+                        rows = _decode(arr, i, n, blob, where)
+                        got = decoded.get(aname)
+                        if got is not None:
+                            got.append(rows)
+                    except CorruptCacheError as exc:
+                        error = str(exc)
+                        if blob is not None and len(blob) >= 4:
+                            found = owners.get((chunks.trailer(blob), len(blob)))
+                            if found is not None and found != where:
+                                error += f"; it is {found}"
+                        problems.append(
+                            Problem(step, rec.index, name, storage.key_path(key), error, type(exc).__name__)
+                        )
+                        decoded[aname] = None
+                    n_chunks += 1
+                    n_bytes += len(blob or b"")
+            lengths, codes = decoded["lengths"], decoded["codes"]
+            if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
+                try:
+                    checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
+                except MetadataError as exc:
+                    path = storage.key_path(arrays["lengths"].path)
+                    problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
+        if progress is not None:
+            progress(n_chunks, max(total, n_chunks))
+    return n_chunks, n_bytes
+
+
+def _cat(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+
+#: what a plain zarr reader takes from an array's zarr.json to read its chunks
+_ZARR_KEYS = ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs")
+
+
+def _zarr_metadata_problem(arr: ArrayPart, blob: bytes | None, where: str) -> str | None:
+    """Why an array's ``zarr.json`` would make plain zarr misread its chunks (zarr_skip reads
+    them by the record alone), or None when it says what the record does."""
+    try:
+        doc = parse_json(blob, where)
+    except MetadataError as exc:
+        return str(exc)
+    if doc is None:
+        return f"{where}: missing (plain zarr readers cannot open the array)"
+    if arr.compression.name == "auto":  # a record too old to name each array's codec
+        return None
+    grid = (arr.chunk, *(max(1, d) for d in arr.shape[1:]))
+    shard = len(arr.sizes) if arr.shard else 1
+    want = chunks.array_metadata(arr.shape, grid, arr.dtype, arr.compression, arr.separator, shard=shard)
+    wrong = [k for k in _ZARR_KEYS if doc.get(k) != want[k]]
+    return f"{where}: {', '.join(wrong)} differ from the mini-batch's record (zarr would misread it)" if wrong else None
+
+
+def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> np.ndarray:
+    """Chunk ``i`` of ``arr`` decoded and checked (its first ``n`` rows)."""
+    size, crc = arr.sizes[i], arr.crc(i)
+    if n < arr.chunk:
+        return chunks.decode_rows(
+            blob, arr.dtype, arr.shape[1:], n, arr.compression, stored_size=size, where=where, crc=crc, chunk=arr.chunk
+        )
+    if blob is None or len(blob) != size:  # before allocating what the record says it holds
+        chunks.decode_rows(blob, arr.dtype, arr.shape[1:], 0, arr.compression, stored_size=size, where=where)
+    try:
+        out = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
+    except MemoryError:
+        raise MetadataError(f"{where}: the record's shape {arr.shape} cannot be allocated") from None
+    return chunks.decode_into(blob, out, arr.compression, stored_size=size, where=where, crc=crc)
 
 
 def gc(

@@ -1,8 +1,10 @@
-"""What a step view reads as text: decoded token ids, chat messages and the rollout views.
+"""What views and caches offer their readers: decoded text, chat messages, the rollout views,
+recorded attributes (the trainer's tokenizer) and exports for other tools.
 
-:class:`StepReading` is a base of :class:`zarr_skip.StepView`; each method is a thin wrapper
-that imports the readable wing (text) or the notebook wing (views) when called (both sit above
-the lazy views), so that ``import zarr_skip`` loads no tokenizer or rendering code.
+:class:`StepReading` is a base of :class:`zarr_skip.StepView`, :class:`CacheReading` of
+:class:`zarr_skip.Cache`; what needs the readable wing (text) or the notebook wing (views)
+imports it when called (both sit above the lazy views), so that ``import zarr_skip`` loads no
+tokenizer, rendering or parquet code.
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from zarr_skip.errors import ReadOnlyCacheError
+from zarr_skip.store.catalog import experiment_info, update_experiment_info
+
 if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Mapping
+
     from zarr_skip.cache import Cache
     from zarr_skip.lazy import StepView
     from zarr_skip.notebook.groups import GroupView
     from zarr_skip.notebook.rollouts import RolloutList, RolloutView
+    from zarr_skip.readable.export import ExportReport
     from zarr_skip.readable.text import Message
+    from zarr_skip.store.storage import Storage
 
-__all__ = ["StepReading"]
+__all__ = ["CacheReading", "StepReading"]
 
 
 class StepReading:
@@ -90,3 +100,43 @@ class StepReading:
         from zarr_skip.notebook import browse
 
         return browse.page(cast("StepView", self), k, size, tokenizer=tokenizer, max_length=max_length)
+
+
+class CacheReading:
+    """The experiment's recorded attributes and exports (a base of :class:`zarr_skip.Cache`)."""
+
+    _storage: Storage
+    experiment: str | None
+    location: str
+    read_only: bool
+    _attributes: dict[str, Any] | None = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
+        ``model`` paths, ...), from its group's attributes: read once, on first use."""
+        if self._attributes is None:
+            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
+        return dict(self._attributes)
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
+        (writers recording the same values may race; of different values the last one wins)."""
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        self._attributes = update_experiment_info(self._storage, self.experiment, values)
+
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        steps: int | Iterable[int] | None = None,
+        *,
+        format: str | None = None,
+        tokenizer: Any = None,
+    ) -> ExportReport:
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
+        with decoded text when a tokenizer is known: see
+        :func:`zarr_skip.readable.export.export_rollouts`."""
+        from zarr_skip.readable.export import export_rollouts
+
+        return export_rollouts(cast("Cache", self), path, steps, format=format, tokenizer=tokenizer)

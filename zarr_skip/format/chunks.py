@@ -192,16 +192,52 @@ def encode(data: np.ndarray, compression: Compression) -> bytes:
     return body + np.uint32(crc32c(body)).tobytes()
 
 
-def _checked_body(blob: bytes | None, stored_size: int, where: str) -> memoryview:
+def trailer(blob: bytes) -> int:
+    """The crc32c a chunk ends with (of the bytes before it)."""
+    return int.from_bytes(blob[-4:], "little")
+
+
+def _checked_body(blob: bytes | None, stored_size: int, where: str, crc: int | None) -> memoryview:
     if blob is None:
         raise MissingDataError(f"{where}: chunk is missing")
     if len(blob) != stored_size:
         raise MissingDataError(f"{where}: chunk has {len(blob)} bytes, {stored_size} were written (truncated?)")
     body = memoryview(blob)[:-4]
-    crc = np.frombuffer(blob[-4:], dtype="<u4")[0]
-    if crc32c(body) != int(crc):
-        raise ChecksumError(f"{where}: checksum mismatch (stored {int(crc):#010x})")
+    found = trailer(blob)
+    if crc32c(body) != found:
+        raise ChecksumError(f"{where}: checksum mismatch (stored {found:#010x})")
+    if crc is not None and found != crc:
+        raise ChecksumError(
+            f"{where}: holds another chunk than the one its mini-batch recorded (crc32c {found:#010x}, "
+            f"recorded {crc:#010x}): it was moved or swapped from elsewhere"
+        )
     return body
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def decoded_size(body: bytes | memoryview, compression: Compression) -> int | None:
+    """The bytes a chunk's body decodes to, from its header (None when it does not say).
+
+    Decoding into a buffer larger than the chunk leaves the rest untouched without an error
+    (zstd and blosc both), so a record lying about a chunk's rows must be caught here.
+    """
+    if compression.name == "none":
+        return len(body)
+    head = bytes(body[:18])
+    if compression.name in _BLOSC:  # blosc 1 header: version, versionlz, flags, typesize, nbytes
+        return int.from_bytes(head[4:8], "little") if len(head) >= 8 else None
+    if len(head) < 5 or int.from_bytes(head[:4], "little") != _ZSTD_MAGIC:
+        return None
+    fhd = head[4]
+    single, fcs_flag, dict_flag = (fhd >> 5) & 1, fhd >> 6, fhd & 3
+    start = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if not width or len(head) < start + width:
+        return None
+    value = int.from_bytes(head[start : start + width], "little")
+    return value + 256 if width == 2 else value
 
 
 def decode_into(
@@ -211,21 +247,34 @@ def decode_into(
     *,
     stored_size: int,
     where: str,
+    crc: int | None = None,
 ) -> np.ndarray:
     """Decode one chunk holding exactly ``out``'s rows into ``out`` (contiguous, stored dtype).
+
+    ``crc``: the chunk's crc32c as its mini-batch's record names it (None for records of
+    older writers): a chunk whose own checksum holds but which is not that one was moved or
+    swapped here from another place.
 
     Raises
     ------
     MissingDataError
         The chunk is absent or its size differs from the size recorded at write time.
     ChecksumError
-        Its crc32c does not match, or it does not decode to ``out``'s size.
+        Its crc32c does not match, is not the recorded one, or it does not decode to ``out``'s size.
     """
-    body = _checked_body(blob, stored_size, where)
+    body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
+    size = decoded_size(body, compression)
+    if size is not None and size != out.nbytes:
+        raise ChecksumError(f"{where}: chunk decodes to {size} bytes, its record says {out.nbytes}")
     try:
         if codec is None:
             np.copyto(out.reshape(-1), np.frombuffer(body, dtype=out.dtype))
+        elif size is None:  # the header does not say: decode apart and compare
+            raw = np.frombuffer(codec.decode(body), dtype=np.uint8)
+            if raw.nbytes != out.nbytes:
+                raise ChecksumError(f"{where}: chunk decodes to {raw.nbytes} bytes, its record says {out.nbytes}")
+            np.copyto(out.reshape(-1).view(np.uint8), raw)
         else:
             codec.decode(body, out=out)
     except (ValueError, RuntimeError) as exc:
@@ -242,10 +291,12 @@ def decode_rows(
     *,
     stored_size: int,
     where: str,
+    crc: int | None = None,
+    chunk: int | None = None,
 ) -> np.ndarray:
     """Decode the last chunk of an array: its first ``rows`` rows, whether it was stored at the
-    full chunk shape (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
-    body = _checked_body(blob, stored_size, where)
+    full chunk shape of ``chunk`` rows (as zarr does) or cut at the array's end (zarr_skip 0.1)."""
+    body = _checked_body(blob, stored_size, where, crc)
     codec = compression.codec()
     try:
         raw = body if codec is None else codec.decode(body)
@@ -255,6 +306,8 @@ def decode_rows(
     per_row = dtype.itemsize * math.prod(trailing)
     if per_row and (flat.nbytes % per_row or flat.nbytes // per_row < rows):
         raise ChecksumError(f"{where}: chunk decodes to {flat.nbytes} bytes, not {rows} rows of {per_row}")
+    if per_row and chunk is not None and flat.nbytes // per_row not in (rows, chunk):
+        raise ChecksumError(f"{where}: chunk holds {flat.nbytes // per_row} rows, its record says {rows} of {chunk}")
     return flat.reshape(-1, *trailing)[:rows]
 
 

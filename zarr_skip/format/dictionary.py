@@ -87,13 +87,14 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
     rep = np.where(lengths[rep] == lengths, rep, np.arange(rows))
     total = int(off[-1])
     if total:
-        within = np.arange(total, dtype=np.int64) - np.repeat(off[:-1], lengths)
-        diff = bits[np.repeat(off[:-1][rep], lengths) + within] != bits[:total]
-        if diff.ndim > 1:
-            diff = diff.any(axis=1)
-        bad = np.zeros(rows, dtype=bool)
-        bad[np.repeat(np.arange(rows), lengths)[diff]] = True
-        rep = np.where(bad, np.arange(rows), rep)
+        # each value against the value at the same place of its row's representative
+        where = np.repeat(off[:-1][rep] - off[:-1], lengths)
+        where += np.arange(total, dtype=np.int64)
+        diff = bits[where] != bits[:total]
+        bad_values = np.flatnonzero(diff.any(axis=1) if diff.ndim > 1 else diff)
+        if bad_values.size:  # rows that differ from their representative: entries of their own
+            bad = np.unique(np.searchsorted(off, bad_values, side="right") - 1)
+            rep[bad] = bad
     entries, codes = np.unique(rep, return_inverse=True)
     if not pays(rows, len(entries)):
         return None

@@ -69,7 +69,7 @@ def iter_rows(
     if lengths is None:
         data = [p["data"] for p in parts]
         for block in row_blocks(storage, data, spec.storage_dtype, spec.storage_shape, per_block):
-            yield from _rows(restore(spec, {"data": block}))
+            yield from rows_of(restore(spec, {"data": block}))
         return
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -77,8 +77,11 @@ def iter_rows(
     for first, last, vals in value_blocks(storage, values, offsets, spec.storage_dtype, spec.storage_shape, per_block):
         arrays = {"values": vals, "lengths": lengths[first:last]}
         mask = None if plain is None else plain[first:last]
-        yield from _rows(restore(spec, arrays, allow_pickle=allow_pickle, plain=mask))
+        yield from rows_of(restore(spec, arrays, allow_pickle=allow_pickle, plain=mask))
 
 
-def _rows(value: Any) -> Iterable[Any]:
-    return value.unbind() if getattr(value, "is_nested", False) else value
+def rows_of(value: Any) -> Iterable[Any]:
+    """The rows of a column's value, as indexing the column by one row gives them."""
+    if getattr(value, "is_nested", False):  # views of its values: split them (unbind() is ~5x slower)
+        return value.values().split(value.offsets().diff().tolist())
+    return value

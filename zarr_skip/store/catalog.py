@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarr_skip.errors import MetadataError
-from zarr_skip.format import layout
+from zarr_skip.format import layout, records
+from zarr_skip.format.records import Place
 from zarr_skip.format.state import PartRecord, RunRecord, StepInfo, step_info, summary_info
 from zarr_skip.store.storage import Storage, parse_json
 
@@ -53,11 +54,15 @@ class StepScan:
     broken: list[tuple[str, str]] = field(default_factory=list)
     #: (run, name) of mini-batch directories without a record (a crash before the claim landed)
     missing: list[tuple[str, str]] = field(default_factory=list)
+    #: records that belong elsewhere (moved or swapped) or contradict their run: (path, why)
+    misplaced: list[tuple[str, str]] = field(default_factory=list)
+    #: why the summary was ignored (damaged, moved, or not what the records say), if it was
+    summary_problem: str | None = None
 
     @property
     def damaged(self) -> bool:
         """Whether some record of this step cannot be read (so nothing here may be deleted)."""
-        return bool(self.unreadable or self.broken)
+        return bool(self.unreadable or self.broken or self.misplaced)
 
     @property
     def exists(self) -> bool:
@@ -84,29 +89,61 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     run_paths: list[tuple[StepScan, str, str]] = []
     for scan, names, blob in zip(scans, listings, step_docs, strict=True):
         try:
-            scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)))
+            scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)), Place(experiment, scan.step))
         except MetadataError as exc:  # only a cache for fast status: the parts decide
             logger.warning("ignoring a damaged step summary: %s", exc)
+            scan.summary_problem = str(exc)
         run_paths += [(scan, n, layout.join(scan.path, n)) for n in _children(names)]
     part_listings, run_docs = storage.list_and_get(
         [p for _, _, p in run_paths], [layout.meta_key(p) for _, _, p in run_paths]
     )
     part_paths: list[tuple[StepScan, str, str, str]] = []
     for (scan, name, path), blob, names in zip(run_paths, run_docs, part_listings, strict=True):
-        record = run_record(blob, storage.key_path(layout.meta_key(path)))
-        if record is None or record.run != name:
+        where = storage.key_path(layout.meta_key(path))
+        try:
+            record = run_record(blob, where, Place(experiment, scan.step, name), strict=True)
+        except MetadataError as exc:  # it belongs to another step (or experiment, or run)
+            scan.misplaced.append((where, str(exc)))
+            continue
+        if record is None:
             (scan.strays if blob is None else scan.unreadable).append(name)
             continue
         scan.runs.append(record)
         part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names)]
     part_docs = storage.get_many([layout.meta_key(p) for *_, p in part_paths])
     for (scan, run, name, path), blob in zip(part_paths, part_docs, strict=True):
-        part = _part_record(blob, storage.key_path(layout.meta_key(path)))
-        if part is None or part.run != run or str(part.index) != name:
+        where = storage.key_path(layout.meta_key(path))
+        here = Place(experiment, scan.step, run, int(name) if layout.is_step_name(name) else -1)
+        try:
+            part = _part_record(blob, where, here)
+        except MetadataError as exc:
+            scan.misplaced.append((where, str(exc)))
+            continue
+        if part is None:
             (scan.missing if blob is None else scan.broken).append((run, name))
             continue
         scan.parts.append(part)
+    for scan in scans:
+        _check_expected(scan, storage)
     return scans
+
+
+def _check_expected(scan: StepScan, storage: Storage) -> None:
+    """Parts whose record says their run expects another count than the run's record does
+    (a run record swapped with another step's) are refused as misplaced."""
+    expected = {r.run: r.expected for r in scan.runs}
+    for part in list(scan.parts):
+        theirs = part.doc.get("expected")
+        if theirs is not None and part.run in expected and theirs != expected[part.run]:
+            where = storage.key_path(layout.meta_key(layout.join(scan.path, part.run, str(part.index))))
+            scan.misplaced.append(
+                (
+                    where,
+                    f"{where}: mini-batch {part.index} was written for {theirs} mini-batches, its run's "
+                    f"record says {expected[part.run]} (the run record was swapped or edited)",
+                )
+            )
+            scan.parts.remove(part)
 
 
 def scan_step(storage: Storage, experiment: str, step: int) -> StepScan:
@@ -127,29 +164,66 @@ def summarized_steps(
     """:func:`summarized_parts` of several steps, in the same two rounds of requests."""
     paths = [layout.join(experiment, str(step)) for step in steps]
     listings, blobs = storage.list_and_get(paths, [layout.meta_key(p) for p in paths])
-    owners: list[tuple[str, list[str]] | None] = []
-    for path, names, blob in zip(paths, listings, blobs, strict=True):
+    owners: list[tuple[str, dict[str, Any], list[str]] | None] = []
+    for step, path, names, blob in zip(steps, paths, listings, blobs, strict=True):
         try:
-            summary = _summary(blob, storage.key_path(layout.meta_key(path)))
+            summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
             if summary is None or _children(names) != [summary["run"]]:
                 owners.append(None)
                 continue
-            run, expected = str(summary["run"]), int(summary["expected"])
+            run, expected = str(summary["run"]), int(summary["expected"])  # bounded by _summary
         except (MetadataError, TypeError, ValueError):
             owners.append(None)
             continue
-        owners.append((run, [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]))
-    records = iter(storage.get_many([k for o in owners if o is not None for k in o[1]]))
+        owners.append((run, summary, [layout.meta_key(layout.join(path, run, str(i))) for i in range(expected)]))
+    fetched = iter(storage.get_many([k for o in owners if o is not None for k in o[2]]))
     found: list[tuple[str, list[PartRecord]] | None] = []
-    for owner in owners:
+    for step, owner in zip(steps, owners, strict=True):
         if owner is None:
             found.append(None)
             continue
-        run, keys = owner
-        parts = [_part_record(next(records), storage.key_path(key)) for key in keys]
-        whole = all(p is not None and p.run == run and p.index == i and p.complete for i, p in enumerate(parts))
-        found.append((run, [p for p in parts if p is not None]) if whole else None)
+        run, summary, keys = owner
+        blobs = [next(fetched) for _ in keys]
+        found.append(_summarized(storage, Place(experiment, step, run), summary, keys, blobs))
     return found
+
+
+def _summarized(
+    storage: Storage, here: Place, summary: Mapping[str, Any], keys: Sequence[str], blobs: Sequence[bytes | None]
+) -> tuple[str, list[PartRecord]] | None:
+    """The owner and mini-batch records a step's summary vouches for, or None when any is off:
+    missing, incomplete, misplaced, written for another count, or not what the summary says."""
+    parts = []
+    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+        try:
+            record = _part_record(blob, storage.key_path(key), Place(here.experiment, here.step, here.run, i))
+        except MetadataError:
+            return None
+        if record is None or not record.complete or record.doc.get("expected", len(keys)) != len(keys):
+            return None
+        parts.append(record)
+    if _disagrees(summary, parts) is not None:
+        return None
+    return str(here.run), parts
+
+
+def _disagrees(summary: Mapping[str, Any], parts: Sequence[PartRecord]) -> str | None:
+    """What a step's summary says that its mini-batch records do not (None: it agrees)."""
+    for key in ("rows", "nbytes", "raw_nbytes"):
+        total = sum(getattr(p, key) for p in parts)
+        if key in summary and summary[key] != total:
+            return f"the summary says {key}={summary[key]}, its mini-batch records add to {total}"
+    return None
+
+
+def summary_problem(scan: StepScan, run: str) -> str | None:
+    """Why the step's summary is wrong about its owner ``run``'s complete mini-batches, if it is."""
+    if scan.summary_problem is not None or scan.summary is None:
+        return scan.summary_problem
+    parts = [p for p in scan.parts if p.run == run and p.complete]
+    if scan.summary.get("run") != run or scan.summary.get("expected") != len(parts):
+        return f"the summary names run {scan.summary.get('run')} with {scan.summary.get('expected')} mini-batches"
+    return _disagrees(scan.summary, parts)
 
 
 def step_infos(
@@ -163,7 +237,7 @@ def step_infos(
     rest = []
     for step, path, names, blob in zip(steps, paths, listings, docs, strict=True):
         try:
-            summary = _summary(blob, storage.key_path(layout.meta_key(path)))
+            summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
         except MetadataError:
             summary = None
         if summary is not None and _children(names) == [summary["run"]]:
@@ -176,29 +250,73 @@ def step_infos(
     return [infos[s] for s in steps if s in infos]
 
 
-def _summary(blob: bytes | None, where: str) -> dict[str, Any] | None:
+def _summary(blob: bytes | None, where: str, here: Place) -> dict[str, Any] | None:
     summary = attribute(parse_json(blob, where), layout.STEP_ATTR, where)
-    if summary is not None and not {"run", "expected", "rows", "nbytes"} <= summary.keys():
+    if summary is None:
+        return None
+    if not {"run", "expected", "rows", "nbytes"} <= summary.keys():
         raise MetadataError(f"{where}: step summary lacks required fields")
+    _check_checksum(summary, where, "step summary")
+    records.check_place(summary, here, where)
+    records.check_summary(summary, where)
     return summary
 
 
-def run_record(blob: bytes | None, where: str) -> RunRecord | None:
+def check_experiment(doc: Mapping[str, Any], path: str, where: str) -> None:
+    """Refuse an experiment record altered after it was written or moved to another path
+    (records of older writers carry no checksum and are not checked)."""
+    if "checksum" not in doc:
+        return
+    _check_checksum(doc, where, "experiment record")
+    if doc.get("name") != path:
+        raise MetadataError(f"{where}: the experiment record names {doc.get('name')!r:.100} but lies at {path!r}")
+
+
+def _check_checksum(doc: Mapping[str, Any], where: str, what: str) -> None:
+    """Refuse a record whose checksum (written since records are bound) does not match."""
+    if "checksum" in doc and doc["checksum"] != layout.doc_checksum(doc):
+        raise MetadataError(f"{where}: {what} checksum mismatch (the zarr.json was altered after it was written)")
+
+
+def run_record(blob: bytes | None, where: str, here: Place | None = None, *, strict: bool = False) -> RunRecord | None:
+    """A run's record in a step (None when absent or unreadable, logged).
+
+    ``here``: where the record lies; with ``strict``, a record naming another place raises
+    MetadataError (else it reads as unreadable).
+    """
     try:
         doc = attribute(parse_json(blob, where), layout.RUN_ATTR, where)
-        return None if doc is None else RunRecord.from_json(doc)
+        if doc is None:
+            return None
+        _check_checksum(doc, where, "run record")
+        record = RunRecord.from_json(doc)
+        records.count(record.expected, "expected", where, low=1, high=records.MAX_EXPECTED)
     except (MetadataError, KeyError, TypeError, ValueError) as exc:
         logger.warning("ignoring unreadable run record %s: %s", where, exc)
         return None
+    if here is not None:
+        try:
+            records.check_place(doc, here, where)
+        except MetadataError as exc:
+            if strict:
+                raise
+            logger.warning("ignoring a misplaced run record: %s", exc)
+            return None
+    return record
 
 
-def _part_record(blob: bytes | None, where: str) -> PartRecord | None:
+def _part_record(blob: bytes | None, where: str, here: Place) -> PartRecord | None:
+    """A mini-batch record (None when absent or unreadable, logged); a record that names
+    another place than ``here`` raises MetadataError."""
     try:
         doc = attribute(parse_json(blob, where), layout.PART_ATTR, where)
-        return None if doc is None else PartRecord.from_json(doc)
+        record = None if doc is None else PartRecord.from_json(doc)
     except (MetadataError, KeyError, TypeError, ValueError) as exc:
         logger.warning("ignoring unreadable mini-batch record %s: %s", where, exc)
         return None
+    if doc is not None:
+        records.check_place(doc, here, where)
+    return record
 
 
 def experiment_info(storage: Storage, experiment: str) -> dict[str, Any]:

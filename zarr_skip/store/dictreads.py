@@ -19,7 +19,7 @@ import numpy as np
 from zarr_skip.format import dictionary
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec
-from zarr_skip.store.reads import ArrayPart, Range, read_index, read_ranges
+from zarr_skip.store.reads import ArrayPart, Range, checked_entries, checked_lengths, read_index, read_ranges
 from zarr_skip.store.storage import Storage
 
 _INT64 = np.dtype(np.int64)
@@ -69,6 +69,7 @@ class DictColumn:
         for p, a in enumerate(self.arrays):
             codes = next(it) if is_dictionary(a) else None
             lengths, values = next(it), next(it)
+            checked_entries(a, codes, lengths)
             codes = np.arange(len(lengths), dtype=np.int64) if codes is None else codes.astype(np.int64)
             entries.append((values, lengths))
             row_part.append(np.full(len(codes), p, dtype=np.int64))
@@ -86,9 +87,10 @@ class DictColumn:
         for a in self.arrays:
             if is_dictionary(a):
                 codes, lengths = next(it), next(it)
+                checked_entries(a, codes, lengths)
                 out.append(lengths[codes])
             else:
-                out.append(next(it))
+                out.append(checked_lengths(next(it), [a]))
         return _cat(out)
 
     def lengths(self) -> np.ndarray:
@@ -103,6 +105,7 @@ class DictColumn:
         for a in self.arrays:
             codes = next(it) if is_dictionary(a) else None
             ln, v = next(it), next(it)
+            checked_entries(a, codes, ln)
             if codes is not None:
                 v, ln = dictionary.gather_rows(v, ln, codes)
             lengths.append(ln)
@@ -124,6 +127,7 @@ class DictColumn:
             a = self.arrays[p]
             codes = next(small) if is_dictionary(a) else None
             lengths = next(small)
+            checked_entries(a, codes, lengths)
             mine = which == p
             local = idx[mine] - starts[p]
             wanted = local if codes is None else codes[local]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import MetadataError, SchemaMismatchError
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
 from zarr_skip.store.storage import Storage
@@ -38,6 +38,8 @@ class ArrayPart:
     shard: bool = False  # the chunks lie back to back in one file, chunk key 0
     #: of a jagged column's values: the row each chunk's first value belongs to (None if unknown)
     first_rows: tuple[int, ...] | None = None
+    #: each chunk's crc32c as the record names it (None in records of older writers)
+    crcs: tuple[int, ...] | None = None
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
 
     def __post_init__(self) -> None:
@@ -69,6 +71,10 @@ class ArrayPart:
         path = storage.key_path(self.key(i))
         return f"{self.where}, chunk {i} of shard {path}" if self.shard else f"{self.where}, chunk {path}"
 
+    def crc(self, i: int) -> int | None:
+        """The crc32c chunk ``i`` must have (None: not recorded)."""
+        return None if self.crcs is None else self.crcs[i]
+
 
 @dataclass(frozen=True, slots=True)
 class Part:
@@ -87,12 +93,28 @@ class Part:
     raw_nbytes: int
 
     @classmethod
-    def from_doc(cls, step: int, path: str, doc: Mapping[str, Any]) -> Part:
-        if doc.get("checksum") != layout.doc_checksum(doc):
+    def from_doc(cls, step: int, path: str, doc: Mapping[str, Any], experiment: str | None = None) -> Part:
+        """The mini-batch a complete record at ``path`` describes, every number in it checked
+        (:mod:`zarr_skip.format.records`); ``experiment``: the one it must belong to.
+
+        Raises
+        ------
+        MetadataError
+            The record's checksum does not match, it belongs to another place, or a count,
+            shape or size in it is out of bounds or inconsistent.
+        """
+        where = f"step {step}, mini-batch {doc.get('index')!r:.20}: {path}"
+        try:
+            checksum = layout.doc_checksum(doc)
+        except (RecursionError, MemoryError, TypeError, ValueError) as exc:
+            raise MetadataError(f"{where}: metadata cannot be checked ({type(exc).__name__})") from None
+        if doc.get("checksum") != checksum:
             raise MetadataError(
                 f"step {step}, mini-batch {doc.get('index')}: metadata checksum mismatch at {path} "
                 "(the zarr.json was altered after it was written)"
             )
+        records.check_place(doc, records.Place(experiment, step), where)
+        records.check_part(doc, where)
         try:
             index = int(doc["index"])
             default = chunks.Compression(**doc["compression"])
@@ -113,6 +135,7 @@ class Part:
                         separator=_separator(a.get("separator", "/")),
                         shard=a.get("shard", False) is True,
                         first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
+                        crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
                     )
                     for aname, a in entry["arrays"].items()
                 }
@@ -129,8 +152,29 @@ class Part:
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r})") from None
+        except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
+            raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r:.200})") from None
+
+
+def checked_lengths(lengths: np.ndarray, parts: Sequence[Mapping[str, ArrayPart]]) -> np.ndarray:
+    """``lengths`` of the plain mini-batches ``parts`` concatenated, once each mini-batch's are
+    known to be non-negative and to add to the values its record says it stored (else a
+    MetadataError, never rows cut from the wrong values)."""
+    records.split_lengths(
+        lengths,
+        [a["lengths"].rows for a in parts],
+        [a["values"].rows for a in parts],
+        [a["lengths"].where for a in parts],
+    )
+    return lengths
+
+
+def checked_entries(a: Mapping[str, ArrayPart], codes: np.ndarray | None, lengths: np.ndarray) -> None:
+    """The ``lengths`` (and ``codes``, of a dictionary-encoded mini-batch) of one mini-batch's
+    column, checked against its stored values and its entries."""
+    records.check_lengths(lengths, a["values"].rows, a["lengths"].where)
+    if codes is not None:
+        records.check_codes(codes, len(lengths), a["codes"].where)
 
 
 def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
@@ -154,6 +198,18 @@ def _check_shape(parts: Sequence[ArrayPart], trailing: tuple[int, ...]) -> None:
             raise SchemaMismatchError(
                 f"{a.where}: stored array {a.path} has trailing shape {a.shape[1:]}, expected {trailing}"
             )
+
+
+def _alloc(shape: tuple[int, ...], dtype: np.dtype, parts: Sequence[ArrayPart]) -> np.ndarray:
+    """The output of a read; a shape the memory cannot hold (a record lying about its size,
+    past the bounds :func:`records.check_part` can see) is a MetadataError, not a MemoryError."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as exc:
+        where = parts[0].where if parts else "a read"
+        raise MetadataError(
+            f"{where}: the stored shapes ask for {shape} of {dtype}, which cannot be allocated ({exc})"
+        ) from None
 
 
 #: rows ``start:stop`` of arrays concatenated along axis 0, as ``dtype`` with ``trailing`` shape
@@ -193,7 +249,7 @@ def read_ranges(
     outs, jobs = [], []
     for parts, start, stop, dtype, trailing in ranges:
         _check_shape(parts, trailing)
-        out = np.empty((stop - start, *trailing), dtype=dtype)
+        out = _alloc((stop - start, *trailing), dtype, parts)
         outs.append(out)
         base = 0
         for a in parts:
@@ -220,7 +276,7 @@ def read_index(
 ) -> np.ndarray:
     """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
     _check_shape(parts, trailing)
-    out = np.empty((len(idx), *trailing), dtype=dtype)
+    out = _alloc((len(idx), *trailing), dtype, parts)
     if not len(idx):
         return out
     starts = np.cumsum([0] + [a.rows for a in parts])
@@ -254,23 +310,25 @@ def _decode_jobs(
     def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
         a, c, n, src, dst, out = job
         where = a.describe(storage, c)
-        size = a.sizes[c]
+        size, crc = a.sizes[c], a.crc(c)
         if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
-            rows = chunks.decode_rows(blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where)
+            rows = chunks.decode_rows(
+                blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc, chunk=a.chunk
+            )
             out[dst] = rows[src]
             return
         whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
         if whole and a.dtype == out.dtype:
-            chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where)
+            chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where, crc=crc)
         elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
             region = out[dst]  # a narrowed chunk decodes into the back of its rows and widens there
             narrow = chunks.decode_into(
-                blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where
+                blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where, crc=crc
             )
             chunks.widen_in_place(region, narrow)
         else:
             tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where)
+            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
             out[dst] = tmp[src]
 
     def apply(job: tuple[Any, ...], blob: bytes | None) -> None:

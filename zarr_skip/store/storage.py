@@ -428,6 +428,8 @@ def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
         doc = json.loads(blob)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MetadataError(f"{where}: not valid JSON ({exc})") from None
+    except (RecursionError, MemoryError) as exc:  # nesting or size no record of ours has
+        raise MetadataError(f"{where}: metadata too deeply nested or too large ({type(exc).__name__})") from None
     if not isinstance(doc, dict):
         raise MetadataError(f"{where}: expected a JSON object")
     return doc

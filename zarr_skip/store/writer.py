@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any
 
 from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
 from zarr_skip.format.state import HOST, owner
@@ -107,8 +107,8 @@ def write_part(
     lease: float,
 ) -> PartInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol)."""
-    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
-        raise ConfigError(f"expected: must be a positive int, got {expected!r}")
+    if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
+        raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
     scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite)
     own = [p for p in scan.parts if p.run == ctx.run and p.complete]
@@ -122,7 +122,7 @@ def write_part(
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
     while True:
-        index, claim = _claim(storage, step, run_path, taken, ctx, expected)
+        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected)
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
@@ -208,6 +208,7 @@ def _take_over(
         scan = scan_step(storage, experiment, step)
     storage.create_if_absent(layout.meta_key(step_path), group_doc())
     record = {
+        **records.Place(experiment, step).to_json(),
         "run": ctx.run,
         "started": ctx.started,
         "created": time.time(),
@@ -216,6 +217,7 @@ def _take_over(
         "pid": os.getpid(),
         "writer": ctx.writer,
     }
+    record["checksum"] = layout.doc_checksum(record)
     run_key = layout.meta_key(layout.join(step_path, ctx.run))
     if not storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
         scan = scan_step(storage, experiment, step)
@@ -243,13 +245,15 @@ def _take_over(
 
 
 def _claim(
-    storage: Storage, step: int, run_path: str, taken: set[int], ctx: RunContext, expected: int
+    storage: Storage, place: records.Place, run_path: str, taken: set[int], ctx: RunContext, expected: int
 ) -> tuple[int, dict[str, Any]]:
     for index in range(expected):
         if index in taken:
             continue
         now = time.time()
         claim = {
+            **place.to_json(),  # the record names its place: moved elsewhere, it is refused
+            "expected": expected,
             "run": ctx.run,
             "index": index,
             "writer": ctx.writer,
@@ -265,7 +269,7 @@ def _claim(
             return index, claim
         taken.add(index)
     raise StepCompleteError(
-        f"step {step}: all {expected} mini-batches of run {ctx.run} are written or being written "
+        f"step {place.step}: all {expected} mini-batches of run {ctx.run} are written or being written "
         f"at {storage.key_path(run_path)}; pass overwrite=True to replace the step"
     )
 
@@ -319,8 +323,9 @@ def _write_arrays(
             ]
             key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
             sizes: list[int] = []  # filled as the chunks are written
+            crcs: list[int] = []  # their crc32c: a reader trusts a chunk only if it is this one
             if count:
-                items.append((key, partial(_take, encoded, jobs, slots, sizes, count > 1)))
+                items.append((key, partial(_take, encoded, jobs, slots, sizes, crcs, count > 1)))
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
@@ -330,6 +335,7 @@ def _write_arrays(
                 "separator": sep,
                 **({"shard": True} if count > 1 else {}),
                 "sizes": sizes,
+                "crc32c": crcs,
             }
             if aname == "values" and count > 1 and "lengths" in col.arrays:
                 lengths = col.arrays["lengths"]
@@ -352,7 +358,12 @@ def _encode(out: list[bytes | None], slot: int, arr: Any, rows: slice, codec: ch
 
 
 def _take(
-    encoded: list[bytes | None], jobs: list[Future[None]], slots: list[int], sizes: list[int], shard: bool
+    encoded: list[bytes | None],
+    jobs: list[Future[None]],
+    slots: list[int],
+    sizes: list[int],
+    crcs: list[int],
+    shard: bool,
 ) -> bytes | list[bytes]:
     """The encoded chunk (or the chunks of a shard and its index) to write, freed from the list."""
     pieces: list[bytes] = []
@@ -363,6 +374,7 @@ def _take(
         encoded[slot] = None
         pieces.append(blob)
         sizes.append(len(blob))
+        crcs.append(chunks.trailer(blob))
     return pieces + [chunks.shard_index(sizes)] if shard else pieces[0]
 
 
@@ -387,6 +399,7 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
     if not info.complete or info.run != ctx.run:
         return False
     summary = {
+        **records.Place(experiment, step).to_json(),
         "run": info.run,
         "expected": info.expected,
         "rows": info.rows,
@@ -394,6 +407,7 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
         "raw_nbytes": info.raw_nbytes,
         "completed": max(p.doc.get("completed", 0.0) for p in scan.parts if p.run == info.run),
     }
+    summary["checksum"] = layout.doc_checksum(summary)
     storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
     logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, info.expected, info.rows, info.run)
     return True

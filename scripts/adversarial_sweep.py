@@ -1,0 +1,62 @@
+"""The adversarial sweep at size: random damage to a cache, every read checked.
+
+The suite runs a short sweep (tests/test_adversarial.py); this script runs as many damages as
+you ask for (``tests/_adversary.py`` has the list: bit flips, truncations and deletions of any
+file, swaps of chunks, records, data groups, mini-batch and step directories, records edited
+with their checksums recomputed, forged lengths chunks, one-byte edits of the experiment
+record), each on a fresh copy of the same cache, and prints
+
+- silently wrong reads: a read that returned other data than was written (must be 0);
+- the verify detection rate: of the damages that change what a reader gets (a read raises
+  or is wrong), the share ``verify()`` reports (must be 100%);
+- untyped exceptions: errors outside the ``ZarrSkipError`` tree (must be 0).
+
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0]
+
+Exit status 1 when any of the three figures is off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from _adversary import sweep  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corruptions", type=int, default=120)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
+        figures = sweep(Path(tmp), args.corruptions, args.seed)
+    kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
+    for t in figures.trials:
+        if args.verbose or t.wrong or t.untyped or (t.changed and not t.flagged):
+            state = "changed" if t.changed else "unchanged"
+            print(f"{t.damage}: {state}, {'flagged' if t.flagged else 'not flagged'}")
+            for line in t.wrong + t.untyped:
+                print("    " + line.replace("\n", "\n    "))
+    print(f"corruptions:            {len(figures.trials)} ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})")
+    print(f"changed what is read:   {figures.changed}")
+    print(f"silently wrong reads:   {figures.wrong}")
+    caught = figures.changed - len(figures.missed)
+    print(f"verify detection rate:  {figures.detection:.1%} ({caught} of {figures.changed})")
+    print(f"untyped exceptions:     {figures.untyped}")
+    print(f"time:                   {time.perf_counter() - start:.1f} s")
+    return 1 if figures.wrong or figures.untyped or figures.missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""The adversarial sweep: damage a cache at random, read it, check nothing wrong comes back.
+
+A pristine cache (three steps of two mini-batches, every column kind, small chunks so that
+arrays are shards of several chunks and many chunk files have equal sizes) is copied for every
+trial and damaged once: bit flips, truncations and deletions of any file, swaps of chunks,
+mini-batch records, run records, data groups, mini-batch and step directories, records edited
+with their checksums recomputed, forged lengths chunks with their records updated, and
+one-byte edits of the experiment record. Then every step is read (whole, one row, a slice,
+chosen rows), ``status()`` and ``verify()`` run, and the trial records:
+
+- ``wrong``: a read returned something else than what was written (must never happen);
+- ``changed``: some read raised or was wrong (the damage changes what a reader gets);
+- ``flagged``: ``verify()`` reported a problem, or opening the cache raised a typed error;
+- ``untyped``: an exception outside the ``ZarrSkipError`` tree (must never happen).
+
+Used by ``tests/test_adversarial.py`` (a short run) and ``scripts/adversarial_sweep.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from conftest import FINGERPRINT, assert_equal, concat, make_batch
+
+import zarr_skip as zs
+from zarr_skip.format import chunks, layout
+
+STEPS = (1, 2, 3)
+#: the reads made of every step: (column, row selection); None selects everything
+READS: tuple[tuple[str, Any], ...] = (
+    ("responses", 2),
+    ("responses", slice(3, 9)),
+    ("uid", slice(1, 5)),
+    ("tags", [7, 0, 3]),
+    ("input_ids", [0, 11]),
+    ("raw_prompt", 4),
+)
+
+
+def build(root: Path) -> dict[tuple[int, str, str], Any]:
+    """Write the pristine cache at ``root``; returns what every read of it gives."""
+    cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=48)
+    for step in STEPS:
+        batches = [make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i) for i in range(2)]
+        for b in batches:
+            cache.write(step, b, expected=2)
+        assert_equal(cache.load(step).to_dict(), concat(batches), f"step {step}")
+    return _reads(zs.open_cache(root))
+
+
+def _reads(cache: zs.Cache) -> dict[tuple[int, str, str], Any]:
+    out: dict[tuple[int, str, str], Any] = {}
+    for step in STEPS:
+        view = cache.load(step)
+        out[step, "*", "*"] = view.to_dict()
+        for col, sel in READS:
+            out[step, col, repr(sel)] = view[col][sel]
+    return out
+
+
+@dataclass
+class Trial:
+    damage: str
+    wrong: list[str] = field(default_factory=list)
+    changed: bool = False
+    flagged: bool = False
+    untyped: list[str] = field(default_factory=list)
+
+
+def attack(
+    pristine: Path,
+    work: Path,
+    expected: dict[tuple[int, str, str], Any],
+    rng: random.Random,
+    damage_fn: Callable[[random.Random, Path], str | None] | None = None,
+) -> Trial:
+    """Copy ``pristine`` to ``work``, damage it once (with ``damage_fn``, or one drawn at
+    random), read it all back."""
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(pristine, work)
+    damage = (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
+    trial = Trial(damage)
+    try:
+        cache = zs.open_cache(work)
+        cache.status()
+    except zs.ZarrSkipError:
+        trial.changed = trial.flagged = True  # the user is told at once
+        return trial
+    except Exception:  # noqa: BLE001 - what the sweep counts
+        trial.untyped.append(f"open: {traceback.format_exc(limit=3)}")
+        return trial
+    for key, want in expected.items():
+        step, col, sel = key
+        try:
+            view = cache.load(step)
+            got = view.to_dict() if col == "*" else view[col][eval(sel)]  # noqa: S307 - our own reprs
+        except zs.ZarrSkipError:
+            trial.changed = True
+            continue
+        except Exception:  # noqa: BLE001
+            trial.changed = True
+            trial.untyped.append(f"{key}: {traceback.format_exc(limit=4)}")
+            continue
+        try:
+            assert_equal(got, want, str(key))
+        except AssertionError as exc:
+            trial.changed = True
+            trial.wrong.append(f"{key}: {exc}")
+    try:
+        trial.flagged = not cache.verify().ok
+    except zs.ZarrSkipError:
+        trial.flagged = True
+    except Exception:  # noqa: BLE001
+        trial.untyped.append(f"verify: {traceback.format_exc(limit=4)}")
+    return trial
+
+
+# -- the damages: each returns what it did (None: nothing of its kind to damage) ------------
+
+
+def _files(root: Path, pred: Callable[[Path], bool] = lambda p: True) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and pred(p))
+
+
+def _chunk(p: Path) -> bool:
+    return p.name.startswith("c.") or p.parent.name == "c"
+
+
+def _attr(p: Path, name: str) -> bool:
+    return p.name == layout.METADATA and name in p.read_text(errors="replace")
+
+
+def flip(rng: random.Random, root: Path) -> str:
+    path = rng.choice(_files(root))
+    data = bytearray(path.read_bytes())
+    bit = rng.randrange(len(data) * 8)
+    data[bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+    return f"flip bit {bit} of {path.relative_to(root)}"
+
+
+def truncate(rng: random.Random, root: Path) -> str:
+    path = rng.choice(_files(root))
+    data = path.read_bytes()
+    cut = rng.randrange(len(data))
+    path.write_bytes(data[:cut])
+    return f"truncate {path.relative_to(root)} to {cut} of {len(data)} bytes"
+
+
+def delete(rng: random.Random, root: Path) -> str:
+    path = rng.choice(_files(root))
+    path.unlink()
+    return f"delete {path.relative_to(root)}"
+
+
+def _swap_files(a: Path, b: Path) -> None:
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+
+
+def swap_chunks(rng: random.Random, root: Path) -> str | None:
+    """Two chunk files of equal size when there are such (the hard case), else any two."""
+    files = _files(root, _chunk)
+    by_size: dict[int, list[Path]] = {}
+    for f in files:
+        by_size.setdefault(f.stat().st_size, []).append(f)
+    pairs = [v for v in by_size.values() if len(v) > 1 and len({f.read_bytes() for f in v}) > 1]
+    if pairs and rng.random() < 0.8:
+        group = rng.choice(pairs)
+        a, b = rng.sample(group, 2)
+        while a.read_bytes() == b.read_bytes():
+            a, b = rng.sample(group, 2)
+    else:
+        a, b = rng.sample(files, 2)
+    _swap_files(a, b)
+    return f"swap chunks {a.relative_to(root)} and {b.relative_to(root)}"
+
+
+def swap_records(rng: random.Random, root: Path) -> str:
+    kind = rng.choice([layout.PART_ATTR, layout.RUN_ATTR, layout.STEP_ATTR])
+    a, b = rng.sample(_files(root, lambda p: _attr(p, f'"{kind}"')), 2)
+    _swap_files(a, b)
+    return f"swap {kind} records {a.relative_to(root)} and {b.relative_to(root)}"
+
+
+def _swap_dirs(a: Path, b: Path) -> None:
+    tmp = a.with_name(a.name + ".swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+def swap_dirs(rng: random.Random, root: Path) -> str:
+    """Two step directories, two mini-batch directories, or two writers' data groups."""
+    kind = rng.choice(["step", "mini-batch", "data group"])
+    parts = [p.parent for p in _files(root, lambda p: _attr(p, f'"{layout.PART_ATTR}"'))]
+    if kind == "step":
+        dirs = sorted({p.parent.parent for p in parts})
+    elif kind == "mini-batch":
+        dirs = parts
+    else:
+        dirs = [d for p in parts for d in p.iterdir() if d.is_dir()]
+    a, b = rng.sample(dirs, 2)
+    _swap_dirs(a, b)
+    return f"swap {kind} directories {a.relative_to(root)} and {b.relative_to(root)}"
+
+
+def _part_records(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for p in _files(root, lambda p: _attr(p, f'"{layout.PART_ATTR}"')):
+        out.append((p, json.loads(p.read_text())))
+    return out
+
+
+def _rewrite(path: Path, doc: dict[str, Any], attr: str) -> None:
+    record = doc["attributes"][attr]
+    record["checksum"] = layout.doc_checksum(record)
+    path.write_text(json.dumps(doc))
+
+
+def edit_record(rng: random.Random, root: Path) -> str:
+    """A structural field of a mini-batch record edited, its checksum recomputed."""
+    path, doc = rng.choice(_part_records(root))
+    rec = doc["attributes"][layout.PART_ATTR]
+    name = rng.choice(sorted(rec["columns"]))
+    aname = rng.choice(sorted(rec["columns"][name]["arrays"]))
+    arr = rec["columns"][name]["arrays"][aname]
+    field_ = rng.choice(["shape0", "shape1", "size", "chunk", "rows", "index", "step", "crc", "expected", "nbytes"])
+    delta = rng.choice([-2, -1, 1, 2, 1000, 10**9])
+    if field_ == "shape0":
+        arr["shape"][0] = max(0, arr["shape"][0] + delta)
+    elif field_ == "shape1" and len(arr["shape"]) > 1:
+        arr["shape"][1] = max(0, arr["shape"][1] + delta)
+    elif field_ == "size" and arr["sizes"]:
+        i = rng.randrange(len(arr["sizes"]))
+        arr["sizes"][i] = max(0, arr["sizes"][i] + delta)
+    elif field_ == "chunk":
+        arr["chunk"] = max(1, arr["chunk"] + delta)
+    elif field_ == "rows":
+        rec["rows"] = max(0, rec["rows"] + delta)
+    elif field_ == "index":
+        rec["index"] = 1 - rec["index"]
+    elif field_ == "step":
+        rec["step"] = rng.choice([s for s in STEPS if s != rec.get("step")])
+    elif field_ == "crc" and arr.get("crc32c"):
+        i = rng.randrange(len(arr["crc32c"]))
+        arr["crc32c"][i] ^= 1 << rng.randrange(32)
+    elif field_ == "expected":
+        rec["expected"] = max(1, rec.get("expected", 2) + delta)
+    else:
+        rec["nbytes"] = max(0, rec["nbytes"] + delta)
+    _rewrite(path, doc, layout.PART_ATTR)
+    return f"edit {field_} ({name}/{aname}, {delta:+}) of {path.relative_to(root)}, checksum recomputed"
+
+
+def edit_other(rng: random.Random, root: Path) -> str:
+    """A run record's or a step summary's numbers edited, its checksum recomputed."""
+    attr = rng.choice([layout.RUN_ATTR, layout.STEP_ATTR])
+    path = rng.choice(_files(root, lambda p: _attr(p, f'"{attr}"')))
+    doc = json.loads(path.read_text())
+    rec = doc["attributes"][attr]
+    key = rng.choice(["expected", "step"] + (["rows", "nbytes"] if attr == layout.STEP_ATTR else []))
+    if key == "step":
+        rec["step"] = rng.choice([s for s in STEPS if s != rec.get("step")])
+    else:
+        rec[key] = rng.choice([1, 3, rec[key] + 1, 2_000_000, 10**8])
+    _rewrite(path, doc, attr)
+    return f"edit {key} of {attr} at {path.relative_to(root)} to {rec[key]}, checksum recomputed"
+
+
+def forge_lengths(rng: random.Random, root: Path) -> str:
+    """A lengths chunk (or a dictionary's codes) replaced by another valid one (right crc32c),
+    its record updated to match (size, crc32c, nbytes, checksum): only the reader's own
+    checks of the lengths against the values (and of the codes against the entries) can tell."""
+    path, doc = rng.choice(_part_records(root))
+    rec = doc["attributes"][layout.PART_ATTR]
+    name = rng.choice(sorted(n for n, c in rec["columns"].items() if "lengths" in c["arrays"]))
+    arrays = rec["columns"][name]["arrays"]
+    which = "codes" if "codes" in arrays and rng.random() < 0.4 else "lengths"
+    arr = arrays[which]
+    (chunk_file,) = (path.parent / rec["data"] / name / which).glob("c.*")
+    codec = chunks.Compression(**arr["codec"])
+    data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
+    if which == "codes":  # one row pointing past the entries
+        data[rng.randrange(arr["shape"][0])] = arrays["lengths"]["shape"][0]
+        what = "a code past the entries"
+    else:
+        data[: arr["shape"][0]] = rng.choice([0, 1, 3, 200])
+        what = f"all {int(data[0])}"
+    blob = chunks.encode(data, codec)
+    chunk_file.write_bytes(blob)
+    rec["nbytes"] += len(blob) - arr["sizes"][0]
+    arr["sizes"], arr["crc32c"] = [len(blob)], [int.from_bytes(blob[-4:], "little")]
+    _rewrite(path, doc, layout.PART_ATTR)
+    return f"forge the {which} of {name} in {path.relative_to(root)} ({what})"
+
+
+def edit_experiment(rng: random.Random, root: Path) -> str:
+    """One byte of the experiment record changed, still valid JSON."""
+    path = rng.choice(_files(root, lambda p: _attr(p, f'"{layout.EXPERIMENT_ATTR}"')))
+    text = path.read_text()
+    while True:
+        i = rng.randrange(len(text))
+        if text[i].isalnum():
+            new = text[:i] + ("x" if text[i] != "x" else "y") + text[i + 1 :]
+            try:
+                json.loads(new)
+            except ValueError:
+                continue
+            path.write_text(new)
+            return f"edit byte {i} of {path.relative_to(root)} ({text[i]!r})"
+
+
+DAMAGES: tuple[Callable[[random.Random, Path], str | None], ...] = (
+    flip,
+    flip,
+    truncate,
+    delete,
+    swap_chunks,
+    swap_chunks,
+    swap_records,
+    swap_dirs,
+    edit_record,
+    edit_other,
+    forge_lengths,
+    edit_experiment,
+)
+
+
+@dataclass
+class Figures:
+    trials: list[Trial]
+
+    @property
+    def wrong(self) -> int:
+        return sum(bool(t.wrong) for t in self.trials)
+
+    @property
+    def untyped(self) -> int:
+        return sum(len(t.untyped) for t in self.trials)
+
+    @property
+    def changed(self) -> int:
+        return sum(t.changed for t in self.trials)
+
+    @property
+    def missed(self) -> list[Trial]:
+        """Trials whose damage changed what a reader gets but that verify did not flag."""
+        return [t for t in self.trials if t.changed and not t.flagged]
+
+    @property
+    def detection(self) -> float:
+        return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
+
+
+def sweep(base: Path, n: int, seed: int = 0) -> Figures:
+    """``n`` random damages of the pristine cache, each on a fresh copy."""
+    pristine = base / "pristine"
+    expected = build(pristine)
+    rng = random.Random(seed)
+    trials = [attack(pristine, base / "work", expected, rng) for _ in range(n)]
+    return Figures(trials)

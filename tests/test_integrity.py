@@ -1,0 +1,422 @@
+"""Issue 15, points 1, 2, 6 and 7: what a reader trusts comes from records bound to their
+place, every number in a record is checked before use, and damaged metadata is a typed error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import CountingStore, assert_equal, concat, make_batch
+
+import zarr_skip as zs
+from zarr_skip.format import chunks, layout, records
+from zarr_skip.format.records import Place
+from zarr_skip.store.storage import Storage
+
+EXP = "exp_proj/GBS4_N2_in8_out16"
+
+
+@pytest.fixture
+def three(tmp_path: Path, fingerprint: dict) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """Steps 1..3 of two mini-batches of 6 rows each (so same-size chunks abound)."""
+    cache = zs.open_cache(tmp_path, fingerprint, chunk_bytes=48)
+    written = {}
+    for step in (1, 2, 3):
+        batches = [make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i) for i in range(2)]
+        for b in batches:
+            cache.write(step, b, expected=2)
+        written[step] = concat(batches)
+    return tmp_path, written
+
+
+def _run_dir(root: Path, step: int) -> Path:
+    (run,) = [d for d in (root / EXP / str(step)).iterdir() if d.is_dir()]
+    return run
+
+
+def _record_path(root: Path, step: int, index: int) -> Path:
+    return _run_dir(root, step) / str(index) / "zarr.json"
+
+
+def _chunk(root: Path, step: int, index: int, column: str) -> Path:
+    part = _run_dir(root, step) / str(index)
+    (data,) = [d for d in part.iterdir() if d.is_dir()]
+    (chunk,) = (data / column).glob("c.*")
+    return chunk
+
+
+def _edit(path: Path, attr: str, fn: Any) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc["attributes"][attr])
+    doc["attributes"][attr]["checksum"] = layout.doc_checksum(doc["attributes"][attr])
+    path.write_text(json.dumps(doc))
+
+
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name(a.name + ".tmp")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+# -- point 1: moved and swapped files -----------------------------------------------------------
+
+
+def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> None:
+    root, written = three
+    _swap(root / EXP / "1", root / EXP / "2")
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.MetadataError, match=r"belongs to experiment '.*', step 2,.* but lies at .*step 1"):
+        cache.load(1)
+    assert_equal(cache.load(3).to_dict(), written[3])  # the rest still loads
+    kinds = {(p.step, p.kind) for p in cache.verify().problems}
+    assert {(1, "misplaced"), (2, "misplaced")} <= kinds
+
+
+@pytest.mark.parametrize("other", [(1, 1), (2, 0)], ids=["same step", "another step"])
+def test_swapped_same_size_chunks_are_a_checksum_error(three: Any, other: tuple[int, int]) -> None:
+    root, _ = three
+    a, b = _chunk(root, 1, 0, "input_ids"), _chunk(root, *other, "input_ids")
+    assert a.stat().st_size == b.stat().st_size and a.read_bytes() != b.read_bytes()
+    _swap(a, b)
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{a}.*another chunk"):
+        cache.load(1)["input_ids"][:]
+    with pytest.raises(zs.ChecksumError):
+        cache.load(other[0])["input_ids"][:]
+    problems = [p for p in cache.verify().problems if p.path == str(a)]
+    # one per chunk of the shard; verify names where the chunk found there belongs
+    assert problems and all(p.kind == "ChecksumError" for p in problems)
+    assert all(f"it is step {other[0]}, mini-batch {other[1]}, column 'input_ids', chunk" in p.error for p in problems)
+
+
+def test_swapped_minibatch_records_and_directories(three: Any) -> None:
+    root, _ = three
+    _swap(_record_path(root, 1, 0).parent, _record_path(root, 1, 1).parent)
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.MetadataError, match=r"mini-batch 1 but lies at .*mini-batch 0"):
+        cache.load(1)
+    assert "misplaced" in {p.kind for p in cache.verify(1).problems}
+
+
+def test_a_run_record_swapped_with_one_expecting_another_count(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(4, seed=1), expected=1)
+    for i in range(2):
+        cache.write(2, make_batch(4, seed=2 + i), expected=2)
+    a, b = _run_dir(tmp_path, 1) / "zarr.json", _run_dir(tmp_path, 2) / "zarr.json"
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    assert not zs.open_cache(tmp_path).verify().ok
+    for step in (1, 2):  # without summaries the run records decide: step 2 would "complete" at 1 of 2
+        (tmp_path / EXP / str(step) / "zarr.json").write_text('{"zarr_format":3,"node_type":"group"}')
+    with pytest.raises(zs.MetadataError, match=r"belongs to .*step 1, .*but lies at .*step 2"):
+        zs.open_cache(tmp_path).load(2)
+    # even with the place fields edited away and checksums recomputed, the count disagrees
+    for path in (a, b):
+        _edit(path, layout.RUN_ATTR, lambda r: r.pop("step"))
+    with pytest.raises(zs.MetadataError, match=r"written for 2 mini-batches, its run's record says 1"):
+        zs.open_cache(tmp_path).load(2)
+    assert not zs.open_cache(tmp_path).verify().ok
+
+
+def _copy_store(src: Any, dst: Any) -> None:
+    s, d = Storage(src if not isinstance(src, Path) else zs.open_cache(src).storage.store), Storage(dst)
+    for key in s.list_prefix(""):
+        blob = s.get(key)
+        assert blob is not None
+        d.set(key, blob)
+
+
+def test_a_whole_cache_moved_elsewhere_reads_and_verifies_clean(
+    location: Any, fingerprint: dict, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Places are relative to the cache root: another path, bucket or prefix is fine."""
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=48)
+    batches = [make_batch(6, seed=i) for i in range(2)]
+    for b in batches:
+        cache.write(4, b, expected=2)
+    if isinstance(location, Path):
+        moved: Any = tmp_path / "elsewhere" / "cache"
+        shutil.copytree(location, moved)
+        shutil.rmtree(location)
+    elif isinstance(location, CountingStore):
+        moved = CountingStore()
+        _copy_store(location, moved)
+    else:
+        from zarr_skip.store._s3 import open_s3_store
+
+        server = request.getfixturevalue("s3_server")
+        moved = open_s3_store(server.s3_url(f"t-{uuid.uuid4().hex[:12]}/deeper/prefix"), server.storage_options)
+        _copy_store(location, moved)
+    reopened = zs.open_cache(moved)
+    assert_equal(reopened.load(4).to_dict(), concat(batches))
+    report = reopened.verify()
+    assert report.ok and report.steps == (4,) and report.unbound == ()
+
+
+def test_records_of_older_writers_read_as_before_and_verify_calls_them_unbound(three: Any) -> None:
+    root, written = three
+    for i in range(2):  # what zarr_skip 0.2 wrote: no place, no crc32c per chunk
+        _edit(
+            _record_path(root, 2, i),
+            layout.PART_ATTR,
+            lambda r: (
+                [r.pop(k) for k in ("experiment", "step", "expected")]
+                + [a.pop("crc32c") for c in r["columns"].values() for a in c["arrays"].values()]
+            ),
+        )
+    cache = zs.open_cache(root)
+    assert_equal(cache.load(2).to_dict(), written[2])
+    report = cache.verify()
+    assert report.ok and report.unbound == (2,)
+
+
+def test_a_step_summary_is_checked_against_its_records(three: Any) -> None:
+    root, written = three
+    step_doc = root / EXP / "2" / "zarr.json"
+    _edit(step_doc, layout.STEP_ATTR, lambda s: s.update(rows=s["rows"] + 1))
+    cache = zs.open_cache(root)
+    assert_equal(cache.load(2).to_dict(), written[2])  # the records decide
+    (problem,) = cache.verify().problems
+    assert problem.kind == "summary" and "rows=13" in problem.error and problem.path == str(step_doc)
+    doc = json.loads(step_doc.read_text())
+    doc["attributes"][layout.STEP_ATTR]["rows"] = 12  # right again, but the checksum is not
+    step_doc.write_text(json.dumps(doc))
+    (problem,) = zs.open_cache(root).verify().problems
+    assert "checksum mismatch" in problem.error
+
+
+@pytest.mark.parametrize("damage", ["swapped", "deleted"])
+def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage: str) -> None:
+    """zarr_skip reads chunks by its records; a plain zarr reader by the arrays' zarr.json."""
+    root, written = three
+    a = _chunk(root, 1, 0, "input_ids").parent / "zarr.json"
+    b = _chunk(root, 1, 0, "scores").parent / "zarr.json"
+    if damage == "swapped":
+        da, db = a.read_bytes(), b.read_bytes()
+        a.write_bytes(db)
+        b.write_bytes(da)
+    else:
+        a.unlink()
+    cache = zs.open_cache(root)
+    assert_equal(cache.load(1).to_dict(), written[1])
+    found = {(p.column, p.kind) for p in cache.verify().problems}
+    assert ("input_ids", "zarr metadata") in found
+
+
+# -- point 2: every number read from a record is checked -----------------------------------------
+
+
+def _forge(root: Path, step: int, index: int, column: str, name: str, forge: Any) -> None:
+    """Replace a column's one-chunk array ``name`` with another valid chunk holding
+    ``forge(rows)`` and update its record to match (size, crc32c, nbytes, checksum)."""
+    path = _record_path(root, step, index)
+    doc = json.loads(path.read_text())
+    arr = doc["attributes"][layout.PART_ATTR]["columns"][column]["arrays"][name]
+    data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
+    data[: arr["shape"][0]] = forge(arr["shape"][0])
+    blob = chunks.encode(data, chunks.Compression(**arr["codec"]))
+    (path.parent / doc["attributes"][layout.PART_ATTR]["data"] / column / name / "c.0").write_bytes(blob)
+
+    def update(rec: dict[str, Any]) -> None:
+        rec["nbytes"] += len(blob) - arr["sizes"][0]
+        arr["sizes"], arr["crc32c"] = [len(blob)], [chunks.trailer(blob)]
+
+    update(doc["attributes"][layout.PART_ATTR])
+    doc["attributes"][layout.PART_ATTR]["checksum"] = layout.doc_checksum(doc["attributes"][layout.PART_ATTR])
+    path.write_text(json.dumps(doc))
+
+
+FORGED = {"too few": lambda n: [1] * n, "too many": lambda n: [60] + [0] * (n - 1)}
+
+
+@pytest.mark.parametrize("column", ["tags", "responses", "uid"])  # uid: dictionary-encoded (3 of 6 distinct)
+@pytest.mark.parametrize("lengths", list(FORGED))
+def test_lengths_that_do_not_add_to_the_stored_values_are_refused(
+    tmp_path: Path, fingerprint: dict, column: str, lengths: str
+) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(6, seed=3))
+    _forge(tmp_path, 1, 0, column, "lengths", FORGED[lengths])
+    view = zs.open_cache(tmp_path).load(1)
+    for read in (lambda: view[column][:], lambda: view[column][2], lambda: view[column][[1, 4]], view.to_dict):
+        with pytest.raises(zs.MetadataError, match=rf"step 1, mini-batch 0, column '{column}'.*lengths add to"):
+            read()
+    (problem,) = zs.open_cache(tmp_path).verify().problems
+    assert problem.kind == "MetadataError" and "lengths add to" in problem.error
+
+
+def test_dictionary_codes_outside_the_entries_are_refused(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(6, seed=3))
+    assert "codes" in cache.load(1).parts[0].arrays["uid"]
+    _forge(tmp_path, 1, 0, "uid", "codes", lambda n: [0, 1, 2, 3, 0, 1])  # 3 entries stored
+    view = zs.open_cache(tmp_path).load(1)
+    for read in (lambda: view["uid"][:], lambda: view["uid"][2], lambda: view["uid"].lengths(), view.to_dict):
+        with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0, column 'uid'.*codes outside the 3"):
+            read()
+    (problem,) = zs.open_cache(tmp_path).verify().problems
+    assert "codes outside" in problem.error
+
+
+def test_negative_lengths_are_refused() -> None:
+    with pytest.raises(zs.MetadataError, match="negative row lengths"):
+        records.check_lengths(np.array([3, -1, 4]), 6, "step 1, mini-batch 0, column 'x'")
+    with pytest.raises(zs.MetadataError, match="add to 7 values but 6"):
+        records.check_lengths(np.array([3, 0, 4]), 6, "here")
+    assert records.check_lengths(np.array([2, 0, 4]), 6, "here").tolist() == [2, 0, 4]
+
+
+def _part(**over: Any) -> dict[str, Any]:
+    """A valid complete record of one 4-row tensor column in one chunk of 20 bytes."""
+    arr = {"dtype": "<u2", "shape": [4, 3], "chunk": 4, "raw": 24, "sizes": [20], "crc32c": [7]}
+    doc = {"experiment": "e", "step": 1, "index": 0, "expected": 1, "rows": 4, "nbytes": 20}
+    doc["columns"] = {"x": {"arrays": {"data": arr}}}
+    for key, value in over.items():
+        target = arr if key in arr else doc
+        target[key] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"shape": [5, 3]}, "5 rows stored, the record says 4"),
+        ({"shape": [-4, 3]}, "shape must be an int >= 0"),
+        ({"shape": [4, 10**12]}, "cannot hold"),
+        ({"shape": [4] + [1] * 40}, "shape must be a list of 1 to 32"),
+        ({"chunk": 0}, "chunk must be an int >= 1"),
+        ({"chunk": 2}, "1 chunk sizes for 4 rows in chunks of 2"),
+        ({"sizes": [20, 20]}, "2 chunk sizes"),
+        ({"sizes": [-20]}, "chunk size must be an int >= 5"),
+        ({"raw": 25}, "raw 25 is not the size"),
+        ({"crc32c": [1 << 40]}, "crc32c must list one 32-bit value"),
+        ({"nbytes": 21}, "nbytes 21 is not the 20 bytes"),
+        ({"rows": 3}, "4 rows stored, the record says 3"),
+        ({"index": 1}, "index 1 is not below expected 1"),
+        ({"expected": 2_000_000}, "expected must be an int in 1 .. 65536"),
+        ({"index": True}, "index must be an int"),
+        ({"dtype": "O"}, "cannot be stored"),
+        ({"dtype": "nonsense"}, "bad dtype"),
+        ({"columns": []}, "columns must be a mapping"),
+    ],
+)
+def test_a_record_is_checked_before_use(over: dict[str, Any], match: str) -> None:
+    records.check_part(_part(), "rec")
+    with pytest.raises(zs.MetadataError, match=match) as exc:
+        records.check_part(_part(**over), "path/to/zarr.json")
+    assert "path/to/zarr.json" in str(exc.value)
+
+
+def test_check_place_compares_only_what_both_name() -> None:
+    doc = {"experiment": "e", "step": 2, "run": "r1", "index": 1}
+    records.check_place(doc, Place("e", 2, "r1", 1), "w")
+    records.check_place({"run": "r1", "index": 1}, Place("e", 2, "r1", 1), "w")  # an older record
+    with pytest.raises(zs.MetadataError, match=r"belongs to experiment 'e', step 2 but lies at .*step 3"):
+        records.check_place(doc, Place("e", 3), "w")
+    with pytest.raises(zs.MetadataError, match=r"belongs to .*mini-batch 1 but lies at .*mini-batch 0"):
+        records.check_place(doc, Place(None, None, "r1", 0), "w")
+
+
+def test_a_huge_shape_in_a_record_is_a_metadata_error_not_a_memory_error(three: Any) -> None:
+    root, _ = three
+    for rows in (10**12, 10**17):
+
+        def huge(rec: dict[str, Any], rows: int = rows) -> None:
+            arr = rec["columns"]["scores"]["arrays"]["data"]
+            arr["shape"], arr["chunk"] = [rows], rows
+            rec["rows"] = rows
+            for c in rec["columns"].values():
+                for name, a in c["arrays"].items():
+                    if name in ("data", "lengths"):
+                        a["shape"][0] = rows
+
+        _edit(_record_path(root, 1, 0), layout.PART_ATTR, huge)
+        view = zs.open_cache(root)
+        with pytest.raises(zs.MetadataError):
+            view.load(1)["scores"][:]
+        assert not view.verify(1).ok
+
+
+def test_a_summary_expecting_two_million_minibatches_builds_no_keys(fingerprint: dict) -> None:
+    store = CountingStore()
+    cache = zs.open_cache(store, fingerprint)
+    cache.write(1, make_batch(4, seed=1))
+    storage = Storage(store)
+    key = layout.meta_key(layout.join(EXP, "1"))
+    doc = json.loads(storage.get(key) or b"")
+    summary = doc["attributes"][layout.STEP_ATTR]
+    summary["expected"] = 2_000_000
+    summary["checksum"] = layout.doc_checksum(summary)
+    storage.set(key, json.dumps(doc).encode())
+    store.reads.clear()
+    start = time.perf_counter()
+    reader = zs.open_cache(store)
+    assert len(reader.load(1)) == 4 and [i.expected for i in reader.status()] == [1]
+    assert time.perf_counter() - start < 5 and sum(store.reads.values()) < 50
+    (problem,) = reader.verify().problems
+    assert problem.kind == "summary" and "expected must be an int in 1 .. 65536" in problem.error
+
+
+def test_expected_beyond_the_bound_is_refused_before_writing(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    with pytest.raises(zs.ConfigError, match="expected"):
+        cache.write(1, make_batch(2), expected=records.MAX_EXPECTED + 1)
+    assert not (tmp_path / EXP / "1").exists()
+
+
+# -- point 6: deep or huge metadata ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["root", "record", "meta_info"])
+def test_deeply_nested_json_is_a_metadata_error(three: Any, where: str) -> None:
+    root, _ = three
+    deep = "[" * 200_000 + "]" * 200_000
+    if where == "root":
+        (root / "zarr.json").write_text(deep)
+        with pytest.raises(zs.MetadataError, match="too deeply nested"):
+            zs.open_cache(root)
+        return
+    path = _record_path(root, 1, 0)
+    text = path.read_text()
+    if where == "record":
+        path.write_text(text.replace('"zarr_format"', f'"x":{deep},"zarr_format"', 1))
+    else:
+        _edit(path, layout.PART_ATTR, lambda r: r.update(meta_info=json.loads("[" * 900 + "]" * 900)))
+        path.write_text(path.read_text().replace("[" * 900, "[" * 100_000).replace("]" * 900, "]" * 100_000))
+    with pytest.raises(zs.CorruptCacheError):
+        zs.open_cache(root).load(1)
+    assert not zs.open_cache(root).verify().ok
+
+
+# -- point 7: the experiment record ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit", ["fingerprint value", "attribute name", "deleted"])
+def test_a_damaged_experiment_record_is_reported_not_an_empty_cache(three: Any, fingerprint: dict, edit: str) -> None:
+    root, _ = three
+    path = root / EXP / "zarr.json"
+    text = path.read_text()
+    if edit == "fingerprint value":
+        path.write_text(text.replace('"max_prompt_length":8', '"max_prompt_length":9'))
+    elif edit == "attribute name":
+        path.write_text(text.replace('"zarr_skip.experiment"', '"zarr_skip.experimenu"'))
+    else:
+        path.unlink()
+    assert json.loads(path.read_text() if path.exists() else "{}") is not None  # still valid JSON
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.MetadataError, match=rf"{path}.*(checksum mismatch|no experiment record)"):
+        cache.load(1)
+    (problem,) = cache.verify().problems
+    assert problem.kind == "experiment" and str(path) in problem.error
+    if edit == "fingerprint value":
+        with pytest.raises(zs.MetadataError, match="experiment record checksum mismatch"):
+            zs.open_cache(root, fingerprint)

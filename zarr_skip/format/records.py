@@ -1,0 +1,223 @@
+"""Checking what a stored record says before anything trusts it (pure: no I/O).
+
+Every record a reader acts on is checked here first:
+
+- its **place**: a record names the experiment, step, run and index it was written for
+  (:class:`Place`), all relative to the cache root, so a record, a mini-batch or a whole step
+  directory moved or swapped elsewhere is refused naming where it is and where it belongs,
+  while a whole cache copied to another path, bucket or prefix reads as before;
+- its **numbers**: every length, shape, size and count is a non-negative int in sane bounds
+  and consistent with the others (chunk counts with shapes, stored sizes with the compression
+  bound, byte totals with their sums) before an array is allocated or a key is built;
+- the **lengths** of jagged columns (read from chunks): non-negative, summing to the values
+  the mini-batch's record says it stored.
+
+A violation is a :class:`~zarr_skip.errors.MetadataError` naming the file. Records of
+format versions 1 and 2 (zarr_skip 0.1 and 0.2) lack the place fields: they are read as
+before and reported *unbound* by ``verify()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from zarr_skip.errors import MetadataError
+
+#: the most mini-batches one step may expect (verl's ``parameter_sync_step`` is a few)
+MAX_EXPECTED = 1 << 16
+#: the most columns one mini-batch may hold
+MAX_COLUMNS = 1 << 16
+#: the most dimensions a stored array may have
+MAX_NDIM = 32
+#: the most uncompressed bytes one stored chunk byte may stand for: zstd's densest block (a
+#: run-length block of 128 KiB in 4 bytes) is 32768:1; blosc adds headers, so this is loose
+MAX_RATIO = 1 << 16
+#: bytes a chunk may decode to beyond ``MAX_RATIO * size`` (headers of tiny chunks)
+RATIO_SLACK = 1 << 16
+#: the crc32c trailer every chunk ends with
+CRC_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a record belongs, relative to the cache root (``None``: not part of this kind
+    of record, or not recorded by an older writer)."""
+
+    experiment: str | None = None
+    step: int | None = None
+    run: str | None = None
+    index: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in (("experiment", self.experiment), ("step", self.step)) if v is not None}
+
+    def __str__(self) -> str:
+        parts = [f"experiment {self.experiment!r}"] if self.experiment is not None else []
+        parts += [f"step {self.step}"] if self.step is not None else []
+        parts += [f"run {self.run}"] if self.run is not None else []
+        parts += [f"mini-batch {self.index}"] if self.index is not None else []
+        return ", ".join(parts) or "nowhere"
+
+
+def bound(doc: Mapping[str, Any]) -> bool:
+    """Whether a record names its place (written by this version: ``experiment`` and ``step``)."""
+    return "experiment" in doc and "step" in doc
+
+
+def check_place(doc: Mapping[str, Any], here: Place, where: str) -> None:
+    """Refuse a record that names another place than ``here`` (fields it lacks are not checked).
+
+    Raises
+    ------
+    MetadataError
+        Naming the file, where it is and where it belongs.
+    """
+    theirs = Place(
+        doc.get("experiment") if here.experiment is not None else None,
+        doc.get("step") if here.step is not None else None,
+        doc.get("run") if here.run is not None else None,
+        doc.get("index") if here.index is not None else None,
+    )
+    mine = Place(
+        here.experiment if "experiment" in doc else None,
+        here.step if "step" in doc else None,
+        here.run if "run" in doc else None,
+        here.index if "index" in doc else None,
+    )
+    if theirs != mine:
+        raise MetadataError(
+            f"{where}: this record belongs to {theirs} but lies at {mine}: it was moved or swapped "
+            "(restore it to its place, or delete the step)"
+        )
+
+
+def count(value: Any, what: str, where: str, *, low: int = 0, high: int | None = None) -> int:
+    """``value`` as an int in ``low .. high``, else MetadataError naming ``what`` and the file."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        limit = f"in {low} .. {high}" if high is not None else f">= {low}"
+        raise MetadataError(f"{where}: {what} must be an int {limit}, got {value!r:.80}")
+    return value
+
+
+def check_summary(summary: Mapping[str, Any], where: str) -> None:
+    """The numbers of a step's summary."""
+    count(summary.get("expected"), "expected", where, low=1, high=MAX_EXPECTED)
+    for key in ("rows", "nbytes"):
+        count(summary.get(key), key, where)
+    count(summary.get("raw_nbytes", 0), "raw_nbytes", where)
+    if not isinstance(summary.get("run"), str):
+        raise MetadataError(f"{where}: the summary's run must be a string")
+
+
+def check_part(doc: Mapping[str, Any], where: str) -> None:
+    """Every count, shape and size of a complete mini-batch record, before any is used.
+
+    Raises
+    ------
+    MetadataError
+        Naming the file and the first value that is out of bounds or inconsistent.
+    """
+    count(doc.get("index"), "index", where, high=MAX_EXPECTED - 1)
+    if "expected" in doc:
+        expected = count(doc["expected"], "expected", where, low=1, high=MAX_EXPECTED)
+        if doc["index"] >= expected:
+            raise MetadataError(f"{where}: index {doc['index']} is not below expected {expected}")
+    rows = count(doc.get("rows"), "rows", where)
+    columns = doc.get("columns")
+    if not isinstance(columns, Mapping) or len(columns) > MAX_COLUMNS:
+        raise MetadataError(f"{where}: columns must be a mapping of at most {MAX_COLUMNS} columns")
+    stored = 0
+    for name, entry in columns.items():
+        arrays = entry.get("arrays") if isinstance(entry, Mapping) else None
+        if not isinstance(arrays, Mapping) or not arrays:
+            raise MetadataError(f"{where}: column {name!r} lists no arrays")
+        per_row = ("data", "codes") if "codes" in arrays else ("data", "lengths")  # a dictionary's lengths: entries
+        for aname, array in arrays.items():
+            stored += _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
+        if "lengths" in arrays and "values" not in arrays:
+            raise MetadataError(f"{where}: column {name!r} has lengths but no values")
+    if count(doc.get("nbytes"), "nbytes", where) != stored and bound(doc):
+        raise MetadataError(f"{where}: nbytes {doc['nbytes']} is not the {stored} bytes its chunks' sizes add to")
+
+
+def _check_array(a: Any, rows: int | None, where: str) -> int:
+    """Check one array entry of a manifest; returns its stored bytes."""
+    if not isinstance(a, Mapping):
+        raise MetadataError(f"{where}: not an object")
+    try:
+        dtype = np.dtype(a["dtype"])
+    except (KeyError, TypeError, ValueError):
+        raise MetadataError(f"{where}: bad dtype {a.get('dtype')!r:.80}") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise MetadataError(f"{where}: dtype {dtype} cannot be stored")
+    shape = a.get("shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM:
+        raise MetadataError(f"{where}: shape must be a list of 1 to {MAX_NDIM} ints")
+    dims = [count(d, "shape", where) for d in shape]
+    if rows is not None and dims[0] != rows:
+        raise MetadataError(f"{where}: {dims[0]} rows stored, the record says {rows}")
+    chunk = count(a.get("chunk"), "chunk", where, low=1)
+    sizes = a.get("sizes")
+    if not isinstance(sizes, list):
+        raise MetadataError(f"{where}: sizes must be a list")
+    n_chunks = math.ceil(dims[0] / chunk) if math.prod(dims) else 0
+    if len(sizes) != n_chunks:
+        raise MetadataError(f"{where}: {len(sizes)} chunk sizes for {dims[0]} rows in chunks of {chunk}")
+    chunk_raw = chunk * math.prod(dims[1:]) * dtype.itemsize
+    for s in sizes:
+        count(s, "chunk size", where, low=CRC_BYTES + 1)
+        if chunk_raw > MAX_RATIO * s + RATIO_SLACK:
+            raise MetadataError(f"{where}: a chunk of {s} bytes cannot hold {chunk_raw} bytes of values")
+    if "raw" in a and count(a["raw"], "raw", where) != math.prod(dims) * dtype.itemsize:
+        raise MetadataError(f"{where}: raw {a['raw']} is not the size of shape {dims} of {dtype}")
+    crcs = a.get("crc32c")
+    if crcs is not None and (
+        not isinstance(crcs, list) or len(crcs) != n_chunks or any(count(c, "crc32c", where) >> 32 for c in crcs)
+    ):
+        raise MetadataError(f"{where}: crc32c must list one 32-bit value per chunk")
+    first = a.get("first_rows")
+    if first is not None:
+        if not isinstance(first, list) or len(first) != n_chunks:
+            raise MetadataError(f"{where}: first_rows must list one row per chunk")
+        if any(b < a_ for a_, b in pairwise(count(r, "first_rows", where) for r in first)):
+            raise MetadataError(f"{where}: first_rows must not decrease")
+    return sum(sizes)
+
+
+def check_lengths(lengths: np.ndarray, values: int, where: str) -> np.ndarray:
+    """A mini-batch's lengths of a jagged column: non-negative, summing to its ``values``.
+
+    Raises
+    ------
+    MetadataError
+        Naming the mini-batch and column (``where``) and what is wrong.
+    """
+    if lengths.size and int(lengths.min()) < 0:
+        raise MetadataError(f"{where}: negative row lengths stored (the lengths chunk was altered)")
+    total = int(lengths.sum(dtype=np.int64)) if lengths.size else 0
+    if total != values:
+        raise MetadataError(
+            f"{where}: the row lengths add to {total} values but {values} are stored (the lengths chunk was altered)"
+        )
+    return lengths
+
+
+def check_codes(codes: np.ndarray, entries: int, where: str) -> np.ndarray:
+    """A dictionary-encoded mini-batch's codes: each the index of one of its ``entries``."""
+    if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= entries):
+        raise MetadataError(f"{where}: codes outside the {entries} dictionary entries stored (the codes were altered)")
+    return codes
+
+
+def split_lengths(lengths: np.ndarray, rows: Sequence[int], values: Sequence[int], where: Sequence[str]) -> None:
+    """:func:`check_lengths` of each mini-batch of lengths concatenated across mini-batches."""
+    start = 0
+    for n, v, w in zip(rows, values, where, strict=True):
+        check_lengths(lengths[start : start + n], v, w)
+        start += n
