@@ -133,7 +133,8 @@ def loop_table(cache: Any, columns: list[str]) -> int:
 
 
 def write_copies(cache: Any, preset: Any, steps: int) -> None:
-    """Step 1 written, steps 2.. as copies of its stored keys (no record names its step)."""
+    """Step 1 written, steps 2.. as copies of its stored keys, each record re-bound to its step
+    (records name their step: a plain copy would be refused as misplaced)."""
     from zarr_skip.synthetic import as_mapping, jagged_payload
 
     cache.write(1, as_mapping(jagged_payload(preset)))
@@ -141,17 +142,35 @@ def write_copies(cache: Any, preset: Any, steps: int) -> None:
     if storage.root is not None:
         src = storage.root / exp / "1"
         for step in range(2, steps + 1):
-            shutil.copytree(src, storage.root / exp / str(step))
+            dst = storage.root / exp / str(step)
+            shutil.copytree(src, dst)
+            for meta in dst.rglob("zarr.json"):
+                meta.write_bytes(rebound(meta.read_bytes(), step))
         return
     prefix = f"{exp}/1/"
     keys = storage.list_prefix(prefix)
     blobs = dict(zip(keys, storage.get_many(keys), strict=True))
     for first in range(2, steps + 1, 50):
         batch = {
-            f"{exp}/{step}/{k[len(prefix):]}": b for step in range(first, min(first + 50, steps + 1))
+            f"{exp}/{step}/{k[len(prefix):]}": rebound(b, step) if k.endswith("zarr.json") else b
+            for step in range(first, min(first + 50, steps + 1))
             for k, b in blobs.items() if b is not None
         }  # fmt: skip
         storage.set_many(batch)
+
+
+def rebound(blob: bytes, step: int) -> bytes:
+    """A record of step 1 as the same record of ``step`` (its checksum recomputed)."""
+    from zarr_skip.format import layout
+
+    doc = json.loads(blob)
+    for attr in (layout.STEP_ATTR, layout.RUN_ATTR, layout.PART_ATTR):
+        rec = doc.get("attributes", {}).get(attr)
+        if isinstance(rec, dict) and "step" in rec:
+            rec["step"] = step
+            if "checksum" in rec:
+                rec["checksum"] = layout.doc_checksum(rec)
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def table_worker(spec: dict[str, Any]) -> dict[str, Any]:

@@ -112,9 +112,9 @@ def attack(
             continue
         try:
             assert_equal(got, want, str(key))
-        except AssertionError as exc:
+        except Exception as exc:  # noqa: BLE001 - a value that cannot even be compared is wrong too
             trial.changed = True
-            trial.wrong.append(f"{key}: {exc}")
+            trial.wrong.append(f"{key}: {type(exc).__name__}: {exc}")
     try:
         trial.flagged = not cache.verify().ok
     except zs.ZarrSkipError:
