@@ -44,6 +44,7 @@ UPWARD_ALLOWED = {
     ("cache", "readable"),  # ``Cache.export()`` writes parquet / JSON Lines with the readable wing
     ("lazy", "notebook"),
     ("reading", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
+    ("reading", "notebook"),  # ``StepView.rollout()`` / ``group()`` / ``find()`` / ``page()`` draw, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute
 }
 

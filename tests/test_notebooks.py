@@ -32,6 +32,13 @@ EXPECTED_HTML = {
         ">writing</span>",
         "meta_info",
         "column &#x27;responses&#x27; of step 3",
+        # the readable views: a rollout's tokens by log-prob, a group's marks, a search, a page
+        'class="zs-t zs-p0"',
+        "token probability under the sampling policy",
+        "★ best",
+        "truncated at 96",
+        "rows with truncated=True",
+        "step 2: page 1 of 8 (rows 8–15 of 64)",
     ],
 }
 #: the last cell, added here: proves the kernel runs the interpreter running the tests

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from zarr_skip.notebook.measures import response_lengths, row_scores
 from zarr_skip.notebook.plots import (
     plot_minibatches,
     plot_response_lengths,
     plot_scores,
     plot_truncation,
-    response_lengths,
-    row_scores,
 )
 
 __all__ = [

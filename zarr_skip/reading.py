@@ -1,9 +1,10 @@
-"""What views and caches offer their readers: decoded text, chat messages, recorded
-attributes (the trainer's tokenizer) and exports for other tools.
+"""What views and caches offer their readers: decoded text, chat messages, the rollout views,
+recorded attributes (the trainer's tokenizer) and exports for other tools.
 
 :class:`StepReading` is a base of :class:`zarr_skip.StepView`, :class:`CacheReading` of
-:class:`zarr_skip.Cache`; what needs the readable wing imports it when called (that wing sits
-above the lazy views), so that ``import zarr_skip`` loads no tokenizer or parquet code.
+:class:`zarr_skip.Cache`; what needs the readable wing (text) or the notebook wing (views)
+imports it when called (both sit above the lazy views), so that ``import zarr_skip`` loads no
+tokenizer, rendering or parquet code.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
     from zarr_skip.cache import Cache
     from zarr_skip.lazy import StepView
+    from zarr_skip.notebook.groups import GroupView
+    from zarr_skip.notebook.rollouts import RolloutList, RolloutView
     from zarr_skip.readable.export import ExportReport
     from zarr_skip.readable.text import Message
     from zarr_skip.store.storage import Storage
@@ -30,7 +33,8 @@ __all__ = ["CacheReading", "StepReading"]
 
 
 class StepReading:
-    """Decoded text and chat messages of a step's rows (a base of :class:`zarr_skip.StepView`)."""
+    """Decoded text, chat messages and readable views of a step's rows (a base of
+    :class:`zarr_skip.StepView`)."""
 
     #: the Cache the view was loaded from (None when made directly): its attributes name the
     #: tokenizer that :meth:`text` decodes with by default
@@ -64,6 +68,38 @@ class StepReading:
         from zarr_skip.readable.text import chat_rows
 
         return chat_rows(cast("StepView", self), rows)
+
+    # -- readable views (zarr_skip.notebook.browse); each reads nothing until it is shown -------
+
+    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
+        """Row ``row`` drawn in full: the prompt (chat messages), the response, badges and its
+        tokens coloured by log-prob."""
+        from zarr_skip.notebook import browse
+
+        return browse.rollout(cast("StepView", self), row, tokenizer=tokenizer, max_length=max_length)
+
+    def group(
+        self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
+    ) -> GroupView:
+        """The GRPO group ``uid`` (or that of row ``row``): its responses side by side."""
+        from zarr_skip.notebook import browse
+
+        return browse.group(cast("StepView", self), uid, row=row, tokenizer=tokenizer, max_length=max_length)
+
+    def find(
+        self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
+    ) -> RolloutList:
+        """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
+        ``best`` / ``worst``: see :func:`zarr_skip.notebook.finding.find_rows`."""
+        from zarr_skip.notebook import browse
+
+        return browse.find(cast("StepView", self), tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
+
+    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
+        """Page ``k`` of the step's rollouts, ``size`` rows a page."""
+        from zarr_skip.notebook import browse
+
+        return browse.page(cast("StepView", self), k, size, tokenizer=tokenizer, max_length=max_length)
 
 
 class CacheReading:

@@ -60,15 +60,16 @@ examples:
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
   zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
+  zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
 
 exit status: 0 ok, 1 problems found, 2 usage error
 """
 
 
-def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
+def _common(*, experiment: bool = True, storage_short: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
-        "-o",
+        *(["-o"] if storage_short else []),  # `report` takes -o for its output file
         "--storage-option",
         dest="storage_option",
         action="append",
@@ -258,6 +259,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
     p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
     _tokenizer_option(p)
+    from zarr_skip.cli import _report as rep
+
+    p = _add(
+        sub,
+        "report",
+        rep.cmd_report,
+        "write a self-contained HTML report: step table, plots, rollouts with decoded text",
+        f"{loc}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, no\n"
+        "scripts): open it in any browser or send it. Rollouts are shown for STEPs (default: the\n"
+        "latest complete step), whole GRPO groups, up to --rows per step.\n"
+        "(Here -o is the output file; storage options are --storage-option KEY=VALUE.)\n\n"
+        "examples:\n  zarr-skip report runs/cache -o report.html\n"
+        "  zarr-skip report runs/cache 10 20-22 -o report.html --tokenizer ~/models/qwen/tokenizer.json",
+        [_common(storage_short=False)],
+    )
+    p.add_argument("location", metavar="LOCATION")
+    p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N or A-B)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    _tokenizer_option(p)
+    p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
+    p.add_argument("--tokens", action="store_true", help="add each response's tokens coloured by log-prob")
+    p.set_defaults(trailing_steps=True)
     return parser
 
 
@@ -272,7 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zarr-skip`` with ``argv`` (default: the process arguments); return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and getattr(args, "trailing_steps", False) and not any(x.startswith("-") for x in extra):
+            args.steps = [*args.steps, *extra]  # `report LOC -e NAME 3 5 -o F`: steps after an option
+        elif extra:
+            parser.parse_args(argv)  # argparse's own message for what it does not know
         args.storage_options = parse_storage_options(args.storage_option)
     except SystemExit as exc:  # --help, --version, argparse's usage errors
         return exc.code if isinstance(exc.code, int) else 2

@@ -20,21 +20,25 @@ import numpy as np
 
 from zarr_skip.cache import Cache
 from zarr_skip.lazy import StepView
+from zarr_skip.notebook.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+__all__ = [
+    "plot_minibatches",
+    "plot_response_lengths",
+    "plot_scores",
+    "plot_truncation",
+    "response_lengths",  # measures, re-exported: plots and the rollout views count the same way
+    "row_scores",
+]
+
 logger = logging.getLogger(__name__)
 
-#: columns tried, in order, for response lengths when none is named
-LENGTH_COLUMNS = ("responses", "response_mask")
-#: columns tried, in order, for scores when none is named
-SCORE_COLUMNS = ("token_level_scores", "token_level_rewards", "scores", "score", "rewards", "reward", "acc")
 #: steps of a cache plotted at most when ``steps`` is not given (evenly spaced)
 MAX_STEPS = 40
-_BLOCK = 4096  # rows of a padded mask read at a time
-
 Source = Cache | StepView | Sequence[StepView]
 
 
@@ -80,67 +84,6 @@ def _views(source: Source, steps: Sequence[int] | None) -> list[StepView]:
     if steps is not None:
         raise ValueError("steps: only with a cache")
     return views
-
-
-def _numpy(value: Any) -> np.ndarray:
-    """A numeric torch tensor or numpy array as float64 numpy (bf16 and float8 included)."""
-    if hasattr(value, "detach"):
-        import torch
-
-        t = value.detach()
-        if t.is_complex():
-            raise TypeError("complex values cannot be plotted")
-        return t.to(torch.float64).numpy()
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
-    return arr.astype(np.float64)
-
-
-def _pick(view: StepView, column: str | None, candidates: Sequence[str], what: str) -> str:
-    if column is not None:
-        view[column]  # KeyError naming the columns when absent
-        return column
-    for name in candidates:
-        if name in view:
-            return name
-    raise KeyError(
-        f"step {view.step}: no {what} column (looked for {', '.join(candidates)}; "
-        f"columns: {', '.join(view.columns)}); name one with column="
-    )
-
-
-def _lengths(view: StepView, column: str | None) -> tuple[np.ndarray, int | None]:
-    """Per-row response lengths and, for a padded column, its width (the max length)."""
-    name = _pick(view, column, LENGTH_COLUMNS, "response")
-    col = view[name]
-    if col.spec.jagged:
-        if col.spec.kind not in ("nested", "rows"):
-            raise TypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
-        return col.lengths().astype(np.int64), None
-    if column is None and name == "responses" and "response_mask" in view:
-        return _lengths(view, "response_mask")
-    if len(col.spec.shape) != 1:
-        raise TypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
-    if not name.endswith("mask"):
-        raise TypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
-    out = np.empty(len(col), dtype=np.int64)
-    for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
-        block = col[start : start + _BLOCK]
-        out[start : start + len(block)] = np.asarray((block != 0).sum(-1))
-    return out, int(col.spec.shape[0])
-
-
-def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
-    """Per-row response lengths of a step.
-
-    Parameters
-    ----------
-    view : the step.
-    column : a jagged column (its stored lengths, no token read) or a padded mask (its
-        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``.
-    """
-    return _lengths(view, column)[0]
 
 
 def _max_length(source: Source, width: int | None, max_length: int | None) -> int | None:
@@ -205,7 +148,7 @@ def plot_response_lengths(
     """
     _check_kind(kind)
     views = _views(source, steps)
-    found = [_lengths(v, column) for v in views]
+    found = [lengths_and_width(v, column) for v in views]
     limit = _max_length(source, found[0][1], max_length)
     fig, ax = _axes(ax)
     if len(views) == 1:
@@ -256,7 +199,7 @@ def plot_truncation(
     fingerprint's ``max_response_length``; pass it for step views of jagged batches.
     """
     views = _views(source, steps)
-    found = [_lengths(v, column) for v in views]
+    found = [lengths_and_width(v, column) for v in views]
     limit = _max_length(source, found[0][1], max_length)
     if limit is None:
         raise ValueError("max_length: unknown for jagged step views; pass max_length=")
@@ -271,37 +214,6 @@ def plot_truncation(
     ax.set_ylabel(f"% of responses at {limit} tokens")
     ax.set_title("truncated responses per step")
     return fig
-
-
-def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -> np.ndarray:
-    """One number per row of a numeric column: itself, or the sum (or mean) of its row.
-
-    Token-level columns (verl's ``token_level_scores``, padded or jagged) reduce over each
-    row: ``sum`` gives the sequence reward; ``mean`` averages a row's stored elements (for a
-    padded column, padding included).
-    """
-    if reduce not in ("sum", "mean"):
-        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
-    name = _pick(view, column, SCORE_COLUMNS, "score")
-    col = view[name]
-    kind = col.spec.kind
-    if kind in ("tensor", "ndarray"):
-        data = _numpy(col[:]).reshape(len(col), -1)
-        return data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
-    if kind not in ("nested", "rows"):
-        raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
-    lengths = col.lengths().astype(np.int64)
-    value = col[:]
-    if kind == "nested":
-        values = _numpy(value.values())
-    else:
-        values = np.concatenate([_numpy(r) for r in value]) if len(value) else np.empty(0)
-    values = values.reshape(int(lengths.sum()), -1).sum(axis=1)
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    sums = np.bincount(owner, weights=values, minlength=len(lengths))
-    if reduce == "sum":
-        return sums
-    return np.where(lengths > 0, sums / np.maximum(lengths, 1), np.nan)
 
 
 def plot_scores(
@@ -324,7 +236,7 @@ def plot_scores(
     _check_kind(kind)
     views = _views(source, steps)
     scores = [row_scores(v, column, reduce) for v in views]
-    name = _pick(views[0], column, SCORE_COLUMNS, "score")
+    name = pick(views[0], column, SCORE_COLUMNS, "score")
     spec = views[0][name].spec
     label = name if not spec.jagged and not spec.shape else f"{name} ({reduce} per row)"
     fig, ax = _axes(ax)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zarr_skip.format.specs import jagged_tensor
 from zarr_skip.synthetic.rollouts import DataProtoLike
 
 __all__ = [
@@ -260,9 +261,9 @@ def text_rollouts(
 
 
 def _nested(rows: list[np.ndarray]) -> torch.Tensor:
-    return torch.nested.nested_tensor_from_jagged(
+    return jagged_tensor(  # without torch's fx-tracing warning in the user's process
         torch.from_numpy(np.concatenate(rows)),
-        offsets=torch.from_numpy(np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)),
+        torch.from_numpy(np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)),
     )
 
 

@@ -1,0 +1,291 @@
+"""The HTML report: one self-contained file, checked as text and in headless Chromium.
+
+The browser test loads the file in Debian's Chromium (driven over the DevTools protocol, see
+``tests/_browser.py``), in the light and the dark colour scheme, checks the DOM (steps, rollout
+cards, decoded text, plots loaded, the theme's colours), that nothing was logged to the console
+and that no resource failed to load, and keeps full-page screenshots under the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _browser import Browser, missing
+
+import zarr_skip as zs
+from zarr_skip.cli.main import main
+from zarr_skip.notebook.report import report_html, write_report
+from zarr_skip.synthetic import TOKENIZER_PATH, text_rollouts
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("tokenizers")
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+FP = {
+    "experiment_name": "e",
+    "project_name": "p",
+    "gen_batch_size": 4,
+    "n": 4,
+    "max_prompt_length": 128,
+    "max_response_length": 96,
+}
+GROUPS, N = 4, 4
+VOID = {"meta", "img", "br", "hr", "input", "link", "source"}
+
+
+class Checker(HTMLParser):
+    """Balanced tags (void elements aside), and every ``src`` / ``href`` that is not inline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+        self.outside: list[str] = []
+        self.handlers: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for k, v in attrs:
+            if k in ("src", "href") and not (v or "").startswith(("data:", "#")):
+                self.outside.append(f"{tag} {k}={v}")
+            if k.startswith("on"):
+                self.handlers.append(f"{tag} {k}={v}")
+        if tag not in VOID:
+            self.open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.open and self.open.pop() == tag, tag
+
+
+def write_cache(location: Path) -> zs.Cache:
+    """Steps 1-3 of readable GRPO rollouts; step 2's prompts, uids and sources are hostile."""
+    cache = zs.open_cache(location, FP)
+    for step in (1, 2, 3):
+        batch = text_rollouts(GROUPS, N, seed=step, step=step)
+        if step == 2:
+            batch["data_source"] = [HOSTILE] * len(batch["data_source"])
+            batch["uid"] = [f"{u}{HOSTILE}" for u in batch["uid"]]
+            batch["raw_prompt"] = [
+                [{"role": "user", "content": HOSTILE + m[0]["content"]}] for m in batch["raw_prompt"]
+            ]
+        cache.write(step, batch, meta_info={"global_steps": step})
+    return cache
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> zs.Cache:
+    write_cache(tmp_path / "cache")
+    return zs.open_cache(tmp_path / "cache")
+
+
+def decoded(cache: zs.Cache, step: int, row: int) -> str:
+    return cache.load(step).text(rows=[row], tokenizer=TOKENIZER_PATH)[0]
+
+
+def test_the_report_is_one_self_contained_file(cache: zs.Cache, tmp_path: Path) -> None:
+    path = write_report(cache, tmp_path / "report.html", [1, 2], tokenizer=TOKENIZER_PATH)
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    checker = Checker()
+    checker.feed(page)
+    assert checker.open == ["html"] or not checker.open  # html closes last
+    assert checker.outside == [] and checker.handlers == []
+    for banned in ("<script", "<link", "@import", "url(", "http://", "https://"):
+        assert banned not in page, banned
+    assert HOSTILE not in page and html.escape(HOSTILE) in page
+    # the step table lists every step; rollouts of the chosen ones, whole groups
+    assert re.findall(r'<section class="zs-step" id="step-(\d+)"', page) == ["1", "2"]
+    assert page.count('class="zs-card') == 2 * GROUPS * N
+    assert page.count('<div class="zs-group"') == 2 * GROUPS
+    assert html.escape(decoded(cache, 1, 0)) in page and html.escape(decoded(cache, 2, 5)) in page
+    assert "★ best" in page and "✗ worst" in page and "truncated at 96" in page
+    # four plots, each in a light and a dark version, inline
+    assert len(re.findall(r"<figure data-plot=", page)) == 4
+    assert len(re.findall(r'<img class="zs-plot-(light|dark)" alt="[^"]+" src="data:image/png;base64,', page)) == 8
+
+
+def test_the_report_shows_whole_groups_up_to_rows_and_ids_without_a_tokenizer(cache: zs.Cache) -> None:
+    page = report_html(cache, [3], rows=5, plots=False)
+    assert page.count('class="zs-card') == 2 * N  # the group that reaches 5 rows is kept whole
+    assert "no tokenizer: token ids shown" in page and "<figure" not in page
+    assert "showing 8 (2 groups)" in page
+    with pytest.raises(ValueError, match=r"steps \[7\]: not complete"):
+        report_html(cache, [7])
+
+
+def test_the_report_shows_padded_steps_steps_without_uids_and_without_responses(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    cache.write(1, text_rollouts(2, N, seed=0, padded=True))
+    cache.write(2, {k: v for k, v in text_rollouts(2, N, seed=1).items() if k != "uid"})
+    cache.write(3, {"x": np.arange(4)})
+    page = report_html(cache, [1, 2, 3], tokenizer=TOKENIZER_PATH, plots=False)
+    step1, step2, step3 = page.split('<section class="zs-step"')[1:]
+    assert step1.count('class="zs-card') == 2 * N and "truncated at 96" in step1
+    assert html.escape(decoded(cache, 1, 0)) in step1  # padding dropped: the same text as StepView.text
+    assert step2.count('<details class="zs-rollout"') == 2 * N and 'class="zs-card' not in step2
+    assert "no responses column (columns: x)" in step3
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with Browser() as b:
+        yield b
+
+
+def test_the_browser_sees_console_errors_and_failed_loads(browser: Browser, tmp_path: Path) -> None:
+    page = tmp_path / "bad.html"
+    page.write_text('<!DOCTYPE html><img src="missing.png"><script>console.error("boom")</script>')
+    browser.open(page)
+    browser.evaluate("1")
+    problems = browser.problems()
+    assert any("console.error: boom" in p for p in problems), problems
+    assert any("missing.png" in p for p in problems), problems
+
+
+JS_STATE = """(() => {
+  const shown = el => getComputedStyle(el).display !== 'none';
+  const imgs = [...document.images];
+  return {
+    steps: [...document.querySelectorAll('section.zs-step')].map(s => s.dataset.step),
+    cards: document.querySelectorAll('.zs-card').length,
+    best: document.querySelectorAll('.zs-card.zs-best').length,
+    text: document.body.innerText,
+    loaded: imgs.every(i => i.complete && i.naturalWidth > 0),
+    light: imgs.filter(i => i.classList.contains('zs-plot-light') && shown(i)).length,
+    dark: imgs.filter(i => i.classList.contains('zs-plot-dark') && shown(i)).length,
+    background: getComputedStyle(document.querySelector('.zs-page')).backgroundColor,
+    colour: getComputedStyle(document.querySelector('.zs-page')).color,
+    rows: document.querySelectorAll('table.zs-table tbody tr').length,
+  };
+})()"""
+
+
+def _luminance(css: str) -> float:
+    r, g, b = (int(x) for x in re.findall(r"\d+", css)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_the_report_in_chromium(browser: Browser, cache: zs.Cache, tmp_path: Path, dark: bool) -> None:
+    path = write_report(cache, tmp_path / "report.html", [1, 2], tokenizer=TOKENIZER_PATH)
+    browser.open(path, dark=dark)
+    state = browser.evaluate(JS_STATE)
+    shot = browser.screenshot(tmp_path / f"report-{'dark' if dark else 'light'}.png")
+    assert browser.problems() == []
+    assert state["steps"] == ["1", "2"] and state["cards"] == 2 * GROUPS * N and state["best"] > 0
+    assert state["rows"] == 3  # the step table
+    for step, row in ((1, 0), (1, 7), (2, 5)):
+        assert decoded(cache, step, row).split("\n")[0] in state["text"]
+    assert HOSTILE in state["text"]  # shown as text, never run
+    assert state["loaded"] and (state["light"], state["dark"]) == ((0, 4) if dark else (4, 0))
+    bg, fg = _luminance(state["background"]), _luminance(state["colour"])
+    assert (bg < 0.2 and fg > 0.7) if dark else (bg > 0.9 and fg < 0.3), state["background"]
+    assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 50_000
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_report_command(cache: zs.Cache, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    loc, out = str(tmp_path / "cache"), tmp_path / "r.html"
+    code, stdout, err = run(capsys, "report", loc, "1-2", "-o", str(out), "--tokenizer", str(TOKENIZER_PATH))
+    assert code == 0, err
+    assert stdout.startswith(f"wrote {out} (") and "rollouts of [1, 2]" in stdout
+    page = out.read_text()
+    assert html.escape(decoded(cache, 1, 0)) in page and page.count('class="zs-card') == 2 * GROUPS * N
+    code, stdout, err = run(capsys, "report", loc, "-o", str(out), "--no-plots", "1", "3")  # steps after options
+    assert code == 0 and "rollouts of [1, 3]" in stdout, err
+    code, _, err = run(capsys, "report", loc, "-o", str(out), "--bogus")
+    assert code == 2 and "unrecognized arguments: --bogus" in err
+    code, stdout, err = run(capsys, "report", loc, "-o", str(out), "--json", "--no-plots", "--rows", "4")
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert doc["steps"] == [3] and doc["decoded"] is False and doc["bytes"] == out.stat().st_size
+    assert "no tokenizer given or recorded" in err and "<figure" not in out.read_text()
+    assert "zs-tokens" not in out.read_text()
+    code, _, err = run(
+        capsys, "report", loc, "2", "-o", str(out), "--no-plots", "--tokens", "--tokenizer", str(TOKENIZER_PATH)
+    )
+    assert code == 0, err
+    page = out.read_text()  # each response's tokens, folded, under one legend
+    assert page.count("class='zs-text zs-tokens'") == GROUPS * N and page.count("token probability under") == 1
+
+
+def test_the_report_command_uses_the_recorded_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = write_cache(tmp_path / "cache")
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    out = tmp_path / "r.html"
+    code, _, err = run(capsys, "report", str(tmp_path / "cache"), "3", "-o", str(out), "--no-plots")
+    assert code == 0 and "no tokenizer" not in err
+    assert html.escape(decoded(cache, 3, 0)) in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["9"], "step(s) 9: not complete steps of"),
+        (["--rows", "0"], "--rows 0: expected a positive number"),
+        (["--tokenizer", "no/such/tokenizer.json"], "is not a local file or directory"),
+    ],
+)
+def test_the_report_command_refuses_bad_input(
+    cache: zs.Cache, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    out = tmp_path / "r.html"
+    code, _, err = run(capsys, "report", str(tmp_path / "cache"), *args, "-o", str(out))
+    assert code == 2 and message in err, err
+    assert not out.exists()
+    code, _, err = run(capsys, "report", str(tmp_path / "cache"), "-o", str(tmp_path / "nodir" / "r.html"))
+    assert code == 2 and "does not exist" in err
+
+
+JP_DARK = "--jp-layout-color0:#111111;--jp-content-font-color1:#eeeeee;--jp-ui-font-family:sans-serif"
+JP_LIGHT = "--jp-layout-color0:#ffffff;--jp-content-font-color1:#222222;--jp-ui-font-family:sans-serif"
+JS_VIEW = """(() => {
+  const view = document.querySelector('.zs-r'), hot = document.querySelector('.zs-tokens .zs-t[class*="zs-p"]');
+  return {bg: getComputedStyle(view).backgroundColor, fg: getComputedStyle(view).color,
+          hot: getComputedStyle(hot).backgroundColor, tokens: document.querySelectorAll('.zs-tokens .zs-t').length,
+          title: hot.title};
+})()"""
+
+
+@pytest.mark.parametrize(
+    ("scheme", "body", "dark"),
+    [
+        ("light", "", False),
+        ("dark", "", True),
+        ("light", f'data-jp-theme-light="false" style="{JP_DARK}"', True),  # JupyterLab's dark theme
+        ("dark", f'data-jp-theme-light="true" style="{JP_LIGHT}"', False),  # a light JupyterLab on a dark system
+        ("dark", 'class="vscode-light"', False),
+    ],
+    ids=["light", "dark", "jupyterlab-dark", "jupyterlab-light-on-dark-os", "vscode-light"],
+)
+def test_a_rollout_view_follows_the_theme_in_chromium(
+    browser: Browser, cache: zs.Cache, tmp_path: Path, scheme: str, body: str, dark: bool
+) -> None:
+    shown = cache.load(1).rollout(0, tokenizer=TOKENIZER_PATH)
+    page = tmp_path / "view.html"
+    page.write_text(
+        f"<!DOCTYPE html><html><head><meta charset=utf-8></head><body {body}>{shown._repr_html_()}</body></html>"
+    )
+    browser.open(page, dark=scheme == "dark")
+    state = browser.evaluate(JS_VIEW)
+    browser.screenshot(tmp_path / f"view-{scheme}.png")
+    assert browser.problems() == []
+    bg, fg = _luminance(state["bg"]), _luminance(state["fg"])
+    assert (bg < 0.2 and fg > 0.7) if dark else (bg > 0.9 and fg < 0.3), state
+    if "jp-layout-color0" in body:  # Jupyter's own colours win
+        assert state["bg"] == ("rgb(17, 17, 17)" if dark else "rgb(255, 255, 255)"), state
+    assert state["hot"] not in ("rgba(0, 0, 0, 0)", "transparent") and "logprob -" in state["title"]
+    assert state["tokens"] == shown.rollout.length

@@ -1,0 +1,183 @@
+"""Finding rows of a step: by uid, score, truncation, length or text, and paging through it.
+
+``view.find(...)`` and ``view.page(k)`` return a :class:`~zarr_skip.notebook.rollouts.RolloutList`.
+Each criterion reads one column of the step, whole, and only when it is given: ``uid`` the
+uid strings, ``truncated`` / ``longest`` / ``shortest`` the stored per-row lengths (no token),
+``score`` / ``best`` / ``worst`` the score column. A ``text`` search decodes the responses of
+the rows the other criteria kept, :data:`SEARCH_BLOCK` rows at a time, and stops once it has
+``limit`` matches. A page reads nothing until it is shown, and then only its rows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from zarr_skip.notebook._rows import RolloutReader
+from zarr_skip.notebook.rollouts import RolloutList
+
+__all__ = ["CRITERIA", "PAGE_ROWS", "SEARCH_BLOCK", "find", "find_rows", "page"]
+
+#: rows of a page (and shown by a search) unless told otherwise
+PAGE_ROWS = 20
+#: what :func:`find` can be asked
+CRITERIA = ("uid", "score", "truncated", "text", "regex", "case", "longest", "shortest", "best", "worst")
+#: rows whose responses a text search decodes at a time
+SEARCH_BLOCK = 256
+
+
+def _score_mask(scores: np.ndarray, score: Any) -> np.ndarray:
+    if isinstance(score, tuple):
+        if len(score) != 2:
+            raise ValueError(f"score: a value or a (low, high) pair, got {score!r}")
+        lo, hi = score
+        ok = np.isfinite(scores)
+        if lo is not None:
+            ok &= scores >= float(lo)
+        if hi is not None:
+            ok &= scores <= float(hi)
+        return ok
+    return np.isclose(scores, float(score), rtol=1e-6, atol=1e-9)
+
+
+def _uid_mask(uids: np.ndarray, uid: Any) -> np.ndarray:
+    wanted = [str(u) for u in uid] if isinstance(uid, (list, tuple, set, frozenset)) else [str(uid)]
+    return np.isin(uids, np.array(wanted, dtype=object))
+
+
+def _matcher(text: str, regex: bool, case: bool) -> re.Pattern[str]:
+    flags = 0 if case else re.IGNORECASE
+    try:
+        return re.compile(text if regex else re.escape(text), flags)
+    except re.error as exc:
+        raise ValueError(f"text: not a regular expression: {text!r} ({exc})") from None
+
+
+def _search(
+    reader: RolloutReader, rows: np.ndarray, pattern: re.Pattern[str], limit: int | None
+) -> tuple[np.ndarray, bool]:
+    """Rows whose decoded response matches, in order; and whether the search stopped early."""
+    if reader.decoder is None:
+        raise ValueError(
+            f"step {reader.view.step}: a text search needs a tokenizer to decode the responses; pass tokenizer="
+        )
+    found: list[int] = []
+    for start in range(0, len(rows), SEARCH_BLOCK):
+        block = rows[start : start + SEARCH_BLOCK]
+        for row, text in zip(block.tolist(), reader.response_texts(block), strict=True):
+            if pattern.search(text):
+                found.append(row)
+                if limit is not None and len(found) >= limit:
+                    return np.array(found, dtype=np.int64), start + SEARCH_BLOCK < len(rows) or row != int(rows[-1])
+    return np.array(found, dtype=np.int64), False
+
+
+def find_rows(
+    reader: RolloutReader,
+    *,
+    uid: Any = None,
+    score: Any = None,
+    truncated: bool | None = None,
+    text: str | None = None,
+    regex: bool = False,
+    case: bool = False,
+    longest: int | None = None,
+    shortest: int | None = None,
+    best: int | None = None,
+    worst: int | None = None,
+    limit: int | None = PAGE_ROWS,
+) -> tuple[np.ndarray, int | None]:
+    """The rows meeting every criterion given, and how many matched in all (``None`` when a
+    text search stopped at ``limit`` before looking at every row).
+
+    Parameters
+    ----------
+    uid : a uid, or several (rows of those GRPO groups).
+    score : a value (equal within 1e-6), or a ``(low, high)`` pair, inclusive (``None`` for
+        an open end).
+    truncated : ``True`` only responses that reached the maximum length, ``False`` only those
+        that did not.
+    text : a substring of the decoded response (``regex``: a regular expression; ``case``:
+        case-sensitive); needs a tokenizer.
+    longest, shortest, best, worst : the ``k`` longest / shortest / highest / lowest scored
+        rows, in that order (one of them at most); else rows come in step order.
+    limit : rows returned at most (``None``: all).
+    """
+    order_by = {k: v for k, v in (("longest", longest), ("shortest", shortest), ("best", best), ("worst", worst))}
+    chosen = {k: v for k, v in order_by.items() if v is not None}
+    if len(chosen) > 1:
+        raise ValueError(f"find: one of longest, shortest, best, worst at a time (got {', '.join(chosen)})")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit: expected a non-negative number or None, got {limit}")
+    rows = np.arange(len(reader), dtype=np.int64)
+    if uid is not None:
+        rows = rows[_uid_mask(reader.uids()[rows], uid)]
+    lengths = reader.lengths() if truncated is not None or longest is not None or shortest is not None else None
+    if truncated is not None:
+        if reader.max_length is None:
+            raise ValueError(
+                f"step {reader.view.step}: the maximum response length is unknown; "
+                "pass max_length= to find truncated rows"
+            )
+        assert lengths is not None
+        hit = lengths[rows] >= reader.max_length
+        rows = rows[hit if truncated else ~hit]
+    scores = reader.scores() if score is not None or best is not None or worst is not None else None
+    if score is not None:
+        assert scores is not None
+        rows = rows[_score_mask(scores[rows], score)]
+    if chosen:
+        ((how, k),) = chosen.items()
+        if k < 0:
+            raise ValueError(f"{how}: expected a non-negative number, got {k}")
+        key = lengths if how in ("longest", "shortest") else scores
+        assert key is not None
+        values = key[rows].astype(np.float64)
+        if how in ("longest", "best"):
+            values = -values
+        values = np.where(np.isnan(values), np.inf, values)  # unscored rows last
+        rows = rows[np.argsort(values, kind="stable")][:k]
+    if text is not None:
+        found, stopped = _search(reader, rows, _matcher(text, regex, case), limit)
+        return found, None if stopped else len(found)
+    total = len(rows)
+    return (rows if limit is None else rows[:limit]), total
+
+
+def _describe(criteria: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in criteria.items() if v is not None)
+
+
+def find(reader: RolloutReader, *, limit: int | None = PAGE_ROWS, **criteria: Any) -> RolloutList:
+    """:func:`find_rows` as a list to show (see there for the criteria)."""
+    unknown = sorted(set(criteria) - set(CRITERIA))
+    if unknown:
+        raise TypeError(f"find: unknown criteria {', '.join(unknown)} (known: {', '.join(CRITERIA)})")
+    rows, total = find_rows(reader, limit=limit, **criteria)
+    what = _describe({k: v for k, v in criteria.items() if k not in ("regex", "case")}) or "all rows"
+    title = f"step {reader.view.step}: rows with {what}"
+    if total is None:
+        note = f"the first {len(rows)} matches (the search stopped there; limit=None finds all)"
+    elif total > len(rows):
+        note = f"{total} rows match; showing the first {len(rows)} (limit=None shows all)"
+    else:
+        note = f"{total} row{'s' if total != 1 else ''} match"
+    return RolloutList(reader, rows, title, note)
+
+
+def page(reader: RolloutReader, k: int = 0, size: int = PAGE_ROWS) -> RolloutList:
+    """Page ``k`` (from 0; negative counts from the end) of the step, ``size`` rows a page."""
+    if size <= 0:
+        raise ValueError(f"size: expected a positive number of rows, got {size}")
+    n = len(reader)
+    pages = max(1, math.ceil(n / size))
+    i = k + pages if k < 0 else k
+    if not 0 <= i < pages:
+        raise IndexError(f"step {reader.view.step}: page {k} out of range: {pages} pages of {size} rows")
+    start, stop = i * size, min(n, (i + 1) * size)
+    title = f"step {reader.view.step}: page {i} of {pages} (rows {start}–{max(start, stop - 1)} of {n})"
+    note = f"next: .page({i + 1})" if i + 1 < pages else "last page"
+    return RolloutList(reader, np.arange(start, stop, dtype=np.int64), title, note)

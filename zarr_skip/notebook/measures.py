@@ -1,0 +1,116 @@
+"""What plots and views measure per row: response lengths and scores, from the fewest reads.
+
+Response lengths of a jagged column come from its stored per-row lengths (no token is read); a
+padded batch's lengths need its ``response_mask``, read a block of rows at a time. Scores come
+from a score column: itself per row, or the sum (or mean) of a token-level row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from zarr_skip.lazy import StepView
+
+__all__ = ["LENGTH_COLUMNS", "SCORE_COLUMNS", "lengths_and_width", "pick", "response_lengths", "row_scores"]
+
+#: columns tried, in order, for response lengths when none is named
+LENGTH_COLUMNS = ("responses", "response_mask")
+#: columns tried, in order, for scores when none is named
+SCORE_COLUMNS = ("token_level_scores", "token_level_rewards", "scores", "score", "rewards", "reward", "acc")
+_BLOCK = 4096  # rows of a padded mask read at a time
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A numeric torch tensor or numpy array as float64 numpy (bf16 and float8 included)."""
+    if hasattr(value, "detach"):
+        import torch
+
+        t = value.detach()
+        if t.is_complex():
+            raise TypeError("complex values cannot be plotted")
+        return t.to(torch.float64).numpy()
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
+    return arr.astype(np.float64)
+
+
+def pick(view: StepView, column: str | None, candidates: Sequence[str], what: str) -> str:
+    if column is not None:
+        view[column]  # KeyError naming the columns when absent
+        return column
+    for name in candidates:
+        if name in view:
+            return name
+    raise KeyError(
+        f"step {view.step}: no {what} column (looked for {', '.join(candidates)}; "
+        f"columns: {', '.join(view.columns)}); name one with column="
+    )
+
+
+def lengths_and_width(view: StepView, column: str | None) -> tuple[np.ndarray, int | None]:
+    """Per-row response lengths and, for a padded column, its width (the max length)."""
+    name = pick(view, column, LENGTH_COLUMNS, "response")
+    col = view[name]
+    if col.spec.jagged:
+        if col.spec.kind not in ("nested", "rows"):
+            raise TypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
+        return col.lengths().astype(np.int64), None
+    if column is None and name == "responses" and "response_mask" in view:
+        return lengths_and_width(view, "response_mask")
+    if len(col.spec.shape) != 1:
+        raise TypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
+    if not name.endswith("mask"):
+        raise TypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
+    out = np.empty(len(col), dtype=np.int64)
+    for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
+        block = col[start : start + _BLOCK]
+        out[start : start + len(block)] = np.asarray((block != 0).sum(-1))
+    return out, int(col.spec.shape[0])
+
+
+def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
+    """Per-row response lengths of a step.
+
+    Parameters
+    ----------
+    view : the step.
+    column : a jagged column (its stored lengths, no token read) or a padded mask (its
+        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``.
+    """
+    return lengths_and_width(view, column)[0]
+
+
+def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -> np.ndarray:
+    """One number per row of a numeric column: itself, or the sum (or mean) of its row.
+
+    Token-level columns (verl's ``token_level_scores``, padded or jagged) reduce over each
+    row: ``sum`` gives the sequence reward; ``mean`` averages a row's stored elements (for a
+    padded column, padding included).
+    """
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+    name = pick(view, column, SCORE_COLUMNS, "score")
+    col = view[name]
+    kind = col.spec.kind
+    if kind in ("tensor", "ndarray"):
+        data = _numpy(col[:]).reshape(len(col), -1)
+        return data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
+    if kind not in ("nested", "rows"):
+        raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
+    lengths = col.lengths().astype(np.int64)
+    value = col[:]
+    if kind == "nested":
+        values = _numpy(value.values())
+    else:
+        values = np.concatenate([_numpy(r) for r in value]) if len(value) else np.empty(0)
+    values = values.reshape(int(lengths.sum()), -1).sum(axis=1)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    sums = np.bincount(owner, weights=values, minlength=len(lengths))
+    if reduce == "sum":
+        return sums
+    return np.where(lengths > 0, sums / np.maximum(lengths, 1), np.nan)
