@@ -75,6 +75,8 @@ def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) ->
     store.armed = False
     assert cache.steps() == [1]
     assert not (tmp_path / cache.experiment / "2" / cache.run_id / "0").exists()  # no debris
+    states = {i.step: i.state for i in zs.open_cache(tmp_path).status()}
+    assert states == {1: "complete"}, states  # while this process lives, step 2 is no 'writing'
 
 
 def test_read_only_location(tmp_path: Path, fingerprint: dict) -> None:
