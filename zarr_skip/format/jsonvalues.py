@@ -80,7 +80,21 @@ def _tagged(value: Any) -> Any:
     raise _NotJSON(f"{t.__qualname__} value {value!r:.60}")
 
 
+_TOO_DEEP = "a value that holds itself (a circular reference) or is nested too deeply"
+
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_tag_numpy)
+
+
+def _row_encoder() -> Any:
+    """A function encoding like ``_JSON.encode``, for the rows of one column: CPython's C
+    encoder made once and called per row (half the cost of ``_JSON.encode``, which builds one
+    per call). After it raised, make a new one (its circle markers may be left set)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - a Python without the C accelerator
+        return _JSON.encode
+    # markers: a dict, so that a row holding itself is a ValueError as with _JSON.encode
+    enc = make({}, _tag_numpy, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+    return lambda value: "".join(enc(value, 0)) if type(value) is not str else _JSON.encode(value)
 
 
 def json_loads(text: str | bytes) -> Any:
@@ -98,6 +112,8 @@ def to_json_value(value: Any) -> Any:
         return _tagged(value)
     except _NotJSON as exc:
         raise UnsupportedColumnError(f"meta_info: cannot store {exc}; it must be JSON-able") from None
+    except RecursionError:
+        raise UnsupportedColumnError(f"meta_info: cannot store it: {_TOO_DEEP}") from None
 
 
 def from_json_value(value: Any) -> Any:
@@ -119,9 +135,10 @@ def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
     try:
         seen: dict[int, bytes] = {}
         unique: list[Any] = []
+        encode = _row_encoder()
         for r in rows:
             if id(r) not in seen:
-                seen[id(r)] = _JSON.encode(r).encode("utf-8", "surrogatepass")
+                seen[id(r)] = encode(r).encode("utf-8", "surrogatepass")
                 unique.append(r)
         blobs = [seen[id(r)] for r in rows]
         # one C-speed round trip of the distinct rows catches tuples, non-str keys, reserved
@@ -142,5 +159,7 @@ def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
                 text = _JSON.encode(_tagged(r))
             except _NotJSON as exc:
                 return [], f"row {i}: {exc}"
+            except RecursionError:
+                return [], f"row {i}: {_TOO_DEEP}"
         blobs.append(text.encode("utf-8", "surrogatepass"))
     return blobs, None
