@@ -138,6 +138,37 @@ def test_iteration_reads_each_chunk_once(name: str, monkeypatch: Any) -> None:
     assert len(data) == chunks
 
 
+@pytest.mark.parametrize("name", ["responses", "input_ids"])
+def test_iteration_reads_the_next_block_ahead_and_stopping_early_leaves_nothing_reading(
+    name: str, monkeypatch: Any
+) -> None:
+    """While the rows of one block are handed out, the next block is read (by a helper thread);
+    a loop that breaks early stops it, and the rows it got are exact."""
+    import threading
+
+    from zarr_skip.store import blocks
+
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT), chunk_bytes=8)
+    for i in range(3):
+        cache.write(2, _batch(9, seed=i), expected=3)
+    col = cache.load(2)[name]
+    monkeypatch.setattr(lazy, "ITER_CHUNKS", 2)
+    started: list[tuple[int, int]] = []
+    real_submit = blocks.BlocksAhead._submit
+    monkeypatch.setattr(
+        blocks.BlocksAhead, "_submit", lambda self, i: started.append(self._ranges[i]) or real_submit(self, i)
+    )
+    rows = iter(col)
+    first = next(rows)
+    assert len(started) == 2, "the second block is asked for while the first one's rows are handed out"
+    assert_equal(first, col[0])
+    got = [first] + [next(rows) for _ in range(3)]
+    del rows  # the loop stops early
+    assert not [t for t in threading.enumerate() if t.name.startswith("zarr-skip-ahead")]
+    for i, row in enumerate(got):
+        assert_equal(row, col[i])
+
+
 def test_iterating_rows_without_values() -> None:
     cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
     empty = torch.nested.nested_tensor_from_jagged(torch.zeros(0, dtype=torch.int64), offsets=torch.zeros(4).long())

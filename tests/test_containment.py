@@ -96,6 +96,20 @@ def test_storage_refuses_keys_that_leave_the_root(tmp_path: Path, backend: str, 
     assert (tmp_path / "secret").read_bytes() == SECRET
 
 
+def test_a_checked_directory_does_not_let_a_bad_last_segment_through(tmp_path: Path) -> None:
+    """Local reads remember directories already checked; the last segment of every key is
+    still checked, so ``a/b/..`` after ``a/b/c`` is refused."""
+    (tmp_path / "secret").write_bytes(SECRET)
+    (tmp_path / "cache" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "cache" / "a" / "b" / "c").write_bytes(b"fine")
+    storage = Storage(open_store(tmp_path / "cache"))
+    assert storage.get("a/b/c") == b"fine"
+    for key in ("a/b/..", "a/b/", "a/b/.", "a/b/x\\..\\..", "a/b/\x00"):
+        with pytest.raises(zs.OutsideCacheError):
+            storage.get(key)
+    assert storage.get("a/b/c") == b"fine"
+
+
 # -- names in stored records ----------------------------------------------------------------------
 
 

@@ -420,3 +420,26 @@ def test_a_damaged_experiment_record_is_reported_not_an_empty_cache(three: Any, 
     if edit == "fingerprint value":
         with pytest.raises(zs.MetadataError, match="experiment record checksum mismatch"):
             zs.open_cache(root, fingerprint)
+
+
+def test_a_column_s_entries_are_checked_when_it_is_first_used(three: Any, monkeypatch: Any) -> None:
+    """A record's columns are checked one by one, each before its first use: a crafted entry
+    of one column (checksum recomputed) leaves the other columns readable and exact, and makes
+    that column, and verify, a MetadataError naming it."""
+    root, written = three
+
+    def crafted(rec: dict[str, Any]) -> None:
+        rec["columns"]["scores"]["arrays"]["data"]["chunk"] = 0
+
+    _edit(_record_path(root, 1, 0), layout.PART_ATTR, crafted)
+    checked: list[str] = []
+    real = records.check_column
+    monkeypatch.setattr(records, "check_column", lambda doc, name, at: checked.append(name) or real(doc, name, at))
+    view = zs.open_cache(root).load(1)
+    assert checked == []  # loading a step checks its records' frames, not their columns
+    assert list(view["uid"][:]) == list(written[1]["uid"])
+    assert set(checked) == {"uid"}
+    with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0: .*scores/data: chunk must be an int >= 1"):
+        view["scores"]
+    report = zs.open_cache(root).verify(1)
+    assert [p.minibatch for p in report.problems] == [0] and "scores/data" in report.problems[0].error

@@ -303,7 +303,7 @@ class LazyColumn:
         few = sum(len(a.sizes) for arrs in self._parts for a in arrs.values()) <= ITER_CHUNKS
         if few or self._dict is not None:  # one block, or repeated rows (decoded once each): as col[:]
             return iter(rows_of(self[:]))
-        lengths = self.lengths() if self.spec.jagged else None
+        lengths = self.lengths if self.spec.jagged else None  # read while the first block is fetched
         return iter_rows(self._storage, self.spec, self._parts, lengths, ITER_CHUNKS, self._allow_pickle, self._plain)
 
     def _whole(self) -> list[Range]:

@@ -131,6 +131,7 @@ def verify(
             path = layout.join(scan.path, rec.run, str(rec.index))
             try:
                 part = Part.from_doc(scan.step, path, rec.doc, exp)
+                part.check_columns()  # a reader checks a column when it first uses it
             except MetadataError as exc:
                 problems.append(Problem(scan.step, rec.index, None, storage.key_path(path), str(exc), "metadata"))
                 continue

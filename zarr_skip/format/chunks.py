@@ -9,6 +9,7 @@ what we write; we encode and decode ourselves to check each chunk's presence, si
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,10 @@ class Compression:
         return Compression("zstd", self.level)
 
     def codec(self) -> numcodecs.abc.Codec | None:
+        """The numcodecs codec (one per setting, shared: codecs keep no state between calls)."""
+        return _codec(self)
+
+    def _make_codec(self) -> numcodecs.abc.Codec | None:
         if self.name == "zstd":
             return numcodecs.Zstd(level=self.level)
         if self.name in _BLOSC:
@@ -135,6 +140,11 @@ class Compression:
                 raise ConfigError(f"compression: bad level in {value!r}") from None
         default = {"auto": 1, "zstd": 3, "blosc-zstd": 1, "lz4": 5, "none": 0}.get(name, 0)
         return cls(name, default if level is None else level)
+
+
+@functools.lru_cache(maxsize=64)
+def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
+    return compression._make_codec()
 
 
 def chunk_rows(rows: int, row_bytes: int, target: int = DEFAULT_CHUNK_BYTES) -> int:

@@ -116,38 +116,73 @@ def check_summary(summary: Mapping[str, Any], where: str) -> None:
 
 
 def check_part(doc: Mapping[str, Any], where: str) -> None:
-    """Every count, shape and size of a complete mini-batch record, before any is used.
+    """Every count, shape and size of a complete mini-batch record, before any is used:
+    :func:`check_frame` and :func:`check_column` of every column.
 
     Raises
     ------
     MetadataError
         Naming the file and the first value that is out of bounds or inconsistent.
     """
+    _check_header(doc, where)
+    for name in doc["columns"]:
+        check_column(doc, name, where)
+    _check_total(doc, where)
+
+
+def check_frame(doc: Mapping[str, Any], where: str) -> None:
+    """What a record says of the whole mini-batch (index, rows, the columns' mapping and the
+    stored bytes they add to), before any of it is used; each column's own entries are left to
+    :func:`check_column`, run before that column is used (a reader asking for a few columns of
+    many steps checks only those)."""
+    _check_header(doc, where)
+    _check_total(doc, where)
+
+
+def _check_header(doc: Mapping[str, Any], where: str) -> None:
     count(doc.get("index"), "index", where, high=MAX_EXPECTED - 1)
     if "expected" in doc:
         expected = count(doc["expected"], "expected", where, low=1, high=MAX_EXPECTED)
         if doc["index"] >= expected:
             raise MetadataError(f"{where}: index {doc['index']} is not below expected {expected}")
-    rows = count(doc.get("rows"), "rows", where)
+    count(doc.get("rows"), "rows", where)
     columns = doc.get("columns")
     if not isinstance(columns, Mapping) or len(columns) > MAX_COLUMNS:
         raise MetadataError(f"{where}: columns must be a mapping of at most {MAX_COLUMNS} columns")
-    stored = 0
     for name, entry in columns.items():
         arrays = entry.get("arrays") if isinstance(entry, Mapping) else None
         if not isinstance(arrays, Mapping) or not arrays:
             raise MetadataError(f"{where}: column {name!r} lists no arrays")
-        per_row = ("data", "codes") if "codes" in arrays else ("data", "lengths")  # a dictionary's lengths: entries
-        for aname, array in arrays.items():
-            stored += _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
-        if "lengths" in arrays and "values" not in arrays:
-            raise MetadataError(f"{where}: column {name!r} has lengths but no values")
+
+
+def _check_total(doc: Mapping[str, Any], where: str) -> None:
+    """``nbytes``: what the chunks' sizes of every column add to."""
+    stored = 0
+    for name, entry in doc["columns"].items():
+        for aname, array in entry["arrays"].items():
+            if not isinstance(array, Mapping):
+                raise MetadataError(f"{where}, {name}/{aname}: not an object")
+            sizes = array.get("sizes")
+            if not isinstance(sizes, list) or not all(type(s) is int for s in sizes):
+                raise MetadataError(f"{where}, {name}/{aname}: sizes must be a list of ints")
+            stored += sum(sizes)
     if count(doc.get("nbytes"), "nbytes", where) != stored and bound(doc):
         raise MetadataError(f"{where}: nbytes {doc['nbytes']} is not the {stored} bytes its chunks' sizes add to")
 
 
-def _check_array(a: Any, rows: int | None, where: str) -> int:
-    """Check one array entry of a manifest; returns its stored bytes."""
+def check_column(doc: Mapping[str, Any], name: str, where: str) -> None:
+    """Every count, shape and size of one column of a record :func:`check_frame` passed."""
+    arrays = doc["columns"][name]["arrays"]
+    rows = doc["rows"]
+    per_row = ("data", "codes") if "codes" in arrays else ("data", "lengths")  # a dictionary's lengths: entries
+    for aname, array in arrays.items():
+        _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
+    if "lengths" in arrays and "values" not in arrays:
+        raise MetadataError(f"{where}: column {name!r} has lengths but no values")
+
+
+def _check_array(a: Any, rows: int | None, where: str) -> None:
+    """Check one array entry of a manifest."""
     if not isinstance(a, Mapping):
         raise MetadataError(f"{where}: not an object")
     try:
@@ -187,7 +222,6 @@ def _check_array(a: Any, rows: int | None, where: str) -> int:
             raise MetadataError(f"{where}: first_rows must list one row per chunk")
         if any(b < a_ for a_, b in pairwise(count(r, "first_rows", where) for r in first)):
             raise MetadataError(f"{where}: first_rows must not decrease")
-    return sum(sizes)
 
 
 def check_lengths(lengths: np.ndarray, values: int, where: str) -> np.ndarray:

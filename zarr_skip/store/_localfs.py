@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from zarr_skip.errors import OutsideCacheError
-from zarr_skip.format.layout import key_problem
+from zarr_skip.format.layout import key_problem, name_problem
 
 T = TypeVar("T")
 _POOL: ThreadPoolExecutor | None = None
@@ -59,17 +59,35 @@ def submit(fn: Callable[..., T], *args: object) -> Future[T]:
     return pool().submit(fn, *args)
 
 
+#: :func:`parallel` hands the pool at most this many tasks per thread (each a share of the
+#: items): a task costs ~30 us to hand over, more than reading and decoding a small chunk
+TASKS_PER_THREAD = 8
+
+
 def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
-    """``[fn(x) for x in items]`` on the pool (in the caller's thread when there is one item)."""
+    """``[fn(x) for x in items]`` on the pool (in the caller's thread when there is one item).
+
+    Many items go in :data:`TASKS_PER_THREAD` tasks per thread, each taking every k-th item
+    (interleaved, so that a run of large items is shared out).
+    """
     if len(items) <= 1:
         return [fn(x) for x in items]
-    return list(pool().map(fn, items))
+    k = workers() * TASKS_PER_THREAD
+    if len(items) <= k:
+        return list(pool().map(fn, items))
+    shares = list(pool().map(lambda j: [fn(x) for x in items[j::k]], range(k)))
+    out: list[object] = [None] * len(items)
+    for j, share in enumerate(shares):
+        out[j::k] = share
+    return out
 
 
 #: where the kernel tells the real path of an open file (Linux); elsewhere paths are resolved
 _FD_LINKS = "/proc/self/fd"
 _HAS_FD_LINKS = os.path.isdir(_FD_LINKS)
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+#: at most this many directory keys are remembered as checked by a Tree
+_MAX_CHECKED_DIRS = 1 << 16
 
 
 class Tree:
@@ -80,11 +98,13 @@ class Tree:
     root : the cache's directory (it may itself be a symbolic link: its target is the root).
     """
 
-    __slots__ = ("real", "root")
+    __slots__ = ("_dirs", "_prefix", "real", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.real = os.path.realpath(root)
+        self._prefix = os.path.join(root, "")
+        self._dirs: set[str] = set()  # directory keys already found to stay inside the root
 
     def path(self, key: str) -> Path:
         """The file of ``key``; a key that would leave the root is refused."""
@@ -102,7 +122,18 @@ class Tree:
             "(zarr_skip never links files, so the cache was altered)"
         )
 
-    def _check_fd(self, fd: int, key: str, path: Path) -> None:
+    def _file(self, key: str) -> str:
+        """:meth:`path` as a string (what every read opens: no Path object per chunk; the
+        directories of keys already checked are not checked again)."""
+        head, _, name = key.rpartition("/") if isinstance(key, str) else ("", "", key)
+        problem = name_problem(name) if head in self._dirs else key_problem(key)
+        if problem is not None:
+            raise OutsideCacheError(f"{self.root}: key {key!r} would leave the cache ({problem})")
+        if head and len(self._dirs) < _MAX_CHECKED_DIRS:
+            self._dirs.add(head)
+        return self._prefix + key if key else str(self.root)
+
+    def _check_fd(self, fd: int, key: str, path: Path | str) -> None:
         real = os.readlink(f"{_FD_LINKS}/{fd}") if _HAS_FD_LINKS else os.path.realpath(path)
         if not self._inside(real):
             raise self._refuse(key, real)
@@ -118,7 +149,7 @@ class Tree:
 
     def _open(self, key: str, flags: int) -> int | None:
         """A checked file descriptor of ``key`` opened with ``flags`` (None if absent)."""
-        path = self.path(key)
+        path = self._file(key)
         try:
             fd = os.open(path, flags)
         except _MISSING:
@@ -137,6 +168,10 @@ class Tree:
         if fd is None:
             return None
         try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size + 1, 0)  # one read, and one byte more: did it grow?
+            if len(data) <= size:
+                return data
             with open(fd, "rb", closefd=False) as f:
                 return f.read()
         except IsADirectoryError:

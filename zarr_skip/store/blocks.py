@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,29 +27,76 @@ def chunk_blocks(parts: Sequence[ArrayPart], per_block: int) -> list[tuple[int, 
     return list(zip(firsts, [*firsts[1:], base][: len(firsts)], strict=True))
 
 
+class BlocksAhead:
+    """:func:`read_range` of each of ``ranges`` in turn, the next one read (by a helper thread,
+    through the pool) while the caller works on the current one. The first read starts at once;
+    iterate it once, or :meth:`close` it."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        parts: Sequence[ArrayPart],
+        ranges: Sequence[tuple[int, int]],
+        dtype: np.dtype,
+        trailing: tuple[int, ...],
+    ) -> None:
+        self._read = partial(read_range, storage, parts, dtype=dtype, trailing=trailing)
+        self._ranges = list(ranges)
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="zarr-skip-ahead")
+        self._pending: list[Future[np.ndarray]] = [self._submit(0)] if self._ranges else []
+
+    def _submit(self, i: int) -> Future[np.ndarray]:
+        start, stop = self._ranges[i]
+        return self._ahead.submit(self._read, start=start, stop=stop)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        try:
+            for i in range(len(self._ranges)):
+                got = self._pending.pop().result()
+                if i + 1 < len(self._ranges):
+                    self._pending.append(self._submit(i + 1))
+                yield got
+        finally:  # also when the caller stops early: nothing is left reading
+            self.close()
+
+    def close(self) -> None:
+        for f in self._pending:
+            f.cancel()
+        self._ahead.shutdown(wait=True)
+
+
 def row_blocks(
     storage: Storage, parts: Sequence[ArrayPart], dtype: np.dtype, trailing: tuple[int, ...], per_block: int
 ) -> Iterator[np.ndarray]:
     """Every row of ``parts``, ``per_block`` chunks at a time."""
-    for start, stop in chunk_blocks(parts, per_block):
-        yield read_range(storage, parts, start, stop, dtype, trailing)
+    return iter(BlocksAhead(storage, parts, chunk_blocks(parts, per_block), dtype, trailing))
 
 
 def value_blocks(
     storage: Storage,
     values: Sequence[ArrayPart],
-    offsets: np.ndarray,
+    lengths: Callable[[], np.ndarray],
     dtype: np.dtype,
     trailing: tuple[int, ...],
     per_block: int,
 ) -> Iterator[tuple[int, int, np.ndarray]]:
-    """The values of every row of a jagged column (row ``i`` holds values ``offsets[i]`` to
-    ``offsets[i + 1]``), ``per_block`` chunks at a time: ``(first, last, values of rows
-    first..last-1)``. A row whose values straddle two blocks comes with the later block."""
+    """The values of every row of a jagged column (``lengths()`` gives the rows' lengths; it
+    is called while the first block is fetched), ``per_block`` chunks at a time: ``(first,
+    last, values of rows first..last-1)``. A row whose values straddle two blocks comes with
+    the later block."""
+    end = sum(a.rows for a in values)
+    ranges = [*chunk_blocks(values, per_block), (end, end)]  # the last: rows without values
+    ahead = BlocksAhead(storage, values, ranges, dtype, trailing)
+    offsets = np.zeros(0, dtype=np.int64)
+    try:
+        lens = lengths()
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+    except BaseException:
+        ahead.close()
+        raise
     first, held = 0, np.empty((0, *trailing), dtype)  # the values of rows first.. read so far
-    end = int(offsets[-1])
-    for start, stop in [*chunk_blocks(values, per_block), (end, end)]:  # the last: rows without values
-        got = read_range(storage, values, start, stop, dtype, trailing)
+    for (_, stop), got in zip(ranges, ahead, strict=True):
         held = np.concatenate([held, got]) if len(held) else got
         last = int(np.searchsorted(offsets, stop, side="right")) - 1  # rows first..last-1 are held whole
         cut = int(offsets[last] - offsets[first])
@@ -59,23 +108,23 @@ def iter_rows(
     storage: Storage,
     spec: ColumnSpec,
     parts: Sequence[Mapping[str, ArrayPart]],
-    lengths: np.ndarray | None,
+    lengths: Callable[[], np.ndarray] | None,
     per_block: int,
     allow_pickle: bool = False,
     plain: np.ndarray | None = None,
 ) -> Iterator[Any]:
-    """The rows of a column stored as ``parts`` (one mapping of arrays per mini-batch; a
-    jagged column's ``lengths`` already read), as indexing it by one row gives them."""
+    """The rows of a column stored as ``parts`` (one mapping of arrays per mini-batch; for a
+    jagged column, ``lengths`` reads its lengths), as indexing it by one row gives them."""
     if lengths is None:
         data = [p["data"] for p in parts]
         for block in row_blocks(storage, data, spec.storage_dtype, spec.storage_shape, per_block):
             yield from rows_of(restore(spec, {"data": block}))
         return
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
     values = [p["values"] for p in parts]
-    for first, last, vals in value_blocks(storage, values, offsets, spec.storage_dtype, spec.storage_shape, per_block):
-        arrays = {"values": vals, "lengths": lengths[first:last]}
+    lens: np.ndarray | None = None
+    for first, last, vals in value_blocks(storage, values, lengths, spec.storage_dtype, spec.storage_shape, per_block):
+        lens = lengths() if lens is None else lens  # read once, by value_blocks
+        arrays = {"values": vals, "lengths": lens[first:last]}
         mask = None if plain is None else plain[first:last]
         yield from rows_of(restore(spec, arrays, allow_pickle=allow_pickle, plain=mask))
 

@@ -9,7 +9,8 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Any
@@ -48,6 +49,11 @@ class ArrayPart:
     @property
     def rows(self) -> int:
         return self.shape[0]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """The bytes a full chunk decodes to."""
+        return self.chunk * math.prod(self.shape[1:]) * self.dtype.itemsize
 
     def key(self, i: int) -> str:
         """The key holding chunk ``i``."""
@@ -88,7 +94,7 @@ class Part:
     meta_info: dict[str, Any]
     batch_type: str
     specs: dict[str, ColumnSpec]
-    arrays: dict[str, dict[str, ArrayPart]]
+    arrays: Mapping[str, dict[str, ArrayPart]]
     nbytes: int
     raw_nbytes: int
 
@@ -114,34 +120,16 @@ class Part:
                 "(the zarr.json was altered after it was written)"
             )
         records.check_place(doc, records.Place(experiment, step), where)
-        records.check_part(doc, where)
+        records.check_frame(doc, where)
         try:
             index = int(doc["index"])
-            default = chunks.Compression(**doc["compression"])
             data = layout.join(path, _contained(doc["data"], "data group", path))
-            specs, arrays = {}, {}
+            specs = {}
             for name, entry in doc["columns"].items():
                 _contained(name, "column", path, layout.column_name_problem)
                 for aname in entry["arrays"]:
                     _contained(aname, f"array of column {name!r}", path)
                 specs[name] = ColumnSpec.from_json(name, entry)
-                multi = len(entry["arrays"]) > 1
-                arrays[name] = {
-                    aname: ArrayPart(
-                        path=layout.join(data, name, aname if multi else ""),
-                        dtype=np.dtype(a["dtype"]),
-                        shape=tuple(a["shape"]),
-                        chunk=int(a["chunk"]),
-                        sizes=tuple(a["sizes"]),
-                        compression=chunks.Compression(**a["codec"]) if "codec" in a else default,
-                        where=f"step {step}, mini-batch {index}, column {name!r}",
-                        separator=_separator(a.get("separator", "/")),
-                        shard=a.get("shard", False) is True,
-                        first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
-                        crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
-                    )
-                    for aname, a in entry["arrays"].items()
-                }
             return cls(
                 step,
                 index,
@@ -151,7 +139,9 @@ class Part:
                 from_json_value(doc.get("meta_info", {})),
                 str(doc.get("batch_type", "mapping")),
                 specs,
-                arrays,
+                ColumnArrays(
+                    doc, data, chunks.Compression(**doc["compression"]), where, f"step {step}, mini-batch {index}"
+                ),
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
             )
@@ -159,6 +149,65 @@ class Part:
             raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"step {step}, {path}: malformed mini-batch metadata ({exc!r:.200})") from None
+
+    def check_columns(self) -> None:
+        """Check every column's entries now (MetadataError for the first one that is off),
+        not when each is first used."""
+        for name in self.arrays:
+            self.arrays[name]
+
+
+class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
+    """A mini-batch's stored arrays, column by column: each column's entries in the record are
+    checked (:func:`records.check_column`) and made into :class:`ArrayPart` when the column is
+    first used, so reading a few columns of many steps costs those columns alone."""
+
+    __slots__ = ("_built", "_data", "_default", "_doc", "_label", "_where")
+
+    def __init__(self, doc: Mapping[str, Any], data: str, default: chunks.Compression, where: str, label: str) -> None:
+        self._doc, self._data, self._default, self._where, self._label = doc, data, default, where, label
+        self._built: dict[str, dict[str, ArrayPart]] = {}
+
+    def __getitem__(self, name: str) -> dict[str, ArrayPart]:
+        built = self._built.get(name)
+        if built is None:
+            if name not in self._doc["columns"]:
+                raise KeyError(name)
+            built = self._built[name] = self._build(name)
+        return built
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._doc["columns"])
+
+    def __len__(self) -> int:
+        return len(self._doc["columns"])
+
+    def _build(self, name: str) -> dict[str, ArrayPart]:
+        doc, where = self._doc, self._where
+        records.check_column(doc, name, where)
+        entry = doc["columns"][name]
+        multi = len(entry["arrays"]) > 1
+        try:
+            return {
+                aname: ArrayPart(
+                    path=layout.join(self._data, name, aname if multi else ""),
+                    dtype=np.dtype(a["dtype"]),
+                    shape=tuple(a["shape"]),
+                    chunk=int(a["chunk"]),
+                    sizes=tuple(a["sizes"]),
+                    compression=chunks.Compression(**a["codec"]) if "codec" in a else self._default,
+                    where=f"{self._label}, column {name!r}",
+                    separator=_separator(a.get("separator", "/")),
+                    shard=a.get("shard", False) is True,
+                    first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
+                    crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
+                )
+                for aname, a in entry["arrays"].items()
+            }
+        except MetadataError:
+            raise
+        except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
+            raise MetadataError(f"{where}, column {name!r}: malformed metadata ({exc!r:.200})") from None
 
 
 def checked_lengths(lengths: np.ndarray, parts: Sequence[Mapping[str, ArrayPart]]) -> np.ndarray:
@@ -225,6 +274,10 @@ def _alloc(shape: tuple[int, ...], dtype: np.dtype, parts: Sequence[ArrayPart]) 
             f"{where}: the stored shapes ask for {shape} of {dtype}, which cannot be allocated ({exc})"
         ) from None
 
+
+#: chunks decoding to at most this many bytes are decoded in the calling thread (see
+#: :func:`_decode_jobs`)
+SMALL_CHUNK_BYTES = 64 << 10
 
 #: rows ``start:stop`` of arrays concatenated along axis 0, as ``dtype`` with ``trailing`` shape
 Range = tuple[Sequence[ArrayPart], int, int, np.dtype, tuple[int, ...]]
@@ -335,7 +388,13 @@ def _decode_jobs(
         if whole and a.dtype == out.dtype:
             chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where, crc=crc)
         elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
-            region = out[dst]  # a narrowed chunk decodes into the back of its rows and widens there
+            region = out[dst]
+            if region.nbytes <= SMALL_CHUNK_BYTES:  # decoded apart and widened in one copy
+                tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+                chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
+                np.copyto(region, tmp, casting="safe")
+                return
+            # a narrowed chunk decodes into the back of its rows and widens there
             narrow = chunks.decode_into(
                 blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where, crc=crc
             )
@@ -356,7 +415,28 @@ def _decode_jobs(
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
-    if todo:
-        storage.map_get(todo, lambda job: job[0].key(job[1]), apply, lambda job: job[0].span(job[1]))
-    if ready:
-        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), ready)
+    # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
+    # they are decoded here, the large ones in the pool
+    for serial in (False, True):
+        group = [job for job in todo if _small(job) is serial]
+        if group:
+            storage.map_get(group, _key, apply, _span, serial=serial)
+    late = [job for job in ready if not _small(job)]
+    if late:
+        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), late)
+    for job in ready:
+        if _small(job):
+            decode(job, fetched[job[0].path, job[1]])
+
+
+def _small(job: tuple[Any, ...]) -> bool:
+    return bool(job[0].chunk_bytes <= SMALL_CHUNK_BYTES)
+
+
+def _key(job: tuple[Any, ...]) -> str:
+    return str(job[0].key(job[1]))
+
+
+def _span(job: tuple[Any, ...]) -> tuple[int, int] | None:
+    span: tuple[int, int] | None = job[0].span(job[1])
+    return span

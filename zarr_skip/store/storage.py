@@ -154,9 +154,15 @@ class Storage:
         key: Callable[[T], str],
         fn: Callable[[T, bytes | None], Any],
         span: Callable[[T], tuple[int, int] | None] = lambda _: None,
+        *,
+        serial: bool = False,
     ) -> list[Any]:
         """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied
-        concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read."""
+        concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read.
+
+        ``serial``: ``fn`` is cheap (e.g. decoding a small chunk) and runs in this thread; the
+        values are still fetched concurrently (from local files: the kernel is asked to read
+        them all ahead first)."""
         if self._tree is not None:
             tree = self._tree
 
@@ -165,11 +171,17 @@ class Storage:
                 k = key(it)
                 return fn(it, tree.read(k) if where is None else tree.read_range(k, *where))
 
+            if serial and len(items) > 1:
+                if hasattr(os, "posix_fadvise"):  # the kernel reads them all while this thread decodes
+                    for it in items:
+                        tree.will_need(key(it), *(span(it) or (0, 0)))
+                return [one(it) for it in items]
             return _localfs.parallel(one, items)
         spans = [span(it) for it in items]
         keys = [key(it) for it in items]
         blobs = self.run(gather_limited([partial(self.aget, k, w) for k, w in zip(keys, spans, strict=True)]))
-        return _localfs.parallel(lambda pair: fn(*pair), list(zip(items, blobs, strict=True)))
+        pairs = list(zip(items, blobs, strict=True))
+        return [fn(*pair) for pair in pairs] if serial else _localfs.parallel(lambda pair: fn(*pair), pairs)
 
     def read_ahead(self, items: Sequence[tuple[str, tuple[int, int] | None]]) -> bool:
         """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
@@ -298,6 +310,8 @@ class Storage:
 
     def key_path(self, key: str) -> str:
         """The key as a user would find it: a file path for local stores."""
+        if self._tree is not None:
+            return os.path.join(self._tree.root, key) if key else str(self._tree.root)
         if isinstance(self.store, LocalStore):
             return str(Path(self.store.root) / key)
         return f"{self.where}/{key}"
