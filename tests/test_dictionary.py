@@ -185,6 +185,9 @@ def test_repeated_rows_come_back_as_one_object_each_and_cost_less(tmp_path: Any,
     col = cache.load(1)["extra_info"]
     rows = col[:]
     assert rows[0] is rows[7] and rows[0] is not rows[8]  # decoded once per group, as torch.save shares
+    for got in (np.asarray(col), np.asarray(cache.load(1)["uid"])):  # so does np.asarray
+        assert got.dtype == object and got[0] is got[7] and got[0] is not got[8]
+    assert np.asarray(cache.load(1)["uid"], dtype=str).tolist() == batch["uid"]
     entry = cache.load(1).parts[0].arrays["extra_info"]
     assert entry["values"].rows < sum(len(str(r)) for r in batch["extra_info"]) / 4
 

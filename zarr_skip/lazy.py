@@ -16,7 +16,7 @@ import numpy as np
 from zarr_skip.errors import MetadataError
 from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
-from zarr_skip.format.specs import ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.reading import StepReading
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
@@ -30,11 +30,9 @@ if TYPE_CHECKING:
 
 _INT64 = np.dtype(np.int64)
 
-#: a row read fetches the values chunks its rows lie in together with their lengths when they
-#: are at most this many (a read of more is bound by decoding, and would hold them all at once)
+#: a row read fetches the values chunks its rows lie in with their lengths when at most this many
 PREFETCH_CHUNKS = 8
-#: iterating a column reads this many chunks at a time
-ITER_CHUNKS = 8
+ITER_CHUNKS = 32  #: iterating a column reads this many chunks (16 MiB) at a time, the next ahead
 
 
 class StepView(StepReading):
@@ -295,6 +293,8 @@ class LazyColumn:
         ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
         if copy is False:
             raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
+        if self._dict is not None and self.spec.kind in BYTES_KINDS:  # each entry decoded once, as col[:]
+            return arrays.with_dtype(self.spec, arrays.object_array(self[:]), dtype)
         stored = self._stored(read_ranges(self._storage, self._whole()))
         return arrays.as_numpy(self.spec, stored, dtype, allow_pickle=self._allow_pickle, plain=self._plain)
 

@@ -62,7 +62,12 @@ def as_numpy(
 
     Raises ValueError for a numeric ``dtype`` of a jagged numeric column.
     """
-    out = _as_numpy(spec, arrays, allow_pickle, plain)
+    return with_dtype(spec, _as_numpy(spec, arrays, allow_pickle, plain), dtype)
+
+
+def with_dtype(spec: ColumnSpec, out: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``out`` (the column as numpy) as ``dtype``: what ``np.asarray(col, dtype)`` does after
+    reading (ValueError for a numeric ``dtype`` of a jagged numeric column)."""
     if dtype is None or np.dtype(dtype) == out.dtype:
         return out
     if spec.kind in ("nested", "rows") and np.dtype(dtype) != object:

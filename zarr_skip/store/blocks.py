@@ -95,13 +95,19 @@ def value_blocks(
     except BaseException:
         ahead.close()
         raise
-    first, held = 0, np.empty((0, *trailing), dtype)  # the values of rows first.. read so far
-    for (_, stop), got in zip(ranges, ahead, strict=True):
-        held = np.concatenate([held, got]) if len(held) else got
-        last = int(np.searchsorted(offsets, stop, side="right")) - 1  # rows first..last-1 are held whole
+    first, held = 0, np.empty((0, *trailing), dtype)  # the values of row first read so far (from the last block)
+    for (start, stop), got in zip(ranges, ahead, strict=True):
+        last = int(np.searchsorted(offsets, stop, side="right")) - 1  # rows first..last-1 are read whole
+        if len(held) and last > first:  # the row begun in the last block: joined (the rest are views)
+            end = int(offsets[first + 1]) - start
+            yield first, first + 1, np.concatenate([held, got[:end]])
+            first, held, got = first + 1, held[:0], got[end:]
+        elif len(held):  # a row longer than the block: still being read
+            held = np.concatenate([held, got])
+            continue
         cut = int(offsets[last] - offsets[first])
-        yield first, last, held[:cut]
-        first, held = last, held[cut:]
+        yield first, last, got[:cut]
+        first, held = last, got[cut:]
 
 
 def iter_rows(
