@@ -95,10 +95,7 @@ def _as_numpy(
 
 def object_array(rows: Sequence[Any]) -> np.ndarray:
     """A 1-d object array holding ``rows`` as they are (numpy would broadcast equal-length lists)."""
-    out = np.empty(len(rows), dtype=object)
-    for i, r in enumerate(rows):
-        out[i] = r
-    return out
+    return np.fromiter(rows, dtype=object, count=len(rows))  # one element per row, never broadcast
 
 
 def _numpy_values(stored: np.ndarray, name: str) -> np.ndarray:

@@ -163,12 +163,18 @@ def new_writer_id() -> str:
 _FORBIDDEN = ("/", "\\", "\x00")
 
 
+def _has_forbidden(text: str) -> bool:
+    return "\\" in text or "\x00" in text or "/" in text
+
+
 def name_problem(name: object) -> str | None:
     """Why ``name`` cannot be one segment of a key (None when it can).
 
     A segment is a non-empty string without ``/``, ``\\`` or NUL that is not ``.`` or
     ``..``: joined to the cache root it names something inside the cache, on every backend.
     """
+    if type(name) is str and name and name not in (".", "..") and not _has_forbidden(name):
+        return None  # the common case, checked at C speed
     if not isinstance(name, str):
         return f"expected a str, got {type(name).__name__}"
     if not name:
@@ -202,7 +208,10 @@ def key_problem(key: object) -> str | None:
         return "absolute"
     if not key:
         return None  # the root itself
-    for segment in key.split("/"):
+    segments = key.split("/")
+    if "\\" not in key and "\x00" not in key and "" not in segments and "." not in segments and ".." not in segments:
+        return None  # the common case, checked at C speed
+    for segment in segments:
         problem = name_problem(segment)
         if problem is not None:
             return f"segment {segment!r}: {problem}"
@@ -211,6 +220,8 @@ def key_problem(key: object) -> str | None:
 
 def join(*parts: str) -> str:
     """Join key parts with '/', skipping empty ones."""
+    if all(p and p[0] != "/" and p[-1] != "/" for p in parts):  # the common case: nothing to strip
+        return "/".join(parts)
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 

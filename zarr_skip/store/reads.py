@@ -9,6 +9,7 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,8 +128,6 @@ class Part:
             specs = {}
             for name, entry in doc["columns"].items():
                 _contained(name, "column", path, layout.column_name_problem)
-                for aname in entry["arrays"]:
-                    _contained(aname, f"array of column {name!r}", path)
                 specs[name] = ColumnSpec.from_json(name, entry)
             return cls(
                 step,
@@ -187,15 +186,17 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
         records.check_column(doc, name, where)
         entry = doc["columns"][name]
         multi = len(entry["arrays"]) > 1
+        for aname in entry["arrays"]:
+            _contained(aname, f"array of column {name!r}", where)
         try:
             return {
                 aname: ArrayPart(
-                    path=layout.join(self._data, name, aname if multi else ""),
-                    dtype=np.dtype(a["dtype"]),
+                    path=layout.join(self._data, name, aname) if multi else layout.join(self._data, name),
+                    dtype=records.parse_dtype(a["dtype"]),
                     shape=tuple(a["shape"]),
                     chunk=int(a["chunk"]),
                     sizes=tuple(a["sizes"]),
-                    compression=chunks.Compression(**a["codec"]) if "codec" in a else self._default,
+                    compression=_compression(a["codec"]) if "codec" in a else self._default,
                     where=f"{self._label}, column {name!r}",
                     separator=_separator(a.get("separator", "/")),
                     shard=a.get("shard", False) is True,
@@ -208,6 +209,18 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
             raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"{where}, column {name!r}: malformed metadata ({exc!r:.200})") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _compression_of(items: tuple[tuple[str, Any], ...]) -> chunks.Compression:
+    return chunks.Compression(**dict(items))
+
+
+def _compression(codec: Any) -> chunks.Compression:
+    """``Compression(**codec)`` of a record's codec entry, made (and checked) once per setting."""
+    if isinstance(codec, dict) and all(type(v) in (str, int) for v in codec.values()):
+        return _compression_of(tuple(sorted(codec.items())))
+    return chunks.Compression(**codec)
 
 
 def checked_lengths(lengths: np.ndarray, parts: Sequence[Mapping[str, ArrayPart]]) -> np.ndarray:
