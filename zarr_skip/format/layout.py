@@ -105,7 +105,8 @@ def doc_checksum(doc: Mapping[str, Any]) -> str:
     import google_crc32c
 
     body = {k: v for k, v in doc.items() if k != "checksum"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    # a parsed or built document holds no circles (a RecursionError is the callers' to report)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True, check_circular=False)
     return f"{int(google_crc32c.value(text.encode())):08x}"
 
 

@@ -195,7 +195,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> None:
     shape = a.get("shape")
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM:
         raise MetadataError(f"{where}: shape must be a list of 1 to {MAX_NDIM} ints")
-    dims = [count(d, "shape", where) for d in shape]
+    dims = shape if _ints(shape) and min(shape) >= 0 else [count(d, "shape", where) for d in shape]
     if rows is not None and dims[0] != rows:
         raise MetadataError(f"{where}: {dims[0]} rows stored, the record says {rows}")
     chunk = count(a.get("chunk"), "chunk", where, low=1)

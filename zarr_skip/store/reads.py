@@ -43,9 +43,11 @@ class ArrayPart:
     #: each chunk's crc32c as the record names it (None in records of older writers)
     crcs: tuple[int, ...] | None = None
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
+    first_key: str = field(init=False, repr=False, compare=False)  # of chunk 0 (or the shard)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "starts", tuple(accumulate(self.sizes, initial=0)))
+        object.__setattr__(self, "first_key", layout.chunk_key(self.path, 0, len(self.shape), self.separator))
 
     @property
     def rows(self) -> int:
@@ -58,7 +60,9 @@ class ArrayPart:
 
     def key(self, i: int) -> str:
         """The key holding chunk ``i``."""
-        return layout.chunk_key(self.path, 0 if self.shard else i, len(self.shape), self.separator)
+        if i == 0 or self.shard:
+            return self.first_key
+        return layout.chunk_key(self.path, i, len(self.shape), self.separator)
 
     def span(self, i: int) -> tuple[int, int] | None:
         """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
