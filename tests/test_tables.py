@@ -128,3 +128,28 @@ def test_a_missing_pandas_names_the_extra(monkeypatch: Any) -> None:
     assert isinstance(err.value, ImportError)
     with pytest.raises(zs.MissingExtraError, match=r"zarr-skip\[pandas\]"):
         cache.load(1).to_pandas()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cyclic_gc_is_paused_while_a_table_is_built_and_restored_after(enabled: bool, monkeypatch: Any) -> None:
+    """The records of many steps are many small containers: the cyclic collector is paused
+    while they are read and put together, and left as it was, also after an error."""
+    import gc
+
+    from zarr_skip import tables
+
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    cache.write(1, make_batch(4, seed=1))
+    seen: list[bool] = []
+    real = tables.views_table
+    monkeypatch.setattr(tables, "views_table", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        assert len(cache.table()) == 4
+        assert seen == [False] and gc.isenabled() is enabled
+        with pytest.raises(KeyError):
+            cache.table(columns=["no such column"])
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

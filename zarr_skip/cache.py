@@ -418,19 +418,20 @@ class Cache(CacheReading):
         per-row lengths of jagged columns (or the ``columns`` named); see
         :mod:`zarr_skip.tables`. Reads the steps' records and those columns' chunks (for jagged
         ones: their lengths alone), each in one batch of requests across the steps."""
-        from zarr_skip.tables import pandas_module, views_table
+        from zarr_skip.tables import gc_paused, pandas_module, views_table
 
         pandas_module()  # before any I/O
         exp = self._exp()
         wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
-        found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
-        views = []
-        for step, fast in zip(wanted, found, strict=True):
-            if fast is not None:
-                views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
-            elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
-                views.append(self.load(step))
-        return views_table(self._storage, views, columns)
+        with gc_paused():
+            found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
+            views = []
+            for step, fast in zip(wanted, found, strict=True):
+                if fast is not None:
+                    views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
+                elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
+                    views.append(self.load(step))
+            return views_table(self._storage, views, columns)
 
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)

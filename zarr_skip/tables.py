@@ -17,7 +17,9 @@ hold missing values there. Every step's chunks are fetched in one batch of reque
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +37,21 @@ if TYPE_CHECKING:
 #: JSON columns averaging at most this many bytes per row are in a table by default
 SMALL_JSON = 256
 INDEX = ("step", "minibatch", "row")
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a table of many steps is built, as it was after
+    (also after an error): the records of a thousand steps are hundreds of thousands of small
+    containers, and collecting them again and again took a quarter of ``Cache.table``; what is
+    built here forms no cycles to free meanwhile (reference counting frees the rest)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def pandas_module() -> Any:
