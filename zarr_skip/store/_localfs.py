@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from zarr_skip.errors import OutsideCacheError
-from zarr_skip.format.layout import key_problem, name_problem
+from zarr_skip.format.layout import key_problem
 
 T = TypeVar("T")
 _POOL: ThreadPoolExecutor | None = None
@@ -86,8 +86,6 @@ def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
 _FD_LINKS = "/proc/self/fd"
 _HAS_FD_LINKS = os.path.isdir(_FD_LINKS)
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
-#: at most this many directory keys are remembered as checked by a Tree
-_MAX_CHECKED_DIRS = 1 << 16
 
 
 class Tree:
@@ -98,13 +96,12 @@ class Tree:
     root : the cache's directory (it may itself be a symbolic link: its target is the root).
     """
 
-    __slots__ = ("_dirs", "_prefix", "real", "root")
+    __slots__ = ("_prefix", "real", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.real = os.path.realpath(root)
         self._prefix = os.path.join(root, "")
-        self._dirs: set[str] = set()  # directory keys already found to stay inside the root
 
     def path(self, key: str) -> Path:
         """The file of ``key``; a key that would leave the root is refused."""
@@ -123,14 +120,10 @@ class Tree:
         )
 
     def _file(self, key: str) -> str:
-        """:meth:`path` as a string (what every read opens: no Path object per chunk; the
-        directories of keys already checked are not checked again)."""
-        head, _, name = key.rpartition("/") if isinstance(key, str) else ("", "", key)
-        problem = name_problem(name) if head in self._dirs else key_problem(key)
+        """:meth:`path` as a string (what every read opens: no Path object per chunk)."""
+        problem = key_problem(key)
         if problem is not None:
             raise OutsideCacheError(f"{self.root}: key {key!r} would leave the cache ({problem})")
-        if head and len(self._dirs) < _MAX_CHECKED_DIRS:
-            self._dirs.add(head)
         return self._prefix + key if key else str(self.root)
 
     def _check_fd(self, fd: int, key: str, path: Path | str) -> None:

@@ -172,9 +172,7 @@ class Storage:
                 return fn(it, tree.read(k) if where is None else tree.read_range(k, *where))
 
             if serial and len(items) > 1:
-                if hasattr(os, "posix_fadvise"):  # the kernel reads them all while this thread decodes
-                    for it in items:
-                        tree.will_need(key(it), *(span(it) or (0, 0)))
+                self._hint([(key(it), span(it)) for it in items])  # the kernel reads while this thread decodes
                 return [one(it) for it in items]
             return _localfs.parallel(one, items)
         spans = [span(it) for it in items]
@@ -187,6 +185,9 @@ class Storage:
         """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
         them (no thread, no wait) and True is returned. Other stores: False, and the caller
         fetches them itself, concurrently with what it reads now: one round trip, not two."""
+        return self._hint(items)
+
+    def _hint(self, items: Sequence[tuple[str, tuple[int, int] | None]]) -> bool:
         if self._tree is None or not hasattr(os, "posix_fadvise"):
             return False
         for key, span in items:
