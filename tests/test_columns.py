@@ -201,6 +201,28 @@ def test_integers_are_narrowed_and_widened_back() -> None:
     assert_equal(roundtrip(ids), ids)
 
 
+@pytest.mark.parametrize("dtype", ["i2", "i4", "i8", "u2", "u4", "u8"])
+def test_narrowing_picks_the_smallest_type_holding_min_and_max(dtype: str) -> None:
+    # narrow() finds the width in one pass (an OR of the values) unless a value is negative;
+    # the type must be the one min() and max() ask for, at every edge
+    from zarr_skip.format.specs import NARROW_ORDER
+
+    info = np.iinfo(dtype)
+    edges = [0, 1, 127, 128, 255, 256, 32767, 32768, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1]
+    values = [v for v in edges if v <= info.max] + [-v for v in edges if -v >= info.min]
+    rng = np.random.default_rng(0)
+    for lo in values:
+        for hi in values:
+            if lo > hi:
+                continue
+            a = np.concatenate([np.array([hi, lo], dtype=dtype), rng.integers(lo, hi, 50, endpoint=True, dtype=dtype)])
+            fits = [t for t in NARROW_ORDER if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max]
+            want = fits[0] if fits[0].itemsize < a.dtype.itemsize else a.dtype
+            got = narrow(a)
+            assert got.dtype == want, (dtype, lo, hi)
+            assert_equal(np.asarray(got[:], dtype=dtype), a)
+
+
 def test_unsupported_values_name_the_column_and_type() -> None:
     with pytest.raises(UnsupportedColumnError, match=r"column 'bad'.*set"):
         encode_column("bad", [{1, 2}])

@@ -321,7 +321,10 @@ def narrow(a: np.ndarray) -> StoredArray:
     a = np.ascontiguousarray(a)
     if a.dtype.kind not in "iu" or a.dtype.itemsize == 1 or a.size == 0:
         return a
-    lo, hi = int(a.min()), int(a.max())
+    # one pass: with no negative value the OR of all values has the bits of the largest one
+    # (the dtype it needs is the same as from max()); min() and max() only when one is negative
+    bits = int(np.bitwise_or.reduce(a, axis=None))
+    lo, hi = (0, (1 << bits.bit_length()) - 1) if bits >= 0 else (int(a.min()), int(a.max()))
     for dt in NARROW_ORDER:
         if dt.itemsize >= a.dtype.itemsize:
             break
