@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numcodecs
 import numpy as np
 import pytest
 
+import zarr_skip as zs
 from benchmarks.floor import jagged_floor, log_prob_bits_per_value
-from zarr_skip.synthetic import LOG_PROB_MIN, LOG_PROB_MIX, jagged_payload
+from zarr_skip.synthetic import LOG_PROB_MIN, LOG_PROB_MIX, as_mapping, jagged_payload
 
 
 @pytest.mark.parametrize("scale", [0.02, 1.5])
@@ -58,3 +62,20 @@ def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     assert set(res["arrays"]["columns"]) == {"responses", "old_log_probs", "prompt_len", "uid", "tags"}
     assert res["tables_local"]["rows"] == 3 * 128 and res["tables_local"]["table_cold"] > 0
     assert "Cache.table on local disk" in (out / "tables.md").read_text()
+
+
+def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path) -> None:
+    from benchmarks import write_floor
+
+    assert write_floor.main(["--preset", "small", "--reps", "1", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "write_floor_small.json").read_text())
+    parts = ("dump", "write", "encode", "compress_1thread", "compress", "files")
+    assert all(len(r["samples_s"][k]) == 1 and r["median_s"][k] > 0 for k in parts)
+    # the files it creates are those of a real write of the step
+    cache = zs.open_cache(str(tmp_path / "c"), fingerprint={"job": "f"})
+    cache.write(1, as_mapping(jagged_payload("small", 0, step=1, payload="realistic")))
+    step = [p for p in (tmp_path / "c").rglob("*") if "/1/" in str(p.relative_to(tmp_path))]
+    assert r["files"] >= sum(p.is_file() for p in step) > 10
+    assert 1 <= r["speedup"] <= r["cores"] and r["achievable_vs_dump"] >= r["ideal_vs_dump"]
+    assert "cannot avoid" in (tmp_path / "write_floor_small.md").read_text()
+    assert not list(tmp_path.glob(".write-floor-*"))  # its work directory is gone
