@@ -37,6 +37,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
 	$(PY) -m benchmarks.bench_tables --out benchmarks/results
+	$(PY) -m benchmarks.write_floor --preset medium --out benchmarks/results/realistic
 
 clean:
 	rm -rf demo_cache .pytest_cache .hypothesis build *.egg-info
