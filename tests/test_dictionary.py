@@ -246,8 +246,27 @@ def test_dictionary_rows_through_a_cache(
     assert_equal(view["t"][1:n], want["t"][1:n])
 
 
-def test_token_rows_alike_at_the_sampled_places_are_still_grouped() -> None:
-    # equal in length, first, middle and last value: the cheap signature cannot tell them apart
+def test_token_rows_alike_at_the_sampled_places_are_still_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # equal in length and at every probed place (dictionary.PROBES values spread over the row):
+    # the cheap signature cannot tell them apart, the signature of all values must
+    calls: list[int] = []
+    content = dictionary._content
+    monkeypatch.setattr(dictionary, "_content", lambda *a: calls.append(1) or content(*a))
+    a, b = [0] * 20, [0] * 20
+    a[1] = 1  # probes of a 20-value row: 0, 2, 5, 8, 10, 13, 16, 19
+    rows = [a, b, b, b, a, b]
+    col = encode_column("c", _nested(rows))
+    assert calls and np.asarray(col.arrays["codes"]).tolist() == [0, 1, 1, 1, 0, 1]
+    assert_equal(_roundtrip(col), _nested(rows))
+    # the rows of GRPO groups (equal neighbours) are grouped by the cheap signature alone
+    calls.clear()
+    groups = [[g, 7, g * 3, 1, 2] + [g] * g for g in range(1, 9) for _ in range(4)]
+    col = encode_column("p", _nested(groups))
+    assert not calls and np.asarray(col.arrays["codes"]).tolist() == [g // 4 for g in range(32)]
+    assert_equal(_roundtrip(col), _nested(groups))
+
+
+def test_short_token_rows_alike_at_first_middle_and_last_are_told_apart() -> None:
     a, b = [0, 0, 0, 1, 0], [0, 0, 0, 0, 0]
     rows = [a, b, b, b, a, b]
     col = encode_column("c", _nested(rows))

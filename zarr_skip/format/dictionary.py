@@ -60,14 +60,20 @@ def offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+#: values of each row put into its first signature (evenly spread, first and last included)
+PROBES = 8
+
+
 def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Codes and entry rows of a jagged column's equal rows (bit-equal values), or None when
     there are too few repeats to pay (:func:`pays`).
 
     Returns ``(codes, entries)``: ``entries`` are the rows holding the distinct values (first
     appearances, ascending), ``codes[i]`` the index in ``entries`` of the entry row ``i``
-    equals. Vectorised: rows are grouped by a signature (length and three of its values), then
-    every row is compared with its group's first row; a row that differs is an entry itself.
+    equals. Vectorised: rows are grouped by a signature (length and :data:`PROBES` of its
+    values), then every row is compared with its group's first row. Rows alike at the probes
+    but different elsewhere (rare) make the grouping start again from a signature of all of
+    their values, so that equal rows still share one entry.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = len(lengths)
@@ -76,20 +82,38 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
     bits = _bits(values)
     off = offsets(lengths)
     has = lengths > 0
+    last = np.maximum(lengths - 1, 0)
     sig = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    for probe in (off[:-1], off[:-1] + lengths // 2, off[1:] - 1):
+    for j in range(PROBES):
+        probe = off[:-1] + last * j // (PROBES - 1)
         v = _probe(bits, np.where(has, probe, 0)) if len(bits) else np.zeros(rows, np.uint64)
         sig = (sig ^ np.where(has, v, np.uint64(0))) * np.uint64(0xBF58476D1CE4E5B9)
-    _, first, inverse = np.unique(sig, return_index=True, return_inverse=True)
-    if not pays(rows, len(first)):
-        return None  # rows whose probes differ differ: refining cannot make it pay
-    # rows alike at the probes may still differ elsewhere: group them by all of their values
-    sig ^= _content(bits, off, lengths)
+    grouped = _grouped(bits, off, lengths, sig)
+    if grouped is None:
+        return None  # rows whose probes differ differ: a finer grouping cannot make it pay
+    rep, exact = grouped
+    if not exact:  # rows alike at the probes differ elsewhere: group them by all of their values
+        grouped = _grouped(bits, off, lengths, sig ^ _content(bits, off, lengths))
+        if grouped is None:
+            return None
+        rep = grouped[0]
+    entries, codes = np.unique(rep, return_inverse=True)
+    if not pays(rows, len(entries)):
+        return None
+    return codes.reshape(-1).astype(np.int64), entries
+
+
+def _grouped(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray, sig: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    """Per row, the row it is stored as: the first row of its signature if their values are
+    equal, else itself; and whether every row equalled its signature's first row. None when
+    the signatures alone show it cannot pay."""
+    rows = len(lengths)
     _, first, inverse = np.unique(sig, return_index=True, return_inverse=True)
     if not pays(rows, len(first)):
         return None
     rep = first[inverse.reshape(-1)]  # the first row of the same signature
     rep = np.where(lengths[rep] == lengths, rep, np.arange(rows))
+    exact = True
     total = int(off[-1])
     if total:
         # each value against the value at the same place of its row's representative
@@ -100,10 +124,8 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
         if bad_values.size:  # rows that differ from their representative: entries of their own
             bad = np.unique(np.searchsorted(off, bad_values, side="right") - 1)
             rep[bad] = bad
-    entries, codes = np.unique(rep, return_inverse=True)
-    if not pays(rows, len(entries)):
-        return None
-    return codes.reshape(-1).astype(np.int64), entries
+            exact = False
+    return rep, exact
 
 
 def _content(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray) -> np.ndarray:
