@@ -236,15 +236,12 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path, runner: Run
                         spec["artifact"] = str(artifact[fmt])
                     r = runner.run(spec)
                     samples[fmt][op].append(r)
-                    if op in WRITE_OPS:
-                        if op == "write" and "sample" in r:
-                            old = artifact[fmt]
-                            if old is not None:
-                                shutil.rmtree(old, ignore_errors=True)
-                            artifact[fmt] = d  # the last successful write is what reads read
-                            disk[fmt] = disk_usage(d)
-                        else:
-                            shutil.rmtree(d, ignore_errors=True)
+                    if op in WRITE_OPS and op == "write" and "sample" in r:
+                        # the last successful write is what reads read; earlier ones stay until the
+                        # preset is done: nothing is deleted while writes are timed (see
+                        # benchmarks/README.md, "Deletions and file creation")
+                        artifact[fmt] = d
+                        disk[fmt] = disk_usage(d)
                     msg = (
                         f"{r['sample'] * 1e3:9.1f} ms"
                         if "sample" in r

@@ -59,20 +59,20 @@ def _warm_files(d: Path) -> None:
 def _warmup_process(fmt_name: str, scratch: Path) -> None:
     """Run the format's operations once on a tiny batch in a scratch directory, so one-time
     lazy initialisation (thread pools, event loops, lazy imports, codec setup) is not measured:
-    the measured operation then costs what it costs in a long-running trainer."""
+    the measured operation then costs what it costs in a long-running trainer.
+
+    The scratch directory is left for the runner to remove after the measurements: deleting
+    files just before a timed write makes its file creations slower (benchmarks/README.md,
+    "Deletions and file creation")."""
     from zarr_skip.synthetic import Preset
 
     f = FORMAT_CLASSES[fmt_name](Preset(**WARMUP_PRESET))
     d = scratch / f"warmup-{os.getpid()}"
-    shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    try:
-        data = f.make(1)
-        f.write(f.prepare_write(d), d, data)
-        for fn in (f.read, f.column, f.rows64):
-            fn(d)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    data = f.make(1)
+    f.write(f.prepare_write(d), d, data)
+    for fn in (f.read, f.column, f.rows64):
+        fn(d)
     gc.collect()
 
 

@@ -17,6 +17,10 @@ Each repetition times, one after the other on the same machine (medians reported
   bytes a write stored (copied from a reference write), with no encoding, no temp files and no
   records.
 
+Nothing is deleted until every repetition is done (deleting files makes the next file
+creations slower on this machine's file system: benchmarks/README.md, "Deletions and file
+creation").
+
 All three are CPU work on the same cores (the files' is the kernel's; ``encode`` is Python
 holding the interpreter): ``encode + compress + files`` is what the write costs when only the
 compression is spread over the cores, and ``encode + compress_1thread + files`` spread
@@ -87,16 +91,17 @@ def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:
     ref = work / "reference"
     fmt.write(fmt.prepare_write(ref), ref, data)
     dirs, files = _layout(ref)
-    shutil.rmtree(ref)
     pool = ThreadPoolExecutor(_localfs.workers())
     parts = ("dump", "write", "encode", "compress_1thread", "compress", "files")
     times: dict[str, list[float]] = {k: [] for k in parts}
     for _ in range(reps):
         d = Path(tempfile.mkdtemp(dir=work))
+        os.sync()  # before each timed part: earlier writeback must not land in it (as in bench.py)
         t = time.perf_counter()
         torch.save(flat, d / "dump.pt")
         times["dump"].append(time.perf_counter() - t)
         ctx = fmt.prepare_write(d / "cache")
+        os.sync()
         t = time.perf_counter()
         fmt.write(ctx, d / "cache", data)
         times["write"].append(time.perf_counter() - t)
@@ -112,6 +117,7 @@ def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:
         list(pool.map(_compress, jobs))
         times["compress"].append(time.perf_counter() - t)
         tree = d / "files"
+        os.sync()
         t = time.perf_counter()
         os.mkdir(tree)
         for name in dirs:
@@ -121,8 +127,7 @@ def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:
             os.write(fd, blob)
             os.close(fd)
         times["files"].append(time.perf_counter() - t)
-        shutil.rmtree(d)
-    pool.shutdown()
+    pool.shutdown()  # the repetitions' files are removed with ``work``, after the measurements
     med = {k: statistics.median(v) for k, v in times.items()}
     # between 1 (no gain from the pool) and one per core
     speedup = min(max(med["compress_1thread"] / med["compress"], 1.0), float(_localfs.workers()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numcodecs
@@ -79,3 +80,52 @@ def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path) ->
     assert 1 <= r["speedup"] <= r["cores"] and r["achievable_vs_dump"] >= r["ideal_vs_dump"]
     assert "cannot avoid" in (tmp_path / "write_floor_small.md").read_text()
     assert not list(tmp_path.glob(".write-floor-*"))  # its work directory is gone
+
+
+def test_nothing_is_deleted_while_the_benchmark_times_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # deleting files makes the next file creations slower (ext4 without a journal skips the
+    # inodes freed in the last minutes), which a format of many files would pay for
+    import argparse
+    import shutil
+
+    from benchmarks import runners
+
+    deleted: list[str] = []
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(runners.shutil, "rmtree", lambda p, *a, **k: (deleted.append(str(p)), real_rmtree(p, *a, **k)))
+    writes: list[tuple[str, int]] = []
+
+    class FakeRunner:
+        def run(self, spec: dict, timeout: float | None = None) -> dict:
+            if spec["op"] == "write":
+                assert not deleted, f"deleted before a timed write: {deleted}"
+                Path(spec["dir"]).mkdir(parents=True)
+                (Path(spec["dir"]) / "out").write_bytes(b"x")
+                writes.append((spec["format"], spec["rep"]))
+            return {"sample": 0.001, "peak_rss": 0}
+
+    args = argparse.Namespace(
+        formats=["plain_dump_realistic", "zarr_skip_realistic"],
+        baseline_only=False,
+        ops=["write", "read_cold"],
+        reps=3,
+        seed=0,
+        isolation="fork",
+        cold="auto",
+        warmup=True,
+        verify=False,
+        status_steps=0,
+        timeout=60,
+    )
+    monkeypatch.setattr(runners, "in_memory_sizes", lambda preset, seed: {})
+    out = runners.bench_preset("small", args, tmp_path, FakeRunner())  # type: ignore[arg-type]
+    assert len(writes) == 6 and out["formats"]["zarr_skip_realistic"]["write"]["median_s"] == 0.001
+    assert deleted and not (tmp_path / "small").exists()  # removed once the preset is measured
+
+
+def test_the_warm_up_leaves_its_files_for_the_runner(tmp_path: Path) -> None:
+    from benchmarks.worker import _warmup_process
+
+    _warmup_process("zarr_skip_realistic", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [f"warmup-{os.getpid()}"]
+    assert any(p.is_file() for p in tmp_path.rglob("*"))
