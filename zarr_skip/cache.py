@@ -37,6 +37,7 @@ from zarr_skip.store.catalog import (
     summarized_parts,
     summarized_steps,
 )
+from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
@@ -312,8 +313,16 @@ class Cache(CacheReading):
         checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
         checks.check_mapping(meta_info, "meta_info")
         encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
-        self._create()
-        self._upgrade_root()
+        # the pool compresses while the step is taken over and an index claimed
+        jobs = ChunkJobs(self._storage, self.compression, self.chunk_bytes)
+        try:
+            for column in encoded.columns:
+                jobs.add(column)
+            self._create()
+            self._upgrade_root()
+        except BaseException:
+            jobs.cancel()
+            raise
         return write_part(
             self._storage,
             self.experiment,
@@ -323,8 +332,8 @@ class Cache(CacheReading):
             expected=expected,
             overwrite=overwrite,
             compression=self.compression,
-            chunk_bytes=self.chunk_bytes,
             lease=self.lease,
+            jobs=jobs,
         )
 
     def delete(self, step: int) -> None:

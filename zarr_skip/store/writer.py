@@ -40,6 +40,7 @@ from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
 from zarr_skip.format.state import HOST, owner
 from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
+from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -106,10 +107,29 @@ def write_part(
     expected: int,
     overwrite: bool,
     compression: chunks.Compression,
-    chunk_bytes: int,
     lease: float,
+    jobs: ChunkJobs,
 ) -> PartInfo:
-    """Store one mini-batch of ``step`` (see the module docstring for the protocol)."""
+    """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
+    chunks come from ``jobs``, whatever is left of them is cancelled at the end."""
+    try:
+        return _write_part(storage, experiment, step, batch, ctx, expected, overwrite, compression, lease, jobs)
+    finally:
+        jobs.cancel()
+
+
+def _write_part(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    batch: EncodedBatch,
+    ctx: RunContext,
+    expected: int,
+    overwrite: bool,
+    compression: chunks.Compression,
+    lease: float,
+    jobs: ChunkJobs,
+) -> PartInfo:
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
@@ -133,7 +153,7 @@ def write_part(
         where = f"step {step}, mini-batch {index}"
         try:
             with _Heartbeat(storage, record_key, claim, max(lease / 4, 0.05)):
-                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, compression, chunk_bytes)
+                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, jobs)
             _check_owner(storage, step_path, ctx, where)
             if not _holds(storage, record_key, claim):
                 # two writers both "won" the exclusive create (seen on shared FUSE mounts);
@@ -282,18 +302,16 @@ def _write_arrays(
     storage: Storage,
     part_path: str,
     batch: EncodedBatch,
-    compression: chunks.Compression,
-    chunk_bytes: int,
+    jobs: ChunkJobs,
 ) -> tuple[dict[str, Any], int, int]:
     """Write every array's metadata and chunks concurrently; return the manifest and sizes.
 
-    Chunks are encoded in the pool as soon as they are known; an array of several chunks is
-    written as one shard once its chunks are encoded.
+    The chunks come from ``jobs`` (encoded in the pool since the batch was encoded); an array
+    of several chunks is written as one shard once they are done.
     """
     manifest: dict[str, Any] = {}
     docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
     items: list[tuple[str, Callable[[], Any]]] = []
-    encoded: list[bytes | None] = []  # filled by the pool, emptied as chunks are written
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
@@ -302,11 +320,9 @@ def _write_arrays(
             docs[layout.meta_key(layout.join(part_path, col.spec.name))] = group_doc()
         for aname, arr in col.arrays.items():
             apath = layout.join(part_path, col.spec.name, aname if multi else "")
-            row_bytes = arr.dtype.itemsize * int(_prod(arr.shape[1:]))
-            per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
-            count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
+            taken = jobs.take(col.spec.name, aname, arr)
+            per, codec, count = taken.per, taken.codec, len(taken.jobs)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
-            codec = compression.for_dtype(arr.dtype)
             about = describe_array(col.spec, aname, arr.ndim, arr.dtype.name, dictionary="codes" in col.arrays)
             meta = chunks.array_metadata(
                 arr.shape,
@@ -319,17 +335,11 @@ def _write_arrays(
                 attributes=about.attributes,
             )
             docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
-            slots = list(range(len(encoded), len(encoded) + count))
-            encoded += [None] * count
-            jobs = [
-                storage.submit(_encode, encoded, j, arr, slice(i * per, (i + 1) * per), codec)
-                for i, j in enumerate(slots)
-            ]
             key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
             sizes: list[int] = []  # filled as the chunks are written
             crcs: list[int] = []  # their crc32c: a reader trusts a chunk only if it is this one
             if count:
-                items.append((key, partial(_take, encoded, jobs, slots, sizes, crcs, count > 1)))
+                items.append((key, partial(_take, taken.jobs, sizes, crcs, count > 1)))
             entry["arrays"][aname] = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
@@ -356,27 +366,11 @@ def _write_arrays(
     return manifest, nbytes, raw
 
 
-def _encode(out: list[bytes | None], slot: int, arr: Any, rows: slice, codec: chunks.Compression) -> None:
-    # slicing a Narrowed array narrows those rows: done here, in the pool, chunk by chunk
-    out[slot] = chunks.encode(chunks.full_chunk(arr[rows], rows.stop - rows.start), codec)
-
-
-def _take(
-    encoded: list[bytes | None],
-    jobs: list[Future[None]],
-    slots: list[int],
-    sizes: list[int],
-    crcs: list[int],
-    shard: bool,
-) -> bytes | list[bytes]:
-    """The encoded chunk (or the chunks of a shard and its index) to write, freed from the list."""
-    pieces: list[bytes] = []
-    for job, slot in zip(jobs, slots, strict=True):
-        job.result()
-        blob = encoded[slot]
-        assert blob is not None
-        encoded[slot] = None
-        pieces.append(blob)
+def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | list[bytes]:
+    """The encoded chunk (or the chunks of a shard and its index) to write; the jobs are let go."""
+    pieces = [job.result() for job in jobs]
+    jobs.clear()
+    for blob in pieces:
         sizes.append(len(blob))
         crcs.append(chunks.trailer(blob))
     return pieces + [chunks.shard_index(sizes)] if shard else pieces[0]
@@ -443,10 +437,3 @@ def _forget_run_if_empty(storage: Storage, step_path: str, run: str) -> None:
             storage.delete_prefix(step_path)
     except Exception as exc:  # noqa: BLE001 - best effort, like _discard; gc removes what stays
         logger.warning("could not remove the record of run %s at %s: %s", run, step_path, exc)
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
