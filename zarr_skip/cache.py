@@ -320,21 +320,20 @@ class Cache(CacheReading):
                 jobs.add(column)
             self._create()
             self._upgrade_root()
-        except BaseException:
-            jobs.cancel()
-            raise
-        return write_part(
-            self._storage,
-            self.experiment,
-            step,
-            encoded,
-            ctx=self._run,
-            expected=expected,
-            overwrite=overwrite,
-            compression=self.compression,
-            lease=self.lease,
-            jobs=jobs,
-        )
+            return write_part(
+                self._storage,
+                self.experiment,
+                step,
+                encoded,
+                ctx=self._run,
+                expected=expected,
+                overwrite=overwrite,
+                compression=self.compression,
+                lease=self.lease,
+                jobs=jobs,
+            )
+        finally:
+            jobs.cancel()  # whatever a failed write did not take (nothing after a success)
 
     def delete(self, step: int) -> None:
         """Remove a step, whatever its state."""

@@ -111,25 +111,7 @@ def write_part(
     jobs: ChunkJobs,
 ) -> PartInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
-    chunks come from ``jobs``, whatever is left of them is cancelled at the end."""
-    try:
-        return _write_part(storage, experiment, step, batch, ctx, expected, overwrite, compression, lease, jobs)
-    finally:
-        jobs.cancel()
-
-
-def _write_part(
-    storage: Storage,
-    experiment: str,
-    step: int,
-    batch: EncodedBatch,
-    ctx: RunContext,
-    expected: int,
-    overwrite: bool,
-    compression: chunks.Compression,
-    lease: float,
-    jobs: ChunkJobs,
-) -> PartInfo:
+    chunks come from ``jobs`` (the caller cancels what is left of them)."""
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
