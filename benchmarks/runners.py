@@ -236,7 +236,7 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path, runner: Run
                         spec["artifact"] = str(artifact[fmt])
                     r = runner.run(spec)
                     samples[fmt][op].append(r)
-                    if op in WRITE_OPS and op == "write" and "sample" in r:
+                    if op == "write" and "sample" in r:
                         # the last successful write is what reads read; earlier ones stay until the
                         # preset is done: nothing is deleted while writes are timed (see
                         # benchmarks/README.md, "Deletions and file creation")

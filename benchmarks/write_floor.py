@@ -43,8 +43,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks.formats import FORMAT_CLASSES
 from benchmarks.machine import machine_info
 
@@ -57,23 +55,20 @@ def _layout(root: Path) -> tuple[list[str], list[tuple[str, bytes]]]:
 
 def _chunk_jobs(encoded: Any, compression: Any) -> list[tuple[Any, slice, Any]]:
     from zarr_skip.format import chunks
+    from zarr_skip.store.chunkjobs import chunking
 
     jobs = []
     for col in encoded.columns:
         for arr in col.arrays.values():
-            row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:]))
-            per = chunks.chunk_rows(arr.shape[0], row_bytes, chunks.DEFAULT_CHUNK_BYTES)
-            count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
-            codec = compression.for_dtype(arr.dtype)
-            jobs += [(arr, slice(i * per, (i + 1) * per), codec) for i in range(count)]
+            _, rows, codec = chunking(arr, compression, chunks.DEFAULT_CHUNK_BYTES)
+            jobs += [(arr, r, codec) for r in rows]
     return jobs
 
 
 def _compress(job: tuple[Any, slice, Any]) -> bytes:
-    from zarr_skip.format import chunks
+    from zarr_skip.store.chunkjobs import encode_chunk
 
-    arr, rows, codec = job
-    return chunks.encode(chunks.full_chunk(arr[rows], rows.stop - rows.start), codec)
+    return encode_chunk(*job)
 
 
 def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:

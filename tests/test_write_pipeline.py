@@ -18,7 +18,7 @@ def test_compression_starts_before_the_index_is_claimed(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     encoding = threading.Event()
-    encode, claim = chunkjobs._encode, writer._claim
+    encode, claim = chunkjobs.encode_chunk, writer._claim
 
     def traced_encode(*args: Any) -> bytes:
         encoding.set()
@@ -29,7 +29,7 @@ def test_compression_starts_before_the_index_is_claimed(
         assert encoding.wait(10), "no chunk was encoded before the claim"
         return claim(*args, **kwargs)
 
-    monkeypatch.setattr(chunkjobs, "_encode", traced_encode)
+    monkeypatch.setattr(chunkjobs, "encode_chunk", traced_encode)
     monkeypatch.setattr(writer, "_claim", waiting_claim)
     batch = make_batch(64)
     zs.open_cache(str(tmp_path), fingerprint).write(1, batch)
@@ -49,8 +49,8 @@ def test_a_writer_that_loses_its_claim_encodes_again_and_stores_exactly(
         return holds(storage, key, claim)
 
     encoded: list[int] = []
-    encode = chunkjobs._encode
-    monkeypatch.setattr(chunkjobs, "_encode", lambda *a: encoded.append(1) or encode(*a))
+    encode = chunkjobs.encode_chunk
+    monkeypatch.setattr(chunkjobs, "encode_chunk", lambda *a: encoded.append(1) or encode(*a))
     monkeypatch.setattr(writer, "_holds", first_claim_lost)
     batch = make_batch(6)
     cache = zs.open_cache(str(tmp_path), fingerprint)

@@ -9,6 +9,7 @@ storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -55,21 +56,21 @@ class ChunkJobs:
         self._arrays.clear()
 
     def _start(self, arr: StoredArray) -> ArrayChunks:
-        row_bytes = arr.dtype.itemsize * _prod(arr.shape[1:])
-        per = chunks.chunk_rows(arr.shape[0], row_bytes, self._chunk_bytes)
-        count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
-        codec = self._compression.for_dtype(arr.dtype)
-        jobs = [self._storage.submit(_encode, arr, slice(i * per, (i + 1) * per), codec) for i in range(count)]
-        return ArrayChunks(per, codec, jobs)
+        per, rows, codec = chunking(arr, self._compression, self._chunk_bytes)
+        return ArrayChunks(per, codec, [self._storage.submit(encode_chunk, arr, r, codec) for r in rows])
 
 
-def _encode(arr: Any, rows: slice, codec: chunks.Compression) -> bytes:
-    # slicing a Narrowed array narrows those rows: done here, in the pool, chunk by chunk
+def chunking(
+    arr: StoredArray, compression: chunks.Compression, chunk_bytes: int
+) -> tuple[int, list[slice], chunks.Compression]:
+    """How ``arr`` is stored: rows per chunk, each chunk's rows, and the codec."""
+    row_bytes = arr.dtype.itemsize * math.prod(arr.shape[1:])
+    per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
+    count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
+    return per, [slice(i * per, (i + 1) * per) for i in range(count)], compression.for_dtype(arr.dtype)
+
+
+def encode_chunk(arr: Any, rows: slice, codec: chunks.Compression) -> bytes:
+    """Rows ``rows`` of ``arr`` as the chunk the writer stores (slicing a Narrowed array narrows
+    those rows: done in the pool, chunk by chunk)."""
     return chunks.encode(chunks.full_chunk(arr[rows], rows.stop - rows.start), codec)
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
