@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from conftest import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
-from zarr_skip.store import chunkjobs, writer
+from zarr_skip.store import _localfs, chunkjobs, writer
 
 
 def test_compression_starts_before_the_index_is_claimed(
@@ -84,3 +88,80 @@ def test_a_refused_write_leaves_no_compression_behind(
         cache.write(1, make_batch(4096, seed=1))
     assert len(made) == 1 and not made[0]._arrays  # every job it started was dropped
     assert_equal(cache.load(1).to_dict(), make_batch(6))
+
+
+def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the last chunk of the token ids waits until the chunks before it are in the shard's file
+    values = np.random.default_rng(0).integers(0, 151_000, 40_000)  # chunks of ~20 KB each
+    batch = {"ids": torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.tensor([0, 10_000, 40_000]))}
+    cache = zs.open_cache(str(tmp_path), fingerprint, chunk_bytes=32 << 10)
+    encode = chunkjobs.encode_chunk
+    seen: list[int] = []
+
+    def waiting_encode(arr: Any, rows: slice, codec: Any) -> bytes:
+        if arr.shape == values.shape and rows.stop >= len(values):
+            shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (shards and shards[0].stat().st_size > 0):
+                time.sleep(0.01)
+                shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]
+            seen.append(shards[0].stat().st_size if shards else 0)
+        return encode(arr, rows, codec)
+
+    monkeypatch.setattr(chunkjobs, "encode_chunk", waiting_encode)
+    cache.write(1, batch)
+    assert seen and seen[0] > 0  # the file held the first chunks before the last was compressed
+    got = zs.open_cache(str(tmp_path), fingerprint).load(1)["ids"][:]
+    assert torch.equal(got.values(), torch.from_numpy(values))
+
+
+def test_a_file_that_fails_stops_the_other_writes_and_none_outlives_the_error(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = zs.open_cache(str(tmp_path), fingerprint)
+    cache.write(1, make_batch(8))
+    write_fresh = _localfs.Tree.write_fresh
+    calls: list[tuple[float, float]] = []
+
+    def failing(self: _localfs.Tree, key: str, data: Any) -> int:
+        start = time.monotonic()
+        try:
+            if "/c." in key or "/c/" in key:  # a chunk (or shard) file
+                time.sleep(0.01)
+                if len(calls) >= 3:
+                    raise OSError(errno.ENOSPC, "No space left on device", key)
+            return write_fresh(self, key, data)
+        finally:
+            calls.append((start, time.monotonic()))
+
+    monkeypatch.setattr(_localfs.Tree, "write_fresh", failing)
+    with pytest.raises(zs.StorageError, match="no space left") as err:
+        cache.write(2, make_batch(4096, seed=1))
+    raised = time.monotonic()
+    assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
+    time.sleep(0.2)
+    assert all(end <= raised for _, end in calls)  # no thread was still writing
+    monkeypatch.undo()
+    assert cache.steps() == [1] and not (tmp_path / cache.experiment / "2" / cache.run_id / "0").exists()
+    assert_equal(cache.load(1).to_dict(), make_batch(8))
+
+
+def test_a_directory_that_cannot_be_made_is_a_typed_error(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = zs.open_cache(str(tmp_path), fingerprint)
+    cache.write(1, make_batch(8))
+    written: list[str] = []
+
+    def refused(self: _localfs.Tree, keys: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self.path(keys[-1]).parent))
+
+    monkeypatch.setattr(_localfs.Tree, "make_dirs", refused)
+    monkeypatch.setattr(_localfs.Tree, "write_fresh", lambda self, key, data: written.append(key) or 0)
+    with pytest.raises(zs.ReadOnlyCacheError, match="refuses writes"):
+        cache.write(2, make_batch(8, seed=1))
+    assert written == []  # nothing was written without its directory
+    monkeypatch.undo()
+    assert cache.steps() == [1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -254,22 +254,25 @@ class Tree:
             raise
         return len(data)
 
-    def write_fresh(self, key: str, data: bytes | Sequence[bytes]) -> int:
+    def write_fresh(self, key: str, data: bytes | Iterable[bytes]) -> int:
         """Write a file in a directory only this writer uses and nobody reads before it says so.
 
         No temp file and rename: a writer's data group is read only after its completion record
         names every chunk with its size and checksum, so a torn write is caught, never trusted.
-        ``data`` may come in pieces (the chunks of a shard), written one after the other.
+        ``data`` may come in pieces (the chunks of a shard), each written as it comes. Returns
+        the bytes written.
         """
         pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
         path = self.path(key)
         # its directory was checked when made (make_dirs); a link in its place is not followed
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        size = 0
         with open(fd, "wb") as f:
             self._check_fd(fd, key, path)
             for piece in pieces:
                 f.write(piece)
-        return sum(len(p) for p in pieces)
+                size += len(piece)
+        return size
 
     def make_dirs(self, keys: Sequence[str]) -> None:
         """Create the directories of ``keys`` (parents first), once each. Where a new branch

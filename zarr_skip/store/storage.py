@@ -40,8 +40,9 @@ from zarr_skip.store._s3_errors import backend_error
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-#: what is stored at a key: bytes, or pieces of them stored as one
-Value = bytes | Sequence[bytes]
+#: a value to store: bytes, or its pieces (a shard's chunks), which may come one by one as
+#: they are made (an iterator: a fresh local file is written piece by piece as they come)
+Value = bytes | Iterable[bytes]
 _PROTO = default_buffer_prototype()
 #: requests in flight at once; object stores are latency-bound, local disks don't mind
 CONCURRENCY = 64
@@ -206,11 +207,12 @@ class Storage:
     def put_many(self, items: Sequence[tuple[str, Callable[[], Value]]], *, fresh: bool = False) -> dict[str, int]:
         """Make (e.g. encode) and store values concurrently; the stored size of every key.
 
-        A value may come in pieces (a list of bytes, e.g. the chunks of a shard): they are
-        stored as one.
+        A value may come in pieces (e.g. the chunks of a shard, possibly an iterator of them as
+        they are encoded): they are stored as one.
 
         ``fresh``: the keys are new and unread until a later record names them (a writer's
-        own data group), so local files are written in place, without temp file and rename.
+        own data group), so local files are written in place, without temp file and rename,
+        by this thread and the pool's, in the order of ``items``.
         """
         if items:
             self._check_writable(items[0][0])
@@ -234,37 +236,50 @@ class Storage:
                     raise storage_error(exc, self.key_path(key)) from exc
 
             return dict(_localfs.parallel(put, items))
-        # a fresh group's directories are made by this thread while the pool already encodes
-        # (creating a directory costs about as much as compressing a chunk)
-        ready = threading.Event()
-        failed: list[OSError] = []
+        # This thread makes the directories, then writes the items in order (a shard's chunks
+        # as each is encoded) while the pool finishes encoding the chunks submitted before;
+        # the pool's threads join in when they are done with those.
+        todo = iter(items)
+        lock = threading.Lock()
+        ready, stopped = threading.Event(), threading.Event()  # stopped: a thread failed
+        sizes: dict[str, int] = {}
 
-        def put_fresh(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
-            key, make = item
+        def drain() -> None:
+            while not stopped.is_set():
+                with lock:
+                    item = next(todo, None)
+                if item is None:
+                    return
+                key, make = item
+                try:
+                    sizes[key] = tree.write_fresh(key, make())
+                except BaseException as exc:
+                    stopped.set()
+                    if isinstance(exc, OSError):
+                        raise storage_error(exc, self.key_path(key)) from exc
+                    raise
+
+        def helper() -> None:
+            ready.wait()
+            drain()
+
+        helpers = [_localfs.submit(helper) for _ in range(_localfs.workers())]
+        try:
             try:
-                value = make()
-                ready.wait()
-                if failed:
-                    raise failed[0]
-                return key, tree.write_fresh(key, value)
+                tree.make_dirs([key for key, _ in items])
             except OSError as exc:
-                raise storage_error(exc, self.key_path(key)) from exc
-
-        futures = [_localfs.submit(put_fresh, item) for item in items]
-        try:
-            tree.make_dirs([key for key, _ in items])
-        except OSError as exc:
-            failed.append(exc)
-        finally:
-            ready.set()
-        try:
-            return dict(f.result() for f in futures)
+                raise storage_error(exc, exc.filename or self.key_path(items[0][0])) from exc
+            finally:
+                ready.set()
+            drain()
+            for f in helpers:
+                f.result()
         except BaseException:
+            stopped.set()
             # nothing may still be writing once the caller cleans up after the failure
-            for f in futures:
-                f.cancel()
-            wait(futures)
+            wait(helpers)
             raise
+        return {key: sizes[key] for key, _ in items}
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""

@@ -28,7 +28,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -348,14 +349,26 @@ def _write_arrays(
     return manifest, nbytes, raw
 
 
-def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | list[bytes]:
-    """The encoded chunk (or the chunks of a shard and its index) to write; the jobs are let go."""
-    pieces = [job.result() for job in jobs]
-    jobs.clear()
-    for blob in pieces:
+def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | Iterator[bytes]:
+    """The encoded chunk to write, or a shard's pieces as they are encoded: its chunks in
+    order, then its index."""
+    if not shard:
+        blob = jobs.pop().result()
         sizes.append(len(blob))
         crcs.append(chunks.trailer(blob))
-    return pieces + [chunks.shard_index(sizes)] if shard else pieces[0]
+        return blob
+    queue = deque(jobs)
+    jobs.clear()
+    return _shard_pieces(queue, sizes, crcs)
+
+
+def _shard_pieces(jobs: deque[Future[bytes]], sizes: list[int], crcs: list[int]) -> Iterator[bytes]:
+    while jobs:
+        blob = jobs.popleft().result()  # let go of each chunk once written
+        sizes.append(len(blob))
+        crcs.append(chunks.trailer(blob))
+        yield blob
+    yield chunks.shard_index(sizes)
 
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
