@@ -9,8 +9,8 @@ The protocol (``docs/format.md`` has the long version):
    leftovers of older runs, logging what goes.
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
    exclusively with a writer token (read back: the token that stays wins).
-4. Write every array's metadata and chunks concurrently; a heartbeat thread refreshes the
-   claim while that takes long.
+4. Write every array's metadata and chunks concurrently; the process's heartbeat thread
+   refreshes the claim while that takes long (``heartbeats.py``).
 5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
    ``state: complete`` and the manifest (columns, chunk sizes, rows, bytes). This is the only
    completion marker: a writer killed before it leaves an incomplete mini-batch.
@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -42,6 +41,7 @@ from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_sam
 from zarr_skip.format.state import HOST, owner
 from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
+from zarr_skip.store.heartbeats import Heartbeat
 from zarr_skip.store.storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -68,34 +68,6 @@ class PartInfo:
     raw_nbytes: int
     step_complete: bool
     path: str
-
-
-class _Heartbeat:
-    """Refreshes a claim's heartbeat every ``interval`` seconds until stopped."""
-
-    def __init__(self, storage: Storage, key: str, doc: dict[str, Any], interval: float) -> None:
-        self._stop = threading.Event()
-        self._storage, self._key, self._doc, self._interval = storage, key, doc, interval
-        self._thread = threading.Thread(target=self._loop, name="zarr-skip-heartbeat", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            if not _holds(self._storage, self._key, self._doc):
-                logger.warning("heartbeat of %s stopped: the record names another writer", self._key)
-                return
-            doc = dict(self._doc, heartbeat=time.time())
-            try:
-                self._storage.set(self._key, group_doc({layout.PART_ATTR: doc}))
-            except (OSError, ZarrSkipError) as exc:  # the write itself will report the failure
-                logger.warning("heartbeat of %s failed: %s", self._key, exc)
 
 
 def write_part(
@@ -135,7 +107,7 @@ def write_part(
         data_path = layout.join(part_path, claim["data"])
         where = f"step {step}, mini-batch {index}"
         try:
-            with _Heartbeat(storage, record_key, claim, max(lease / 4, 0.05)):
+            with Heartbeat(storage, record_key, claim, max(lease / 4, 0.05), _holds):
                 manifest, nbytes, raw = _write_arrays(storage, data_path, batch, jobs)
             _check_owner(storage, step_path, ctx, where)
             if not _holds(storage, record_key, claim):
