@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
@@ -80,6 +81,61 @@ def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
     for j, share in enumerate(shares):
         out[j::k] = share
     return out
+
+
+def write_fresh_many(
+    tree: Tree,
+    items: Sequence[tuple[str, Callable[[], bytes | Iterable[bytes]]]],
+    error: Callable[[OSError, str], Exception],
+) -> dict[str, int]:
+    """Make and write the new files ``items`` (key, value maker) of a fresh group; the size of each.
+
+    This thread makes the directories, then writes the items in order (a value that comes in
+    pieces, e.g. a shard's chunks as they are encoded, piece by piece) while the pool finishes
+    the work submitted before (the values' encoding); the pool's threads join in when done.
+    The first failure stops every thread, ``error(exc, key)`` making an OSError typed; nothing
+    is still writing when this returns or raises.
+    """
+    todo = iter(items)
+    lock = threading.Lock()
+    ready, stopped = threading.Event(), threading.Event()  # stopped: a thread failed
+    sizes: dict[str, int] = {}
+
+    def drain() -> None:
+        while not stopped.is_set():
+            with lock:
+                item = next(todo, None)
+            if item is None:
+                return
+            key, make = item
+            try:
+                sizes[key] = tree.write_fresh(key, make())
+            except BaseException as exc:
+                stopped.set()
+                if isinstance(exc, OSError):
+                    raise error(exc, key) from exc
+                raise
+
+    def helper() -> None:
+        ready.wait()
+        drain()
+
+    helpers = [submit(helper) for _ in range(workers())]
+    try:
+        try:
+            tree.make_dirs([key for key, _ in items])
+        except OSError as exc:
+            raise error(exc, items[0][0]) from exc
+        finally:
+            ready.set()
+        drain()
+        for f in helpers:
+            f.result()
+    except BaseException:
+        stopped.set()
+        wait(helpers)
+        raise
+    return {key: sizes[key] for key, _ in items}
 
 
 #: where the kernel tells the real path of an open file (Linux); elsewhere paths are resolved

@@ -11,10 +11,9 @@ import errno
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -236,50 +235,7 @@ class Storage:
                     raise storage_error(exc, self.key_path(key)) from exc
 
             return dict(_localfs.parallel(put, items))
-        # This thread makes the directories, then writes the items in order (a shard's chunks
-        # as each is encoded) while the pool finishes encoding the chunks submitted before;
-        # the pool's threads join in when they are done with those.
-        todo = iter(items)
-        lock = threading.Lock()
-        ready, stopped = threading.Event(), threading.Event()  # stopped: a thread failed
-        sizes: dict[str, int] = {}
-
-        def drain() -> None:
-            while not stopped.is_set():
-                with lock:
-                    item = next(todo, None)
-                if item is None:
-                    return
-                key, make = item
-                try:
-                    sizes[key] = tree.write_fresh(key, make())
-                except BaseException as exc:
-                    stopped.set()
-                    if isinstance(exc, OSError):
-                        raise storage_error(exc, self.key_path(key)) from exc
-                    raise
-
-        def helper() -> None:
-            ready.wait()
-            drain()
-
-        helpers = [_localfs.submit(helper) for _ in range(_localfs.workers())]
-        try:
-            try:
-                tree.make_dirs([key for key, _ in items])
-            except OSError as exc:
-                raise storage_error(exc, exc.filename or self.key_path(items[0][0])) from exc
-            finally:
-                ready.set()
-            drain()
-            for f in helpers:
-                f.result()
-        except BaseException:
-            stopped.set()
-            # nothing may still be writing once the caller cleans up after the failure
-            wait(helpers)
-            raise
-        return {key: sizes[key] for key, _ in items}
+        return _localfs.write_fresh_many(tree, items, lambda exc, key: storage_error(exc, self.key_path(key)))
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""
