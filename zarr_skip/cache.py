@@ -312,12 +312,12 @@ class Cache(CacheReading):
         layout.step_name(step)
         checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
         checks.check_mapping(meta_info, "meta_info")
-        encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle)
-        # the pool compresses while the step is taken over and an index claimed
+        # the pool compresses the large arrays while the rest is encoded, then every chunk
+        # while the step is taken over and an index claimed (store/chunkjobs.py)
         jobs = ChunkJobs(self._storage, self.compression, self.chunk_bytes)
         try:
-            for column in encoded.columns:
-                jobs.add(column)
+            encoded = encode_batch(batch, meta_info, allow_pickle=allow_pickle, on_column=jobs.add)
+            jobs.spread()
             self._create()
             self._upgrade_root()
             return write_part(

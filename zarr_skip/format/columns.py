@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -54,8 +54,17 @@ if TYPE_CHECKING:  # torch loads with the first tensor, not at import
 # encoding
 
 
-def encode_batch(batch: Any, meta_info: Mapping[str, Any] | None = None, *, allow_pickle: bool = False) -> EncodedBatch:
+def encode_batch(
+    batch: Any,
+    meta_info: Mapping[str, Any] | None = None,
+    *,
+    allow_pickle: bool = False,
+    on_column: Callable[[EncodedColumn], None] | None = None,
+) -> EncodedBatch:
     """Split a batch into encoded columns; raise before anything is stored if it can't be exact.
+
+    ``on_column`` is handed each column as soon as it is encoded (the writer starts compressing
+    it). Tensors and arrays are encoded first, the per-row objects (Python work) after them.
 
     Raises
     ------
@@ -90,8 +99,7 @@ def encode_batch(batch: Any, meta_info: Mapping[str, Any] | None = None, *, allo
     if not items:
         raise UnsupportedColumnError("batch: has no columns")
     seen: set[str] = set()
-    columns = []
-    for name, value, section in items:
+    for name, _, _ in items:
         problem = layout.column_name_problem(name)
         if problem is not None:
             raise UnsupportedColumnError(
@@ -101,12 +109,23 @@ def encode_batch(batch: Any, meta_info: Mapping[str, Any] | None = None, *, allo
         if name in seen:
             raise UnsupportedColumnError(f"column {name!r}: appears in both batch and non_tensor_batch")
         seen.add(name)
-        columns.append(encode_column(name, value, section=section, allow_pickle=allow_pickle))
+    encoded: dict[int, EncodedColumn] = {}
+    for i in sorted(range(len(items)), key=lambda i: not _is_numeric(items[i][1])):
+        name, value, section = items[i]
+        encoded[i] = encode_column(name, value, section=section, allow_pickle=allow_pickle)
+        if on_column is not None:
+            on_column(encoded[i])
+    columns = [encoded[i] for i in range(len(items))]
     rows = {c.rows for c in columns}
     if len(rows) != 1:
         counts = ", ".join(f"{c.spec.name}={c.rows}" for c in columns)
         raise SchemaMismatchError(f"batch: columns disagree on their number of rows ({counts})")
     return EncodedBatch(columns, rows.pop(), to_json_value(meta), batch_type)
+
+
+def _is_numeric(value: Any) -> bool:
+    """A tensor or a numeric array (the columns whose chunks are large and cheap to encode)."""
+    return is_tensor(value) or (isinstance(value, np.ndarray) and value.dtype != object)
 
 
 def _keys(container: Any) -> list[str]:
