@@ -186,3 +186,15 @@ def test_a_batch_refused_while_encoding_leaves_no_compression_running(
     assert jobs._threads == 0
     assert cache.steps() == [1] and not (tmp_path / cache.experiment / "2").exists()
     assert_equal(cache.load(1).to_dict(), _batch(seed=1))
+
+
+def test_only_chunks_blosc_frames_one_block_each_are_compressed_together() -> None:
+    arr = np.zeros(1 << 20, np.float32)
+    auto = chunks.Compression().for_dtype(arr.dtype)
+    assert chunkjobs._groupable(arr, 131072, auto)  # 512 KiB chunks, 1 MiB blocks
+    assert not chunkjobs._groupable(arr, 1 << 19, auto)  # 2 MiB chunks: two blocks each
+    assert not chunkjobs._groupable(arr, 131072, chunks.Compression("blosc-zstd", 1, "shuffle", 0))  # blosc's own
+    assert not chunkjobs._groupable(arr, 131072, chunks.Compression("zstd", 1))
+    assert not chunkjobs._groupable(arr, 16, auto)  # 64 bytes: blosc copies it
+    huge = chunks.Compression("blosc-zstd", 1, "shuffle", 1 << 30)
+    assert not chunkjobs._groupable(arr, 1 << 25, huge)  # 128 MiB chunks: calls near blosc's limit

@@ -38,6 +38,8 @@ GROUP_CHUNKS = 4
 #: chunks per call while the batch is being encoded: few calls (each waits for the lock once
 #: after it), and not so many that the last one, started late, outlasts the encoding by far
 EARLY_CHUNKS = 8
+#: the largest chunk compressed with others (so that a call stays far below blosc's 2 GiB)
+_MAX_CHUNK_BYTES = 64 << 20
 
 
 @dataclass(slots=True)
@@ -175,9 +177,14 @@ class ChunkJobs:
 def _groupable(arr: StoredArray, per: int, codec: chunks.Compression) -> bool:
     """Whether blosc makes one block of each chunk (so that a call over several chunks makes
     the frames of per-chunk calls): blosc, an element size it shuffles by, a chunk no larger
-    than the block size asked for and no smaller than blosc compresses."""
+    than the block size asked for and no smaller than blosc compresses, and calls far below
+    blosc's limit of 2 GiB per buffer."""
     nbytes = per * arr.dtype.itemsize * math.prod(arr.shape[1:])
-    return codec.name in ("blosc-zstd", "lz4") and 1 <= arr.dtype.itemsize <= 255 and 128 <= nbytes <= codec.blocksize
+    return (
+        codec.name in ("blosc-zstd", "lz4")
+        and 1 <= arr.dtype.itemsize <= 255
+        and 128 <= nbytes <= min(codec.blocksize, _MAX_CHUNK_BYTES)
+    )
 
 
 def _compress(large: _Large, first: int, count: int) -> None:
