@@ -179,6 +179,22 @@ def concat(batches: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @pytest.fixture
+def chunk_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every ``ChunkJobs`` made while the test runs (a write makes one), in order."""
+    from zarr_skip.store import chunkjobs
+
+    made: list[Any] = []
+    init = chunkjobs.ChunkJobs.__init__
+
+    def traced_init(self: chunkjobs.ChunkJobs, *args: Any) -> None:
+        init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(chunkjobs.ChunkJobs, "__init__", traced_init)
+    return made
+
+
+@pytest.fixture
 def batch() -> dict[str, Any]:
     return make_batch()
 

@@ -23,7 +23,7 @@ import zarr_skip as zs
 from zarr_skip.errors import UnsupportedColumnError
 from zarr_skip.format import chunks, columns, jsonvalues
 from zarr_skip.format.blosc_frames import split_frame
-from zarr_skip.store import chunkjobs
+from zarr_skip.store import _localfs, chunkjobs
 
 RNG = np.random.default_rng(7)
 ARRAYS = {
@@ -124,17 +124,12 @@ def test_large_arrays_are_compressed_while_the_per_row_objects_are_encoded(
 
 
 def test_one_thread_compresses_while_the_batch_is_encoded(
-    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch, chunk_jobs: list
 ) -> None:
-    made: list[chunkjobs.ChunkJobs] = []
-    init = chunkjobs.ChunkJobs.__init__
+    made = chunk_jobs
     busy, log = [0], []
     lock = threading.Lock()
     encode_many, encode_one = chunkjobs.encode_chunks, chunkjobs.encode_chunk
-
-    def traced_init(self: chunkjobs.ChunkJobs, *args: Any) -> None:
-        init(self, *args)
-        made.append(self)
 
     def counted(fn: Any) -> Any:
         def run(*args: Any) -> Any:
@@ -150,7 +145,6 @@ def test_one_thread_compresses_while_the_batch_is_encoded(
 
         return run
 
-    monkeypatch.setattr(chunkjobs.ChunkJobs, "__init__", traced_init)
     monkeypatch.setattr(chunkjobs, "encode_chunks", counted(encode_many))
     monkeypatch.setattr(chunkjobs, "encode_chunk", counted(encode_one))
     batch = _batch()
@@ -158,27 +152,20 @@ def test_one_thread_compresses_while_the_batch_is_encoded(
     cache.write(1, batch)
     early = [n for spread_, n in log if not spread_]
     assert early and max(early) == 1  # before spread(): one call at a time
-    assert max(n for _, n in log) == 2  # after: every thread of the pool
+    assert max(n for _, n in log) >= min(2, _localfs.workers())  # after: every thread of the pool
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
 
 
 def test_a_batch_refused_while_encoding_leaves_no_compression_running(
-    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fingerprint: dict, chunk_jobs: list
 ) -> None:
     cache = zs.open_cache(str(tmp_path), fingerprint, chunk_bytes=64 << 10)
     cache.write(1, _batch(seed=1))
-    made: list[chunkjobs.ChunkJobs] = []
-    init = chunkjobs.ChunkJobs.__init__
-
-    def traced_init(self: chunkjobs.ChunkJobs, *args: Any) -> None:
-        init(self, *args)
-        made.append(self)
-
-    monkeypatch.setattr(chunkjobs.ChunkJobs, "__init__", traced_init)
+    made = chunk_jobs
     bad = dict(_batch(seed=2), extra=[object()] * 64)  # encoded after the tensors: refused
     with pytest.raises(UnsupportedColumnError, match="extra"):
         cache.write(2, bad)
-    jobs = made[0]
+    jobs = made[-1]
     assert not jobs._arrays and not jobs._large and not jobs._later and not jobs._tails
     deadline = time.monotonic() + 10
     while jobs._threads and time.monotonic() < deadline:  # the call in progress ends

@@ -71,19 +71,11 @@ def test_a_writer_that_loses_its_claim_encodes_again_and_stores_exactly(
     assert_equal(view.minibatches[1].to_dict(), batch)
 
 
-def test_a_refused_write_leaves_no_compression_behind(
-    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprint: dict, chunk_jobs: list) -> None:
     cache = zs.open_cache(str(tmp_path), fingerprint)
     cache.write(1, make_batch(6))
-    made: list[chunkjobs.ChunkJobs] = []
-    init = chunkjobs.ChunkJobs.__init__
-
-    def traced_init(self: chunkjobs.ChunkJobs, *args: Any) -> None:
-        init(self, *args)
-        made.append(self)
-
-    monkeypatch.setattr(chunkjobs.ChunkJobs, "__init__", traced_init)
+    made = chunk_jobs
+    del made[:]  # the write above
     with pytest.raises(StepCompleteError):
         cache.write(1, make_batch(4096, seed=1))
     assert len(made) == 1 and not made[0]._arrays  # every job it started was dropped
