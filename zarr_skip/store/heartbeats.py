@@ -77,8 +77,11 @@ class _Beater:
                         self._busy = token
                         break
                     self._cond.wait(min(due)[0] - now if due else None)
+            keep = True
             try:
                 keep = _refresh(claim)
+            except Exception:  # pragma: no cover - a bug: the thread must go on for the others
+                logger.exception("heartbeat of %s failed", claim.key)
             finally:
                 with self._cond:
                     self._busy = None
