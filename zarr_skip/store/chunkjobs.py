@@ -6,11 +6,11 @@ A large array (token ids, log-probs) is compressed at once by one of the pool's 
 :data:`EARLY_CHUNKS` full chunks per blosc call (:func:`encode_chunks`): one call releases the
 interpreter lock once for all of them, so it runs beside the encoding of the per-row objects
 (Python, holding the lock) instead of waiting behind it, where a call per chunk would wait for
-the lock after every chunk; one thread, so that the encoding keeps its core. When the batch is encoded,
-:meth:`ChunkJobs.spread` starts every other chunk and shares what is left of the large arrays
-out to every thread, a few chunks per call, while the step is taken over and a mini-batch
-index claimed (metadata reads and exclusive creates); the writer then takes each array's
-chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored here: a write that fails
+the lock after every chunk; one thread, so that the encoding keeps its core. When the batch is
+encoded, :meth:`ChunkJobs.spread` starts every other chunk and shares what is left of the
+large arrays out to every thread, :data:`GROUP_CHUNKS` chunks per call, while the step is
+taken over and a mini-batch index claimed (metadata reads and exclusive creates); the writer
+then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored here: a write that fails
 before storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
 """
 
