@@ -199,6 +199,11 @@ def encode(data: np.ndarray, compression: Compression) -> bytes:
     raw = np.ascontiguousarray(data)
     codec = compression.codec()
     body = raw.tobytes() if codec is None else bytes(codec.encode(raw))
+    return with_crc(body)
+
+
+def with_crc(body: bytes) -> bytes:
+    """``body`` with its crc32c appended (zarr's ``crc32c`` codec): a chunk or shard index as stored."""
     return body + np.uint32(crc32c(body)).tobytes()
 
 
@@ -408,8 +413,7 @@ def shard_index(sizes: Sequence[int]) -> bytes:
     pairs = np.zeros((len(sizes), 2), dtype="<u8")
     pairs[:, 1] = sizes
     np.cumsum(pairs[:-1, 1], out=pairs[1:, 0])
-    body = pairs.tobytes()
-    return body + np.uint32(crc32c(body)).tobytes()
+    return with_crc(pairs.tobytes())
 
 
 def _zarr_dtype(dtype: np.dtype) -> str:

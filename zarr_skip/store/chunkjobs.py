@@ -10,8 +10,8 @@ the lock after every chunk; one thread, so that the encoding keeps its core. Whe
 encoded, :meth:`ChunkJobs.spread` starts every other chunk and shares what is left of the
 large arrays out to every thread, :data:`GROUP_CHUNKS` chunks per call, while the step is
 taken over and a mini-batch index claimed (metadata reads and exclusive creates); the writer
-then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored here: a write that fails
-before storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
+then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored
+here: a write that fails before storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class ChunkJobs:
             if self._spread:
                 self._arrays[key] = self._start(arr)
                 continue
-            early = self._start_large(arr)
+            early = self._start_large(arr, *chunking(arr, self._compression, self._chunk_bytes))
             if early is None:
                 self._later.append((key, arr))
             else:
@@ -120,15 +120,17 @@ class ChunkJobs:
         self._tails.clear()
 
     def _start(self, arr: StoredArray) -> ArrayChunks:
-        started = self._start_large(arr)
+        per, rows, codec = chunking(arr, self._compression, self._chunk_bytes)
+        started = self._start_large(arr, per, rows, codec)
         if started is None:
-            per, rows, codec = chunking(arr, self._compression, self._chunk_bytes)
             started = ArrayChunks(per, codec, [self._storage.submit(encode_chunk, arr, r, codec) for r in rows])
         return started
 
-    def _start_large(self, arr: StoredArray) -> ArrayChunks | None:
-        """A large array's chunks, compressed by the threads on large arrays (None for another)."""
-        per, rows, codec = chunking(arr, self._compression, self._chunk_bytes)
+    def _start_large(
+        self, arr: StoredArray, per: int, rows: list[slice], codec: chunks.Compression
+    ) -> ArrayChunks | None:
+        """A large array's chunks (its :func:`chunking`), compressed by the threads on large
+        arrays; None for another array."""
         full = arr.shape[0] // per if arr.size else 0
         if full < GROUP_CHUNKS or not _groupable(arr, per, codec):
             return None
@@ -217,7 +219,7 @@ def encode_chunks(arr: StoredArray, first: int, count: int, per: int, codec: chu
     bodies = split_frame(bytes(frame), count, block)
     if bodies is None:  # pragma: no cover - a blosc that frames differently: one call per chunk
         return [encode_chunk(arr, slice(r, r + per), codec) for r in range(rows.start, rows.stop, per)]
-    return [body + np.uint32(chunks.crc32c(body)).tobytes() for body in bodies]
+    return [chunks.with_crc(body) for body in bodies]
 
 
 def chunking(
