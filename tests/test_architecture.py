@@ -21,30 +21,24 @@ RANKS: dict[str, int] = {
     "_humanize": 0,
     "format": 1,
     "store": 2,
-    "lazy": 3,
-    "reading": 3,
-    "tables": 3,
-    "cache": 4,
-    "maintenance": 4,
-    "synthetic": 5,
-    "readable": 5,
-    "trainer": 5,
-    "legacy": 6,
-    "notebook": 6,
-    "plots": 7,
-    "cli": 7,
-    "integrations": 7,
-    "demo": 8,
+    "views": 3,
+    "lazy": 4,
+    "reading": 4,
+    "tables": 4,
+    "cache": 5,
+    "maintenance": 5,
+    "synthetic": 6,
+    "trainer": 6,
+    "legacy": 7,
+    "notebook": 7,
+    "plots": 8,
+    "cli": 8,
+    "integrations": 8,
+    "demo": 9,
 }
-#: imports that go up on purpose: a handle's ``_repr_html_`` / ``verify()`` draws with a module above
-#: it, imported lazily inside the method (the renderer never imports the handle back at run time)
+#: imports that go up on purpose, lazily inside a function
 UPWARD_ALLOWED = {
     ("cache", "maintenance"),
-    ("cache", "notebook"),
-    ("cache", "readable"),  # ``Cache.export()`` writes parquet / JSON Lines with the readable wing
-    ("lazy", "notebook"),
-    ("reading", "readable"),  # ``StepView.text()`` / ``messages()`` decode with the readable wing, lazily
-    ("reading", "notebook"),  # ``StepView.rollout()`` / ``group()`` / ``find()`` / ``page()`` draw, lazily
     ("zarr_skip", "trainer"),  # the package's lazy ``SkipManager`` attribute
 }
 

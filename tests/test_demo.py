@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import zarr_skip as zs
-from zarr_skip.readable import tokenizer_for
+from zarr_skip.views import tokenizer_for
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 from conftest import CountingStore, make_batch
 
 import zarr_skip as zs
-from zarr_skip.notebook import display
+from zarr_skip.views import display
 
 
 class TagChecker(HTMLParser):

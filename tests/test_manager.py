@@ -390,8 +390,8 @@ def test_rollout_tq_killed_mid_step_regenerates_only_that_step(tmp_path: Path) -
 
 
 def test_the_trainers_tokenizer_and_model_paths_are_recorded_for_readers(tmp_path: Path) -> None:
-    from zarr_skip.readable import tokenizer_for
     from zarr_skip.synthetic import TOKENIZER_PATH
+    from zarr_skip.views import tokenizer_for
 
     model = tmp_path / "model"
     model.mkdir()

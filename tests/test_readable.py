@@ -13,9 +13,9 @@ from conftest import CountingStore
 
 import zarr_skip as zs
 from zarr_skip.errors import MissingExtraError, TokenizerNotFoundError
-from zarr_skip.readable import Message, chat_messages, load_tokenizer, tokenizer_for
-from zarr_skip.readable.tokenizers import surface_tokens
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
+from zarr_skip.views import Message, chat_messages, load_tokenizer, tokenizer_for
+from zarr_skip.views.tokenizers import surface_tokens
 
 tokenizers = pytest.importorskip("tokenizers")
 FP = {"experiment_name": "readable", "n": 4, "max_response_length": 96}

@@ -18,9 +18,9 @@ from conftest import CountingStore
 from test_display import assert_balanced
 
 import zarr_skip as zs
-from zarr_skip.notebook import _html
-from zarr_skip.notebook.groups import marks
-from zarr_skip.notebook.rollouts import RolloutList, RolloutView
+from zarr_skip.views import _html
+from zarr_skip.views.groups import marks
+from zarr_skip.views.rollouts import RolloutList, RolloutView
 
 HOSTILE = '<script>alert("x")</script>'
 ATTR = '" onmouseover="alert(1)'
@@ -227,7 +227,7 @@ def test_a_group_whose_scores_tie_marks_nothing(view: zs.StepView) -> None:
 
 
 def test_marks_without_scores_are_empty() -> None:
-    from zarr_skip.notebook._rows import Rollout
+    from zarr_skip.views._rows import Rollout
 
     ids = np.zeros(1, dtype=np.int64)
     assert marks([Rollout(1, 0, ids, 1), Rollout(1, 1, ids, 1)]) == {}

@@ -486,11 +486,11 @@ class Cache(CacheReading):
         return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
 
     def __repr__(self) -> str:
-        from zarr_skip.notebook.display import cache_repr
+        from zarr_skip.views.display import cache_repr
 
         return cache_repr(self)
 
     def _repr_html_(self) -> str:
-        from zarr_skip.notebook.display import cache_html
+        from zarr_skip.views.display import cache_html
 
         return cache_html(self)

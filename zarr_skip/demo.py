@@ -32,9 +32,9 @@ import numpy as np
 from zarr_skip import open_cache
 from zarr_skip.cli._text import badges, render_rollout
 from zarr_skip.format.specs import jagged_tensor
-from zarr_skip.notebook.display import human_bytes
-from zarr_skip.readable.records import max_response_length, rollouts, rows_of_uid
 from zarr_skip.synthetic import TOKENIZER_PATH, Preset, as_mapping, jagged_payload, text_rollouts
+from zarr_skip.views.display import human_bytes
+from zarr_skip.views.records import max_response_length, rollouts, rows_of_uid
 
 FINGERPRINT = {
     "experiment_name": "demo",

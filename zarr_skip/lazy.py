@@ -174,12 +174,12 @@ class StepView(StepReading):
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
     def __repr__(self) -> str:
-        from zarr_skip.notebook.display import step_repr
+        from zarr_skip.views.display import step_repr
 
         return step_repr(self)
 
     def _repr_html_(self) -> str:
-        from zarr_skip.notebook.display import step_html
+        from zarr_skip.views.display import step_html
 
         return step_html(self)
 
@@ -484,12 +484,12 @@ class LazyColumn:
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 
     def __repr__(self) -> str:
-        from zarr_skip.notebook.display import column_repr
+        from zarr_skip.views.display import column_repr
 
         return column_repr(self)
 
     def _repr_html_(self) -> str:
-        from zarr_skip.notebook.display import column_html
+        from zarr_skip.views.display import column_html
 
         return column_html(self)
 

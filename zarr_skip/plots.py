@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from zarr_skip.notebook.measures import response_lengths, row_scores
 from zarr_skip.notebook.plots import (
     plot_minibatches,
     plot_response_lengths,
     plot_scores,
     plot_truncation,
 )
+from zarr_skip.views.measures import response_lengths, row_scores
 
 __all__ = [
     "plot_minibatches",

@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
     from zarr_skip.cache import Cache
     from zarr_skip.lazy import StepView
-    from zarr_skip.notebook.groups import GroupView
-    from zarr_skip.notebook.rollouts import RolloutList, RolloutView
-    from zarr_skip.readable.export import ExportReport
-    from zarr_skip.readable.text import Message
     from zarr_skip.store.storage import Storage
+    from zarr_skip.views.export import ExportReport
+    from zarr_skip.views.groups import GroupView
+    from zarr_skip.views.rollouts import RolloutList, RolloutView
+    from zarr_skip.views.text import Message
 
 __all__ = ["CacheReading", "StepReading"]
 
@@ -52,29 +52,29 @@ class StepReading:
         Only the rows asked for are read: ``rows`` is one row (an int), a slice, a sequence of
         row numbers, or None (all). ``tokenizer`` is a path, a ``tokenizers.Tokenizer``, a
         ``transformers`` tokenizer or a Decoder; by default the one the experiment recorded
-        (:func:`zarr_skip.readable.tokenizers.tokenizer_for`). Padding is dropped.
+        (:func:`zarr_skip.views.tokenizers.tokenizer_for`). Padding is dropped.
 
         Raises
         ------
         TokenizerNotFoundError
             No tokenizer given and none recorded (or the recorded path is not on this machine).
         """
-        from zarr_skip.readable.text import decode_column
+        from zarr_skip.views.text import decode_column
 
         return decode_column(cast("StepView", self), column, rows, tokenizer, skip_special_tokens=skip_special_tokens)
 
     def messages(self, rows: int | slice | Sequence[int] | np.ndarray | None = None) -> list[list[Message]]:
         """The chat prompt of each row (its ``raw_prompt``) as ``Message(role, content)`` pairs."""
-        from zarr_skip.readable.text import chat_rows
+        from zarr_skip.views.text import chat_rows
 
         return chat_rows(cast("StepView", self), rows)
 
-    # -- readable views (zarr_skip.notebook.browse); each reads nothing until it is shown -------
+    # -- readable views (zarr_skip.views.browse); each reads nothing until it is shown -------
 
     def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
         """Row ``row`` drawn in full: the prompt (chat messages), the response, badges and its
         tokens coloured by log-prob."""
-        from zarr_skip.notebook import browse
+        from zarr_skip.views import browse
 
         return browse.rollout(cast("StepView", self), row, tokenizer=tokenizer, max_length=max_length)
 
@@ -82,7 +82,7 @@ class StepReading:
         self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
     ) -> GroupView:
         """The GRPO group ``uid`` (or that of row ``row``): its responses side by side."""
-        from zarr_skip.notebook import browse
+        from zarr_skip.views import browse
 
         return browse.group(cast("StepView", self), uid, row=row, tokenizer=tokenizer, max_length=max_length)
 
@@ -90,14 +90,14 @@ class StepReading:
         self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
     ) -> RolloutList:
         """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
-        ``best`` / ``worst``: see :func:`zarr_skip.notebook.finding.find_rows`."""
-        from zarr_skip.notebook import browse
+        ``best`` / ``worst``: see :func:`zarr_skip.views.finding.find_rows`."""
+        from zarr_skip.views import browse
 
         return browse.find(cast("StepView", self), tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
 
     def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
         """Page ``k`` of the step's rollouts, ``size`` rows a page."""
-        from zarr_skip.notebook import browse
+        from zarr_skip.views import browse
 
         return browse.page(cast("StepView", self), k, size, tokenizer=tokenizer, max_length=max_length)
 
@@ -141,7 +141,7 @@ class CacheReading:
     ) -> ExportReport:
         """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
         with decoded text when a tokenizer is known: see
-        :func:`zarr_skip.readable.export.export_rollouts`."""
-        from zarr_skip.readable.export import export_rollouts
+        :func:`zarr_skip.views.export.export_rollouts`."""
+        from zarr_skip.views.export import export_rollouts
 
         return export_rollouts(cast("Cache", self), path, steps, format=format, tokenizer=tokenizer)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TextIO
 
-from zarr_skip.notebook.display import human_bytes
+from zarr_skip.views.display import human_bytes
 
 __all__ = ["Bar", "age", "clip", "human_bytes", "render_rows", "table"]
 

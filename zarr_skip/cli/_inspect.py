@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip.cli._format import age, clip, human_bytes, render_rows, table
-from zarr_skip.notebook.display import ratio_text as ratio
+from zarr_skip.views.display import ratio_text as ratio
 
 if TYPE_CHECKING:
     from zarr_skip.cli._context import Context

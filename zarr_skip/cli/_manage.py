@@ -159,7 +159,7 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
     from pathlib import Path
 
     from zarr_skip.cli._context import UsageError
-    from zarr_skip.readable.export import export_rollouts
+    from zarr_skip.views.export import export_rollouts
 
     a = ctx.args
     out = Path(a.dest)

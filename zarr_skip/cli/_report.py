@@ -33,7 +33,7 @@ def cmd_report(ctx: Context) -> int:
         if missing:
             near = ", ".join(map(str, complete[-20:])) or "none"
             raise UsageError(f"step(s) {', '.join(map(str, missing))}: not complete steps of {name} (complete: {near})")
-    from zarr_skip.readable.tokenizers import tokenizer_for
+    from zarr_skip.views.tokenizers import tokenizer_for
 
     tokenizer = tokenizer_for(cache, ctx.args.tokenizer)  # --tokenizer wins over the recorded one
     if tokenizer is None:

@@ -72,9 +72,9 @@ def render_rollout(record: dict[str, Any], limit: int | None, width: int = WRAP)
 def cmd_show_text(ctx: Context, name: str, cache: Any) -> int:
     """Decoded rollouts of one step: ``--rows N`` first rows or the ``--uid`` group."""
     from zarr_skip.errors import TokenizerNotFoundError
-    from zarr_skip.readable.records import max_response_length, rollouts, select
-    from zarr_skip.readable.text import require_tokenizer
-    from zarr_skip.readable.tokenizers import tokenizer_for
+    from zarr_skip.views.records import max_response_length, rollouts, select
+    from zarr_skip.views.text import require_tokenizer
+    from zarr_skip.views.tokenizers import tokenizer_for
 
     step = ctx.args.step
     view = cache.load(step)

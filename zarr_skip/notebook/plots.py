@@ -20,7 +20,7 @@ import numpy as np
 
 from zarr_skip.cache import Cache
 from zarr_skip.lazy import StepView
-from zarr_skip.notebook.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
+from zarr_skip.views.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.notebook._html import CSS, Markup, badge, esc, legend, table, wrap
-from zarr_skip.notebook._rows import RolloutReader
-from zarr_skip.notebook.browse import decoder
-from zarr_skip.notebook.display import human_age, human_bytes, ratio_text
-from zarr_skip.notebook.groups import group_html
-from zarr_skip.notebook.rollouts import summary_html
+from zarr_skip.views._html import CSS, Markup, badge, esc, legend, table, wrap
+from zarr_skip.views._rows import RolloutReader
+from zarr_skip.views.browse import decoder
+from zarr_skip.views.display import human_age, human_bytes, ratio_text
+from zarr_skip.views.groups import group_html
+from zarr_skip.views.rollouts import summary_html
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
@@ -189,7 +189,7 @@ def report_html(
     ----------
     cache : the cache (one experiment).
     steps : steps whose rollouts are shown (complete ones); default: the latest complete step.
-    tokenizer : decodes the tokens (see :func:`zarr_skip.notebook.browse.decoder`); without one
+    tokenizer : decodes the tokens (see :func:`zarr_skip.views.browse.decoder`); without one
         token ids are shown.
     rows : rollouts shown per step (whole GRPO groups: the group that reaches it is kept whole).
     max_length : the response length limit; default: the fingerprint's ``max_response_length``.

@@ -158,7 +158,7 @@ def training_corpus(count: int = 3000, seed: int = 1234) -> list[str]:
 @lru_cache(maxsize=1)
 def shipped_tokenizer() -> Any:
     """The shipped tokenizer as a ``tokenizers.Tokenizer`` (needs ``zarr-skip[text]``)."""
-    from zarr_skip.readable.tokenizers import _tokenizers_module
+    from zarr_skip.views.tokenizers import _tokenizers_module
 
     return _tokenizers_module().Tokenizer.from_file(str(TOKENIZER_PATH))
 

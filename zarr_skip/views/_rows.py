@@ -3,7 +3,7 @@
 verl's columns are recognised by name: ``responses`` and ``prompts`` (jagged token rows, or
 padded ones with ``response_mask`` / ``attention_mask`` saying which tokens are real),
 ``old_log_probs``, a score column (the first of
-:data:`~zarr_skip.notebook.measures.SCORE_COLUMNS` present; token-level ones sum per row),
+:data:`~zarr_skip.views.measures.SCORE_COLUMNS` present; token-level ones sum per row),
 ``advantages``, ``uid``, ``data_source`` and ``raw_prompt`` (chat messages).
 
 :meth:`RolloutReader.read` reads the chosen rows of each of those columns with one indexed
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.notebook.measures import SCORE_COLUMNS, response_lengths, row_scores
-from zarr_skip.readable.text import chat_messages, decode_ids, token_ids
-from zarr_skip.readable.tokenizers import Decoder
+from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
+from zarr_skip.views.text import chat_messages, decode_ids, token_ids
+from zarr_skip.views.tokenizers import Decoder
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import LazyColumn, StepView

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zarr_skip.notebook._rows import Decoder, RolloutReader
-from zarr_skip.notebook.finding import PAGE_ROWS
-from zarr_skip.notebook.finding import find as _find
-from zarr_skip.notebook.finding import page as _page
-from zarr_skip.notebook.groups import GroupView
-from zarr_skip.notebook.rollouts import RolloutList, RolloutView
+from zarr_skip.views._rows import Decoder, RolloutReader
+from zarr_skip.views.finding import PAGE_ROWS
+from zarr_skip.views.finding import find as _find
+from zarr_skip.views.finding import page as _page
+from zarr_skip.views.groups import GroupView
+from zarr_skip.views.rollouts import RolloutList, RolloutView
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -28,7 +28,7 @@ def decoder(view: Any, tokenizer: Any = None) -> Decoder | None:
     """The decoder the views of ``view`` (a step view or a cache) use: ``tokenizer`` when given
     (a path, a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or a Decoder), else the one
     the experiment recorded when it is on this machine, else ``None`` (token ids are shown)."""
-    from zarr_skip.readable.tokenizers import tokenizer_for
+    from zarr_skip.views.tokenizers import tokenizer_for
 
     return tokenizer_for(view, tokenizer)
 
@@ -65,7 +65,7 @@ def find(
     limit: int | None = PAGE_ROWS,
     **criteria: Any,
 ) -> RolloutList:
-    """Rows meeting ``criteria``: see :func:`zarr_skip.notebook.finding.find_rows`."""
+    """Rows meeting ``criteria``: see :func:`zarr_skip.views.finding.find_rows`."""
     return _find(reader(view, tokenizer, max_length), limit=limit, **criteria)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from zarr_skip.notebook._html import Markup, badge, esc, wrap
-from zarr_skip.notebook._rows import Rollout, RolloutReader
-from zarr_skip.notebook.rollouts import (
+from zarr_skip.views._html import Markup, badge, esc, wrap
+from zarr_skip.views._rows import Rollout, RolloutReader
+from zarr_skip.views.rollouts import (
     TEXT_IDS,
     Rows,
     badge_items,

@@ -1,5 +1,5 @@
 """Rollouts as a table for the tools people already use: parquet (pandas, pyarrow, DuckDB,
-polars) or JSON Lines, one record per rollout (see :mod:`zarr_skip.readable.records`).
+polars) or JSON Lines, one record per rollout (see :mod:`zarr_skip.views.records`).
 
 The file is written next to its destination and renamed into place when complete, so a reader
 never sees half an export.
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
-from zarr_skip.readable.records import rollout_columns
-from zarr_skip.readable.tokenizers import tokenizer_for
+from zarr_skip.views.records import rollout_columns
+from zarr_skip.views.tokenizers import tokenizer_for
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.readable.text import Rows, chat_messages, decode_ids, row_index, token_ids
-from zarr_skip.readable.tokenizers import Decoder, tokenizer_for
+from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
+from zarr_skip.views.tokenizers import Decoder, tokenizer_for
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from zarr_skip.errors import TokenizerNotFoundError
-from zarr_skip.readable.tokenizers import ATTR_MODEL, ATTR_TOKENIZER, Decoder, _attributes_of, tokenizer_for
+from zarr_skip.views.tokenizers import ATTR_MODEL, ATTR_TOKENIZER, Decoder, _attributes_of, tokenizer_for
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView

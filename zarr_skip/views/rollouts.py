@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zarr_skip.notebook._html import Markup, badge, esc, legend, message, token_spans, wrap
-from zarr_skip.notebook._rows import Rollout, RolloutReader
+from zarr_skip.views._html import Markup, badge, esc, legend, message, token_spans, wrap
+from zarr_skip.views._rows import Rollout, RolloutReader
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView

@@ -1,6 +1,6 @@
 """Finding rows of a step: by uid, score, truncation, length or text, and paging through it.
 
-``view.find(...)`` and ``view.page(k)`` return a :class:`~zarr_skip.notebook.rollouts.RolloutList`.
+``view.find(...)`` and ``view.page(k)`` return a :class:`~zarr_skip.views.rollouts.RolloutList`.
 Each criterion reads one column of the step, whole, and only when it is given: ``uid`` the
 uid strings, ``truncated`` / ``longest`` / ``shortest`` the stored per-row lengths (no token),
 ``score`` / ``best`` / ``worst`` the score column. A ``text`` search decodes the responses of
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from zarr_skip.notebook._rows import RolloutReader
-from zarr_skip.notebook.rollouts import RolloutList
+from zarr_skip.views._rows import RolloutReader
+from zarr_skip.views.rollouts import RolloutList
 
 __all__ = ["CRITERIA", "PAGE_ROWS", "SEARCH_BLOCK", "find", "find_rows", "page"]
 
