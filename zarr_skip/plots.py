@@ -6,15 +6,19 @@ from zarr_skip.notebook.plots import (
     plot_minibatches,
     plot_response_lengths,
     plot_scores,
+    plot_trend,
     plot_truncation,
 )
+from zarr_skip.notebook.trends import run_signals
 from zarr_skip.views.measures import response_lengths, row_scores
 
 __all__ = [
     "plot_minibatches",
     "plot_response_lengths",
     "plot_scores",
+    "plot_trend",
     "plot_truncation",
     "response_lengths",
     "row_scores",
+    "run_signals",
 ]
