@@ -52,7 +52,7 @@ def test_non_binary_scores_give_no_accuracy_and_missing_columns_give_none() -> N
     assert s.rows == 2 and s.score_mean is None and s.same_score_groups is None and s.truncated == 0.5
 
 
-def _expected(view: Any) -> dict[str | None, dict[str, Any]]:
+def expected_signals(view: Any) -> dict[str | None, dict[str, Any]]:
     """The figures from the values ``load()`` gives, with plain Python."""
     scores = [float(x) for x in view["score"][:]]
     lengths = [int(x) for x in view["responses"].lengths()]
@@ -84,7 +84,7 @@ def test_step_signals_match_what_load_gives(tmp_path: Path) -> None:
     cache.write(3, text_rollouts(8, 4, seed=5, step=3))
     view = cache.load(3)
     found = step_signals(view)
-    want = _expected(view)
+    want = expected_signals(view)
     assert [s.data_source for s in found] == list(want)
     for s in found:
         assert s.step == 3 and s.binary and s.score_column == "score" and s.max_length == 96

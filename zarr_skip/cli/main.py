@@ -61,6 +61,7 @@ examples:
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
   zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
   zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
+  zarr-skip compare runs/a runs/b --steps 10-20             two runs' signals side by side
 
 exit status: 0 ok, 1 problems found, 2 usage error
 """
@@ -282,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
     p.add_argument("--tokens", action="store_true", help="add each response's tokens coloured by log-prob")
     p.set_defaults(trailing_steps=True)
+    from zarr_skip.cli import _compare
+
+    _compare.register(sub, [_common(storage_short=False)])
     return parser
 
 

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 #: what :func:`plot_trend` draws: name -> (title, y label)
 SIGNALS = {
-    "score": ("mean score per step (band: ± one standard deviation)", "score"),
+    "score": ("mean score per step (band: ± 1 std)", "score"),
     "same_score_groups": ("GRPO groups whose answers all scored the same", "share of groups"),
     "length": ("mean response length per step", "tokens"),
     "truncated": ("responses truncated at the length limit", "share of responses"),
@@ -179,11 +179,17 @@ def plot_trend(
     title, ylabel = SIGNALS[signal]
     binary = all(s.binary for run in data for step in run.steps for s in step)
     if signal == "score" and binary:
-        title, ylabel = "accuracy per step (mean of 0/1 scores; band: ± one standard deviation)", "accuracy"
+        title, ylabel = "accuracy per step (0/1 scores; band: ± 1 std)", "accuracy"
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
-    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    drawn = sorted({s.step for run in data for step in run.steps for s in step})
+    if len(drawn) <= 12:  # every step its own tick; a single one in the middle
+        ax.set_xticks(drawn, [str(s) for s in drawn])
+        if len(drawn) == 1:
+            ax.set_xlim(drawn[0] - 1, drawn[0] + 1)
+    else:
+        ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     if signal in ("same_score_groups", "truncated") or (signal == "score" and binary):
         ax.set_ylim(-0.03, 1.03)
     ax.legend(frameon=False, fontsize=8)
