@@ -52,6 +52,10 @@ def test_non_binary_scores_give_no_accuracy_and_missing_columns_give_none() -> N
     assert s.rows == 2 and s.score_mean is None and s.same_score_groups is None and s.truncated == 0.5
 
 
+def _fmean(values: list[int]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def expected_signals(view: Any) -> dict[str | None, dict[str, Any]]:
     """The figures from the values ``load()`` gives, with plain Python."""
     scores = [float(x) for x in view["score"][:]]
@@ -70,8 +74,8 @@ def expected_signals(view: Any) -> dict[str | None, dict[str, Any]]:
             "score_std": statistics.pstdev([scores[i] for i in rows]),
             "accuracy": sum(scores[i] == 1 for i in rows) / len(rows),
             "length_mean": statistics.fmean(lengths[i] for i in rows),
-            "length_correct": statistics.fmean(lengths[i] for i in rows if scores[i] == 1),
-            "length_wrong": statistics.fmean(lengths[i] for i in rows if scores[i] == 0),
+            "length_correct": _fmean([lengths[i] for i in rows if scores[i] == 1]),
+            "length_wrong": _fmean([lengths[i] for i in rows if scores[i] == 0]),
             "truncated": sum(lengths[i] >= 96 for i in rows) / len(rows),
             "groups": len(groups),
             "same_score_groups": sum(len(v) == 1 for v in groups.values()) / len(groups),
