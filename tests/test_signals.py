@@ -106,3 +106,12 @@ def test_a_token_level_score_is_summed_per_row(tmp_path: Path) -> None:
     assert s.score_mean == pytest.approx(statistics.fmean(plain))
     lengths = [len(r) for r in batch["responses"].unbind()]
     assert s.truncated == pytest.approx(sum(n >= 40 for n in lengths) / len(lengths))
+
+
+def test_padded_responses_without_a_mask_have_no_lengths(tmp_path: Path) -> None:
+    import torch
+
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, {"responses": torch.arange(8).reshape(2, 4), "score": torch.tensor([0.0, 1.0])})
+    (s,) = step_signals(cache.load(1))
+    assert s.rows == 2 and s.accuracy == 0.5 and s.length_mean is None and s.truncated is None

@@ -157,6 +157,13 @@ def _score_column(view: StepView) -> str | None:
     return None
 
 
+def _lengths(view: StepView) -> np.ndarray | None:
+    """Response lengths, or ``None`` when unknown: no responses, or padded ones without a mask."""
+    if "response_mask" in view or ("responses" in view and view["responses"].spec.jagged):
+        return response_lengths(view).astype(np.float64)
+    return None
+
+
 def _strings(view: StepView, name: str) -> np.ndarray | None:
     if name not in view:
         return None
@@ -175,7 +182,7 @@ def step_signals(view: StepView, *, max_length: int | None = None) -> list[StepS
     """
     column = _score_column(view)
     scores = row_scores(view, column) if column is not None else None
-    lengths = response_lengths(view).astype(np.float64) if "responses" in view or "response_mask" in view else None
+    lengths = _lengths(view)
     limit = max_length if max_length is not None else max_response_length(view)
     uids = _strings(view, "uid")
     out = [signals(view.step, scores, lengths, uids=uids, max_length=limit, score_column=column)]
