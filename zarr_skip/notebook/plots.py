@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "THEME_RC",
+    "follow_theme",
     "plot_minibatches",
     "plot_response_lengths",
     "plot_scores",
@@ -45,6 +47,28 @@ logger = logging.getLogger(__name__)
 #: steps of a cache plotted at most when ``steps`` is not given (evenly spaced)
 MAX_STEPS = 40
 Source = Cache | StepView | Sequence[StepView] | Sequence[Cache]
+_GREY = "#8b949e"
+#: matplotlib settings under which a figure reads on a light and a dark notebook theme alike:
+#: transparent backgrounds, mid-grey text, axes and ticks
+THEME_RC = {
+    "figure.facecolor": "none",
+    "axes.facecolor": "none",
+    "savefig.facecolor": "none",
+    "savefig.transparent": True,
+    "text.color": _GREY,
+    "axes.labelcolor": _GREY,
+    "axes.edgecolor": _GREY,
+    "axes.titlecolor": _GREY,
+    "xtick.color": _GREY,
+    "ytick.color": _GREY,
+    "grid.color": _GREY,
+}
+
+
+def follow_theme() -> None:
+    """Make the figures drawn from now on follow the notebook's theme (:data:`THEME_RC`):
+    transparent backgrounds and grey text, readable in JupyterLab's light and dark themes."""
+    _matplotlib().rcParams.update(THEME_RC)
 
 
 def _matplotlib() -> Any:
