@@ -84,3 +84,11 @@ def test_by_source_and_labels_made_unique(runs: list[zs.Cache], tmp_path: Path) 
         plots.run_signals([])
     drawn = _lines(plots.plot_trend(labels, "length"))  # signals read once, drawn again without reads
     assert len(drawn) == 4 and all(np.isfinite(y).any() for _, y in drawn.values())
+
+
+def test_step_views_of_two_runs_are_labelled_by_run(runs: list[zs.Cache]) -> None:
+    fig = plots.plot_response_lengths([runs[0].load(3), runs[1].load(3)])
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["baseline\n3", "lr_2e-6\n3"]  # never "3" and "3"
+    one = plots.plot_response_lengths([runs[0].load(2), runs[0].load(3)])
+    assert [t.get_text() for t in one.axes[0].get_xticklabels()] == ["2", "3"]

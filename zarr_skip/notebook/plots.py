@@ -23,7 +23,7 @@ import numpy as np
 
 from zarr_skip.cache import Cache
 from zarr_skip.lazy import StepView
-from zarr_skip.notebook.trends import matplotlib_module, plot_trend
+from zarr_skip.notebook.trends import matplotlib_module, plot_trend, run_labels
 from zarr_skip.views.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
 
 if TYPE_CHECKING:
@@ -154,7 +154,15 @@ def _distribution(ax: Axes, data: list[np.ndarray], labels: list[str], kind: str
 
 
 def _step_labels(views: Sequence[StepView]) -> list[str]:
-    return [str(v.step) for v in views]
+    """Step numbers; with views of several runs, each under its run's label (never two bare "3")."""
+    caches: list[Cache] = []
+    for v in views:
+        if isinstance(v.cache, Cache) and not any(v.cache is c for c in caches):
+            caches.append(v.cache)
+    if len(caches) < 2 and len({v.step for v in views}) == len(views):
+        return [str(v.step) for v in views]
+    labels = dict(zip(map(id, caches), run_labels(caches), strict=True))
+    return [f"{labels.get(id(v.cache), f'view {i}')}\n{v.step}" for i, v in enumerate(views)]
 
 
 def plot_response_lengths(
