@@ -89,3 +89,17 @@ def test_compare_refuses_steps_not_in_both(
     assert code == 2 and "no step is complete in both runs" in err
     code, _, err = run(capsys, "compare", str(a.location), str(b.location), "--plot", str(tmp_path / "no" / "x.png"))
     assert code == 2 and "does not exist" in err
+
+
+def test_compare_two_experiments_of_one_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _run(tmp_path / "c", "base", [1, 2], 1)
+    b = _run(tmp_path / "c", "tuned", [2], 2)
+    loc = str(tmp_path / "c")
+    code, _, err = run(capsys, "compare", loc, loc)
+    assert code == 2 and "several experiments" in err
+    code, out, err = run(capsys, "compare", loc, loc, "-e", "base", "--experiment-b", "tuned", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["a"]["experiment"], doc["b"]["experiment"]) == (a.experiment, b.experiment)
+    assert [s["step"] for s in doc["steps"]] == [2]
+    assert doc["steps"][0]["b"]["accuracy"] == pytest.approx(expected_signals(b.load(2))[None]["accuracy"])
