@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import MetadataError, MissingExtraError
+from zarr_skip.errors import MetadataError
 from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
@@ -147,13 +147,8 @@ class StepView(StepReading):
         }
 
     def to_tensordict(self) -> Any:
-        """Tensor columns as a TensorDict (needs ``pip install 'zarr-skip[tensordict]'``)."""
-        try:
-            from tensordict import TensorDict
-        except ImportError:
-            raise MissingExtraError(
-                "to_tensordict needs the 'tensordict' package: pip install 'zarr-skip[tensordict]'"
-            ) from None
+        """Tensor columns as a TensorDict (needs the optional ``tensordict`` package)."""
+        from tensordict import TensorDict
 
         data = {n: v for n, v in self.to_dict().items() if self.schema[n].container == "torch"}
         return TensorDict(data, batch_size=[len(self)])
