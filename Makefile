@@ -40,4 +40,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.write_floor --preset medium --out benchmarks/results/realistic
 
 clean:
-	rm -rf demo_cache .pytest_cache .hypothesis build *.egg-info
+	rm -rf demo_cache demo_cache_random report.html rollouts.parquet .pytest_cache .hypothesis build *.egg-info

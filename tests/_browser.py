@@ -123,9 +123,13 @@ class Browser:
                 self.events.append(msg)
         raise TimeoutError(method)
 
-    def open(self, path: Path, *, dark: bool = False, width: int = 1280, height: int = 900) -> None:
-        """Load ``path`` in the given colour scheme and wait for its load event."""
+    def open(
+        self, path: Path, *, dark: bool = False, width: int = 1280, height: int = 900, scripts: bool = True
+    ) -> None:
+        """Load ``path`` in the given colour scheme (with JavaScript off unless ``scripts``) and
+        wait for its load event."""
         self.events.clear()
+        self.call("Emulation.setScriptExecutionDisabled", value=not scripts)
         scheme = "dark" if dark else "light"
         self.call("Emulation.setEmulatedMedia", features=[{"name": "prefers-color-scheme", "value": scheme}])
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)

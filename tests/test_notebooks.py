@@ -1,4 +1,6 @@
-"""Every notebook runs headless from top to bottom; its figures are saved as PNG files.
+"""Every notebook runs headless from top to bottom on a fixture cache given by its parameter
+(``$ZARR_SKIP_CACHE``); its outputs are checked from here (the notebooks hold no asserts) and its
+figures are saved as PNG files.
 
 The figures go to ``$ZARR_SKIP_FIGURES`` (default ``notebooks/figures/``), one file per image
 output, named ``{notebook}-cell{NN}-{k}.png``, so they can be looked at after a test run.
@@ -28,17 +30,15 @@ EXPECTED_FIGURES = {"browse_cache": 6}
 EXPECTED_HTML = {
     "browse_cache": [
         ">complete</span>",
-        ">abandoned</span>",
-        ">writing</span>",
         "meta_info",
-        "column &#x27;responses&#x27; of step 3",
         # the readable views: a rollout's tokens by log-prob, a group's marks, a search, a page
         'class="zs-t zs-p0"',
         "token probability under the sampling policy",
         "★ best",
         "truncated at 96",
-        "rows with truncated=True",
-        "step 2: page 1 of 8 (rows 8–15 of 64)",
+        "step 3: rows with truncated=True",
+        "step 3: rows with score=0, text=&quot;\\\\boxed\\{\\d+\\}&quot;",  # the pattern as typed
+        "step 3: page 1 of 16 (rows 8–15 of 128)",
     ],
 }
 #: the last cell, added here: proves the kernel runs the interpreter running the tests
@@ -66,16 +66,58 @@ def save_figures(nb: Any, stem: str) -> list[Path]:
     return saved
 
 
+def _transparent_corner(png: Path) -> bool:
+    from PIL import Image
+
+    with Image.open(png) as img:
+        return img.mode == "RGBA" and img.getpixel((1, 1))[3] == 0
+
+
+def _signal_lines(nb: Any) -> list[str]:
+    return [
+        line
+        for _, _, out in outputs(nb, "stream")
+        if out.get("name") == "stdout"
+        for line in out["text"].splitlines()
+        if line.split()[:2][-1:] == ["all"]
+    ]
+
+
+def test_the_notebook_is_a_starting_point() -> None:
+    nb = nbformat.read(ROOT / "notebooks" / "browse_cache.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert not [c.source for c in code if "assert " in c.source]  # the checks live here
+    first = code[0]
+    assert first.metadata.get("tags") == ["parameters"]
+    assert 'LOCATION = os.environ.get("ZARR_SKIP_CACHE", "../demo_cache")' in first.source
+    assert "follow_theme()" in code[1].source
+
+
+def test_find_titles_show_strings_as_typed(tmp_path: Path) -> None:
+    import zarr_skip as zs
+    from zarr_skip import demo
+
+    demo.write_text_steps(tmp_path / "c", range(1, 2))
+    view = zs.open_cache(tmp_path / "c").load(1)
+    assert view.find(text=r"\boxed\{", regex=True).title == 'step 1: rows with text="\\boxed\\{"'
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from zarr_skip import demo
+    from zarr_skip import open_cache as open_
+    from zarr_skip.views.signals import step_signals
+
     # the kernel (and the processes it starts) import zarr_skip from this checkout
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    demo.write_text_steps(tmp_path / "cache", range(1, 4))  # the parameter: the notebook opens this cache
+    monkeypatch.setenv("ZARR_SKIP_CACHE", str(tmp_path / "cache"))
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(WHICH_PYTHON))
     # "python3" is the kernel ipykernel provides to the interpreter running this test; jupyter_client
     # starts it with sys.executable, checked by the last cell
     client = nbclient.NotebookClient(
-        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(path.parent)}}
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
 
@@ -91,6 +133,16 @@ def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.Mon
         assert len(saved) == EXPECTED_FIGURES[path.stem], [p.name for p in saved]
     for png in saved:
         assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000, png
+        assert _transparent_corner(png), f"{png.name}: not transparent, so it stays white in a dark theme"
+    if path.stem == "browse_cache":
+        cache = open_(tmp_path / "cache")
+        lines = _signal_lines(nb)
+        assert [int(line.split()[0]) for line in lines] == cache.steps()
+        for line in lines:
+            s = step_signals(cache.load(int(line.split()[0])))[0]
+            assert line.split()[2:5] == [str(s.rows), f"{s.score_mean:.1f}", f"{s.accuracy:.0%}"]
+        report = (tmp_path / "report.html").read_text()
+        assert 'id="signals"' in report and 'id="step-1"' in report and 'id="step-3"' in report
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _browser import Browser, missing
+from test_signals import expected_signals
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
@@ -95,8 +96,9 @@ def test_the_report_is_one_self_contained_file(cache: zs.Cache, tmp_path: Path) 
     checker.feed(page)
     assert checker.open == ["html"] or not checker.open  # html closes last
     assert checker.outside == [] and checker.handlers == []
-    for banned in ("<script", "<link", "@import", "url(", "http://", "https://"):
+    for banned in ("<script src", "<link", "@import", "url(", "http://", "https://"):
         assert banned not in page, banned
+    assert page.count("<script>") == 1  # the optional sorting and filtering, inline
     assert HOSTILE not in page and html.escape(HOSTILE) in page
     # the step table lists every step; rollouts of the chosen ones, whole groups
     assert re.findall(r'<section class="zs-step" id="step-(\d+)"', page) == ["1", "2"]
@@ -104,9 +106,18 @@ def test_the_report_is_one_self_contained_file(cache: zs.Cache, tmp_path: Path) 
     assert page.count('<div class="zs-group"') == 2 * GROUPS
     assert html.escape(decoded(cache, 1, 0)) in page and html.escape(decoded(cache, 2, 5)) in page
     assert "★ best" in page and "✗ worst" in page and "truncated at 96" in page
-    # four plots, each in a light and a dark version, inline
-    assert len(re.findall(r"<figure data-plot=", page)) == 4
-    assert len(re.findall(r'<img class="zs-plot-(light|dark)" alt="[^"]+" src="data:image/png;base64,', page)) == 8
+    # plots: 4 signals per step, 4 per data source (when there are several), mini-batches; light and dark
+    sources = {str(x) for s in (1, 2, 3) for x in cache.load(s)["data_source"][:]}
+    plots = 4 + (4 if len(sources) > 1 else 0) + 1
+    assert len(re.findall(r"<figure data-plot=", page)) == plots
+    assert (
+        len(re.findall(r'<img class="zs-plot-(light|dark)" alt="[^"]+" src="data:image/png;base64,', page)) == 2 * plots
+    )
+    # what an RL team reads first comes first; the storage details (mini-batches, bytes) last
+    order = [page.index(f'id="{key}"') for key in ("signals", "sources", "step-1", "step-2", "storage")]
+    assert order == sorted(order)
+    assert page.index("rows per mini-batch") > page.index('id="storage"')
+    assert "<script>" not in report_html(cache, [1], plots=False, script=False)
 
 
 def test_the_report_shows_whole_groups_up_to_rows_and_ids_without_a_tokenizer(cache: zs.Cache) -> None:
@@ -153,6 +164,8 @@ def test_the_browser_sees_console_errors_and_failed_loads(browser: Browser, tmp_
 JS_STATE = """(() => {
   const shown = el => getComputedStyle(el).display !== 'none';
   const imgs = [...document.images];
+  const cells = key => [...document.querySelectorAll(`table[data-table="${key}"] tbody tr`)].map(
+    r => [...r.cells].map(c => (c.dataset.v !== undefined ? c.dataset.v : c.textContent)));
   return {
     steps: [...document.querySelectorAll('section.zs-step')].map(s => s.dataset.step),
     cards: document.querySelectorAll('.zs-card').length,
@@ -163,14 +176,40 @@ JS_STATE = """(() => {
     dark: imgs.filter(i => i.classList.contains('zs-plot-dark') && shown(i)).length,
     background: getComputedStyle(document.querySelector('.zs-page')).backgroundColor,
     colour: getComputedStyle(document.querySelector('.zs-page')).color,
-    rows: document.querySelectorAll('table.zs-table tbody tr').length,
+    storage: document.querySelectorAll('#storage table.zs-table tbody tr').length,
+    signals: cells('steps'),
+    list: cells('rollouts-1'),
+    visible: [...document.querySelectorAll('table[data-table="rollouts-1"] tbody tr')].filter(r => !r.hidden).length,
+    filters: document.querySelectorAll('.zs-filter').length,
+    plotsTop: document.querySelector('#signals figure').getBoundingClientRect().top,
   };
 })()"""
+PLOTS = 9  # 4 signals per step, 4 per data source, rows per mini-batch
 
 
 def _luminance(css: str) -> float:
     r, g, b = (int(x) for x in re.findall(r"\d+", css)[:3])
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+def _check_figures(cache: zs.Cache, state: dict[str, Any]) -> None:
+    """The page's signal table and rollout list say what ``load()`` gives."""
+    assert [int(r[0]) for r in state["signals"]] == [1, 2, 3]
+    for row in state["signals"]:
+        want = expected_signals(cache.load(int(row[0])))[None]
+        for cell, key in ((3, "score_mean"), (5, "accuracy"), (6, "same_score_groups"), (7, "length_mean")):
+            assert float(row[cell]) == pytest.approx(want[key], rel=1e-5), key
+        for cell, key in ((8, "length_correct"), (9, "length_wrong"), (10, "truncated")):
+            assert (row[cell] == "") if want[key] is None else float(row[cell]) == pytest.approx(want[key], rel=1e-5)
+    view = cache.load(1)
+    truths = [m["ground_truth"] for m in view["reward_model"][:]]
+    scores = [float(x) for x in view["score"][:]]
+    assert len(state["list"]) == GROUPS * N
+    for cells in state["list"]:
+        row = int(cells[0])
+        assert cells[8] == truths[row] and float(cells[5]) == scores[row]  # the ground truth beside the answer
+    for truth in set(truths):
+        assert f"ground truth: {truth}" in state["text"]
 
 
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
@@ -181,14 +220,68 @@ def test_the_report_in_chromium(browser: Browser, cache: zs.Cache, tmp_path: Pat
     shot = browser.screenshot(tmp_path / f"report-{'dark' if dark else 'light'}.png")
     assert browser.problems() == []
     assert state["steps"] == ["1", "2"] and state["cards"] == 2 * GROUPS * N and state["best"] > 0
-    assert state["rows"] == 3  # the step table
+    assert state["storage"] == 3  # the step table, in the storage section
     for step, row in ((1, 0), (1, 7), (2, 5)):
         assert decoded(cache, step, row).split("\n")[0] in state["text"]
     assert HOSTILE in state["text"]  # shown as text, never run
-    assert state["loaded"] and (state["light"], state["dark"]) == ((0, 4) if dark else (4, 0))
+    assert state["loaded"] and (state["light"], state["dark"]) == ((0, PLOTS) if dark else (PLOTS, 0))
+    assert state["plotsTop"] < 900  # the plots start above the fold
     bg, fg = _luminance(state["background"]), _luminance(state["colour"])
     assert (bg < 0.2 and fg > 0.7) if dark else (bg > 0.9 and fg < 0.3), state["background"]
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 50_000
+    _check_figures(cache, state)
+    assert state["filters"] == 2 and state["visible"] == GROUPS * N
+
+
+JS_SORT = """(() => {
+  const table = document.querySelector('table[data-table="rollouts-1"]');
+  const th = table.tHead.rows[0].cells[%d];
+  th.click();
+  const up = [...table.tBodies[0].rows].map(r => r.cells[%d].dataset.v);
+  th.click();
+  const down = [...table.tBodies[0].rows].map(r => r.cells[%d].dataset.v);
+  const steps = document.querySelector('table[data-table="steps"]');
+  steps.tHead.rows[0].cells[0].click(); steps.tHead.rows[0].cells[0].click();
+  const order = [...steps.tBodies[0].rows].map(r => r.dataset.step);
+  return {up, down, order, dir: th.dataset.dir};
+})()"""
+JS_FILTER = """((kind, text) => {
+  const table = document.querySelector('table[data-table="rollouts-1"]');
+  const bar = table.previousElementSibling, box = bar.querySelector('input'), pick = bar.querySelector('select');
+  pick.value = kind; pick.dispatchEvent(new Event('change'));
+  box.value = text; box.dispatchEvent(new Event('input'));
+  const rows = [...table.tBodies[0].rows].filter(r => !r.hidden);
+  return {rows: rows.map(r => r.dataset.row), correct: rows.map(r => r.dataset.correct), count: bar.innerText};
+})"""
+
+
+def test_the_reports_script_sorts_and_filters(browser: Browser, cache: zs.Cache, tmp_path: Path) -> None:
+    path = write_report(cache, tmp_path / "report.html", [1], tokenizer=TOKENIZER_PATH, plots=False)
+    browser.open(path)
+    for column in (3, 5):  # length, score: numbers sort as numbers
+        got = browser.evaluate(JS_SORT % (column, column, column))
+        assert [float(v) for v in got["up"]] == sorted(float(v) for v in got["up"])
+        assert [float(v) for v in got["down"]] == sorted((float(v) for v in got["up"]), reverse=True)
+        assert got["dir"] == "desc" and got["order"] == ["3", "2", "1"]
+    scores = [float(x) for x in cache.load(1)["score"][:]]
+    wrong = browser.evaluate(JS_FILTER + '("wrong", "")')
+    assert sorted(map(int, wrong["rows"])) == [i for i, x in enumerate(scores) if x == 0]
+    assert set(wrong["correct"]) == {"no"} and f"{len(wrong['rows'])} of {GROUPS * N} shown" in wrong["count"]
+    uid = str(cache.load(1)["uid"][0])
+    group = browser.evaluate(JS_FILTER + f'("", "{uid[:8]}")')
+    assert sorted(map(int, group["rows"])) == [i for i, u in enumerate(cache.load(1)["uid"][:]) if u == uid]
+    assert browser.problems() == []
+
+
+def test_the_report_is_complete_without_javascript(browser: Browser, cache: zs.Cache, tmp_path: Path) -> None:
+    path = write_report(cache, tmp_path / "report.html", [1, 2], tokenizer=TOKENIZER_PATH)
+    browser.open(path, scripts=False)
+    state = browser.evaluate(JS_STATE)
+    assert browser.problems() == []
+    assert state["filters"] == 0  # the script did not run: no controls that would do nothing
+    assert state["steps"] == ["1", "2"] and state["cards"] == 2 * GROUPS * N
+    assert state["loaded"] and state["light"] == PLOTS and state["visible"] == GROUPS * N
+    _check_figures(cache, state)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -289,3 +382,25 @@ def test_a_rollout_view_follows_the_theme_in_chromium(
         assert state["bg"] == ("rgb(17, 17, 17)" if dark else "rgb(255, 255, 255)"), state
     assert state["hot"] not in ("rgba(0, 0, 0, 0)", "transparent") and "logprob -" in state["title"]
     assert state["tokens"] == shown.rollout.length
+
+
+def test_a_long_run_folds_its_table_under_the_plots(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    for step in range(1, 13):
+        cache.write(step, text_rollouts(2, 2, seed=0, step=step))
+    page = report_html(cache, plots=True)
+    signals = page[page.index('id="signals"') : page.index('id="sources"')]
+    assert signals.index("<figure") < signals.index("<details>")  # plots first, the 12-step table folded
+    assert "<details><summary>figures of 12 step(s)</summary>" in signals
+    short = report_html(zs.open_cache(tmp_path / "cache"), plots=False)
+    assert "<details open><summary>figures of 12" not in short and "rows per mini-batch" not in short
+
+
+def test_the_report_command_writes_report_html_by_default(
+    cache: zs.Cache, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run(capsys, "report", str(tmp_path / "cache"), "1", "--no-plots", "--no-script")
+    assert code == 0, err
+    page = (tmp_path / "report.html").read_text()
+    assert stdout.startswith("wrote report.html (") and "<script>" not in page and 'id="step-1"' in page

@@ -2,16 +2,18 @@
 
 ``python -m zarr_skip.demo --out demo_cache`` (what ``make demo`` runs):
 
-1. writes steps 1..5 of synthetic GRPO rollouts (jagged responses, log-probs, tags, keys), each
-   as 4 mini-batches, the way a separate-async trainer samples them;
+1. writes steps 1..5 of synthetic GRPO rollouts with random tokens (jagged responses,
+   log-probs, tags, keys; the benchmark's shapes), each as 4 mini-batches, the way a
+   separate-async trainer samples them, into a cache of their own beside OUT
+   (``OUT_random``);
 2. starts a second writer process for step 6 and kills it (SIGKILL) after 2 of its 4
    mini-batches, leaving a partial step as a crashed run would;
-3. reopens the cache read-only, prints the status table and a summary of one step, and checks
-   a few values against what was written;
-4. writes readable rollouts beside them (experiment ``.../rollout``: maths problems with worked
-   answers, right and wrong, scored, tokenized with the project's own tokenizer, which the
-   experiment records as a trainer's SkipManager would) and prints one decoded rollout and one
-   GRPO group.
+3. reopens that cache read-only, prints the status table and a summary of one step, and
+   checks a few values against what was written;
+4. writes readable rollouts into OUT, its only experiment (so commands need no ``-e``):
+   maths problems with worked answers, right and wrong, scored, tokenized with the project's
+   own tokenizer, which the experiment records as a trainer's SkipManager would; prints one
+   decoded rollout and one GRPO group, then the commands to try.
 """
 
 from __future__ import annotations
@@ -58,6 +60,23 @@ TEXT_FINGERPRINT = {
     "role": "rollout",
 }
 TEXT_GROUPS = 16
+#: steps of readable rollouts (enough for the report's and compare's lines)
+TEXT_STEPS = range(1, 6)
+
+
+def random_location(out: Path) -> Path:
+    """Where the random-token steps (and the crashed writer) go: a cache beside ``out``."""
+    return out.with_name(out.name + "_random")
+
+
+def _command() -> str:
+    """How to call the CLI from here: the venv's ``zarr-skip`` (relative when below the current
+    directory), else the bare name."""
+    exe = Path(sys.executable).parent / "zarr-skip"
+    if not exe.exists():
+        return "zarr-skip"
+    rel = os.path.relpath(exe)
+    return rel if not rel.startswith("..") else str(exe)
 
 
 def minibatches(step: int) -> list[dict[str, Any]]:
@@ -163,13 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        crashed_writer(args.out, args.child)
+        crashed_writer(random_location(args.out), args.child)
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    shutil.rmtree(args.out, ignore_errors=True)
+    bench = random_location(args.out)
+    for old in (args.out, bench):
+        shutil.rmtree(old, ignore_errors=True)
     t0 = time.perf_counter()
-    write_steps(args.out, range(1, 6))
-    print(f"wrote steps 1-5 ({MINIBATCHES} mini-batches each) in {time.perf_counter() - t0:.1f} s")
+    write_steps(bench, range(1, 6))
+    print(
+        f"wrote steps 1-5 of random tokens to {bench} ({MINIBATCHES} mini-batches each) "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
     child = subprocess.Popen(
         [sys.executable, "-m", "zarr_skip.demo", "--out", str(args.out), "--child", "6"],
         stdout=subprocess.PIPE,
@@ -181,21 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     print("killed the writer of step 6 after 2 of 4 mini-batches\n")
-    print(status_table(args.out), "\n")
-    print(step_summary(args.out, 3), "\n")
-    cache = _main_experiment(args.out)
+    print(status_table(bench), "\n")
+    print(step_summary(bench, 3), "\n")
+    cache = _main_experiment(bench)
     assert cache.steps() == [1, 2, 3, 4, 5], cache.steps()
     assert cache.status()[-1].state == "abandoned"
     want = minibatches(3)[1]
     got = cache.load(3).minibatches[1]
     assert got["keys"][:] == want["keys"] and (got["responses"][5] == want["responses"].unbind()[5]).all()
     print(f"cache.resolve(6, 'repeat') -> {cache.resolve(6, 'repeat')}  (step 6 is partial)")
-    print(f"ok: {args.out} holds 5 complete steps and one abandoned step\n")
-    experiment = write_text_steps(args.out, range(1, 3))
+    print(f"ok: {bench} holds 5 complete steps and one abandoned step\n")
+    experiment = write_text_steps(args.out, TEXT_STEPS)
     print(readable(args.out, experiment, 1), "\n")
-    print(f"more: zarr-skip show {args.out} 1 -e rollout --text --rows 5")
-    print(f"      zarr-skip export {args.out} all rollouts.parquet -e rollout --format parquet")
-    print(f"      zarr-skip report {args.out} -e rollout -o report.html")
+    cli = _command()
+    print(f"readable rollouts: {args.out} ({experiment}, steps {TEXT_STEPS.start}-{TEXT_STEPS.stop - 1}); try:")
+    print(f"  {cli} ls {args.out}")
+    print(f"  {cli} show {args.out} 1 --text --rows 5")
+    print(f"  {cli} report {args.out} 1 5          # writes report.html")
+    print(f"  {cli} export {args.out} all rollouts.parquet --format parquet")
     return 0
 
 

@@ -39,7 +39,14 @@ def cmd_report(ctx: Context) -> int:
     if tokenizer is None:
         ctx.note("note: no tokenizer given or recorded: the report shows token ids (pass --tokenizer PATH)")
     path = write_report(
-        cache, out, steps, tokenizer=tokenizer, rows=ctx.args.rows, plots=ctx.args.plots, tokens=ctx.args.tokens
+        cache,
+        out,
+        steps,
+        tokenizer=tokenizer,
+        rows=ctx.args.rows,
+        plots=ctx.args.plots,
+        tokens=ctx.args.tokens,
+        script=ctx.args.script,
     )
     size = path.stat().st_size
     shown = steps if steps is not None else complete[-1:]

@@ -61,6 +61,7 @@ examples:
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
   zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
   zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
+  zarr-skip compare runs/a runs/b --steps 10-20             two runs' signals side by side
 
 exit status: 0 ok, 1 problems found, 2 usage error
 """
@@ -265,10 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "report",
         rep.cmd_report,
-        "write a self-contained HTML report: step table, plots, rollouts with decoded text",
-        f"{loc}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, no\n"
-        "scripts): open it in any browser or send it. Rollouts are shown for STEPs (default: the\n"
-        "latest complete step), whole GRPO groups, up to --rows per step.\n"
+        "write a self-contained HTML report: signals per step and data source, plots, rollouts",
+        f"{loc}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, an optional\n"
+        "inline script to sort and filter): open it in any browser or send it. Rollouts are shown\n"
+        "for STEPs (default: the latest complete step), whole GRPO groups, up to --rows per step.\n"
         "(Here -o is the output file; storage options are --storage-option KEY=VALUE.)\n\n"
         "examples:\n  zarr-skip report runs/cache -o report.html\n"
         "  zarr-skip report runs/cache 10 20-22 -o report.html --tokenizer ~/models/qwen/tokenizer.json",
@@ -276,12 +277,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N or A-B)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
     _tokenizer_option(p)
     p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
     p.add_argument("--no-plots", dest="plots", action="store_false", help="leave the plots out")
     p.add_argument("--tokens", action="store_true", help="add each response's tokens coloured by log-prob")
+    p.add_argument("--no-script", dest="script", action="store_false", help="leave out the sorting/filtering script")
     p.set_defaults(trailing_steps=True)
+    from zarr_skip.cli import _compare
+
+    _compare.register(sub, [_common(storage_short=False)])
     return parser
 
 

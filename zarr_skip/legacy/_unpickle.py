@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from zarr_skip.errors import UnsafePickleError
+from zarr_skip.errors import MissingExtraError, UnsafePickleError
 from zarr_skip.legacy._bounds import COSTS, Budget, check_archive, check_tensors
 
 __all__ = [
@@ -81,7 +81,12 @@ class DataProtoState:
 
 
 def _tensordict_globals() -> dict[str, Any]:
-    import tensordict.utils as td_utils
+    try:
+        import tensordict.utils as td_utils
+    except ImportError:
+        raise MissingExtraError(
+            "reading verl's tq_batch.pt dumps needs the 'tensordict' package: pip install 'zarr-skip[tensordict]'"
+        ) from None
     from tensordict import (
         LazyStackedTensorDict,
         NonTensorData,

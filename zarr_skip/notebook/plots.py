@@ -2,7 +2,10 @@
 
 Every function takes a :class:`~zarr_skip.Cache` (its complete steps, or those given as
 ``steps``), one :class:`~zarr_skip.StepView` or a list of step views, and returns a
-``matplotlib.figure.Figure``. Figures are built without pyplot, so nothing global is opened:
+``matplotlib.figure.Figure``. :func:`plot_response_lengths`, :func:`plot_truncation` and
+:func:`plot_scores` also take a list of caches (several runs): each run is then a line over
+the steps in its own colour, labelled by its experiment name (see
+:func:`~zarr_skip.notebook.trends.plot_trend`). Figures are built without pyplot, so nothing global is opened:
 Jupyter shows a returned figure (after ``%matplotlib inline``), scripts call ``fig.savefig``.
 Pass ``ax`` to draw into an existing axes instead (its figure is returned).
 
@@ -20,6 +23,7 @@ import numpy as np
 
 from zarr_skip.cache import Cache
 from zarr_skip.lazy import StepView
+from zarr_skip.notebook.trends import matplotlib_module, plot_trend, run_labels
 from zarr_skip.views.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
 
 if TYPE_CHECKING:
@@ -27,9 +31,12 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "THEME_RC",
+    "follow_theme",
     "plot_minibatches",
     "plot_response_lengths",
     "plot_scores",
+    "plot_trend",
     "plot_truncation",
     "response_lengths",  # measures, re-exported: plots and the rollout views count the same way
     "row_scores",
@@ -39,16 +46,40 @@ logger = logging.getLogger(__name__)
 
 #: steps of a cache plotted at most when ``steps`` is not given (evenly spaced)
 MAX_STEPS = 40
-Source = Cache | StepView | Sequence[StepView]
+Source = Cache | StepView | Sequence[StepView] | Sequence[Cache]
+_GREY = "#8b949e"
+#: matplotlib settings under which a figure reads on a light and a dark notebook theme alike:
+#: transparent backgrounds, mid-grey text, axes and ticks
+THEME_RC = {
+    "figure.facecolor": "none",
+    "axes.facecolor": "none",
+    "savefig.facecolor": "none",
+    "savefig.transparent": True,
+    "text.color": _GREY,
+    "axes.labelcolor": _GREY,
+    "axes.edgecolor": _GREY,
+    "axes.titlecolor": _GREY,
+    "xtick.color": _GREY,
+    "ytick.color": _GREY,
+    "grid.color": _GREY,
+}
+
+
+def follow_theme() -> None:
+    """Make the figures drawn from now on follow the notebook's theme (:data:`THEME_RC`):
+    transparent backgrounds and grey text, readable in JupyterLab's light and dark themes."""
+    _matplotlib().rcParams.update(THEME_RC)
 
 
 def _matplotlib() -> Any:
-    try:
-        import matplotlib
-        import matplotlib.figure
-    except ImportError as exc:
-        raise ImportError("zarr_skip.notebook.plots needs matplotlib: pip install 'zarr-skip[notebooks]'") from exc
-    return matplotlib
+    return matplotlib_module()  # MissingExtraError naming [notebooks] without matplotlib
+
+
+def _runs(source: object) -> list[Cache] | None:
+    """``source`` as several runs (a list of caches), else ``None``."""
+    if isinstance(source, Sequence) and source and all(isinstance(c, Cache) for c in source):
+        return list(source)
+    return None
 
 
 def _axes(ax: Axes | None, figsize: tuple[float, float] = (7.0, 3.6)) -> tuple[Figure, Axes]:
@@ -78,7 +109,7 @@ def _views(source: Source, steps: Sequence[int] | None) -> list[StepView]:
         if not chosen:
             raise ValueError(f"{source.location}: no complete step to plot")
         return [source.load(s) for s in chosen]
-    views = list(source)
+    views = cast("list[StepView]", list(source))
     if not views or not all(isinstance(v, StepView) for v in views):
         raise TypeError("source: expected a Cache, a StepView or a non-empty list of StepViews")
     if steps is not None:
@@ -123,7 +154,15 @@ def _distribution(ax: Axes, data: list[np.ndarray], labels: list[str], kind: str
 
 
 def _step_labels(views: Sequence[StepView]) -> list[str]:
-    return [str(v.step) for v in views]
+    """Step numbers; with views of several runs, each under its run's label (never two bare "3")."""
+    caches: list[Cache] = []
+    for v in views:
+        if isinstance(v.cache, Cache) and not any(v.cache is c for c in caches):
+            caches.append(v.cache)
+    if len(caches) < 2 and len({v.step for v in views}) == len(views):
+        return [str(v.step) for v in views]
+    labels = dict(zip(map(id, caches), run_labels(caches), strict=True))
+    return [f"{labels.get(id(v.cache), f'view {i}')}\n{v.step}" for i, v in enumerate(views)]
 
 
 def plot_response_lengths(
@@ -147,6 +186,9 @@ def plot_response_lengths(
     kind : ``box`` or ``violin`` (several steps).
     """
     _check_kind(kind)
+    runs = _runs(source)
+    if runs is not None:
+        return plot_trend(runs, "length", steps=steps, ax=ax)
     views = _views(source, steps)
     found = [lengths_and_width(v, column) for v in views]
     limit = _max_length(source, found[0][1], max_length)
@@ -198,6 +240,9 @@ def plot_truncation(
     ``max_length`` defaults to the padded width of a padded batch, else the cache
     fingerprint's ``max_response_length``; pass it for step views of jagged batches.
     """
+    runs = _runs(source)
+    if runs is not None:
+        return plot_trend(runs, "truncated", steps=steps, ax=ax)
     views = _views(source, steps)
     found = [lengths_and_width(v, column) for v in views]
     limit = _max_length(source, found[0][1], max_length)
@@ -234,6 +279,9 @@ def plot_scores(
     reduce : for token-level columns, ``sum`` or ``mean`` per row (see :func:`row_scores`).
     """
     _check_kind(kind)
+    runs = _runs(source)
+    if runs is not None:
+        return plot_trend(runs, "score", steps=steps, ax=ax)
     views = _views(source, steps)
     scores = [row_scores(v, column, reduce) for v in views]
     name = pick(views[0], column, SCORE_COLUMNS, "score")

@@ -20,7 +20,6 @@ can tell a caller whether it won.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from zarr.storage import ObjectStore
 
-from zarr_skip.errors import ConfigError, StorageAccessError, StorageError
+from zarr_skip.errors import ConfigError, MissingExtraError, StorageAccessError, StorageError
 from zarr_skip.store._s3_config import (  # noqa: F401  re-exported
     S3Location,
     _BotocoreCredentials,
@@ -227,8 +226,11 @@ def open_s3_store(
             backend = "fsspec"
         else:
             backend = "obstore"
-        if backend == "fsspec" and importlib.util.find_spec("s3fs") is None:
-            raise ConfigError(f"{url}: s3:// locations need the S3 client: {MISSING_EXTRA}")
+        if backend == "fsspec":
+            try:
+                import s3fs  # noqa: F401
+            except ImportError:
+                raise MissingExtraError(f"{url}: s3:// locations need the S3 client: {MISSING_EXTRA}") from None
     if backend == "obstore":
         return _open_obstore(loc, storage_options, read_only)
     return _open_fsspec(loc, storage_options, read_only)
@@ -238,7 +240,7 @@ def _open_obstore(loc: S3Location, storage_options: Mapping[str, Any] | None, re
     try:
         from obstore.store import S3Store
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(f"the obstore backend needs the S3 client: {MISSING_EXTRA}") from exc
+        raise MissingExtraError(f"the obstore backend needs the S3 client: {MISSING_EXTRA}") from exc
     config, extra, profile = s3_config_from_storage_options(storage_options)
     kwargs: dict[str, Any] = {}
     if _wants_botocore(config, profile):
@@ -305,7 +307,7 @@ def _open_fsspec(loc: S3Location, storage_options: Mapping[str, Any] | None, rea
         import s3fs
         from zarr.storage import FsspecStore
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(f"the fsspec backend needs the S3 client: {MISSING_EXTRA}") from exc
+        raise MissingExtraError(f"the fsspec backend needs the S3 client: {MISSING_EXTRA}") from exc
     opts = dict(storage_options or {})
     # Map boto/obstore-style names to s3fs's.
     renames = {

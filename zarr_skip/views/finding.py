@@ -148,7 +148,8 @@ def find_rows(
 
 
 def _describe(criteria: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in criteria.items() if v is not None)
+    """``truncated=True, text="\\boxed"``: strings in quotes as typed (not repr-escaped)."""
+    return ", ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v!r}" for k, v in criteria.items() if v is not None)
 
 
 def find(reader: RolloutReader, *, limit: int | None = PAGE_ROWS, **criteria: Any) -> RolloutList:

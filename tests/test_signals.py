@@ -1,0 +1,117 @@
+"""Per-step RL signals (zarr_skip.views.signals): the pure figures, and a step's figures checked
+against the values ``load()`` hands back, computed here with plain Python."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zarr_skip as zs
+from zarr_skip.synthetic import text_rollouts
+from zarr_skip.views.signals import signals, step_signals
+
+pytest.importorskip("tokenizers")
+
+FP = {
+    "experiment_name": "e",
+    "project_name": "p",
+    "gen_batch_size": 8,
+    "n": 4,
+    "max_prompt_length": 128,
+    "max_response_length": 96,
+}
+
+
+def test_signals_of_hand_made_rows() -> None:
+    scores = np.array([1, 1, 1, 1, 0, 1, 0, 0, 1, np.nan], dtype=float)
+    lengths = np.array([10, 20, 30, 40, 96, 20, 96, 50, 5, 7])
+    uids = np.array(["a"] * 4 + ["b"] * 4 + ["c"] * 2, dtype=object)
+    s = signals(7, scores, lengths, uids=uids, max_length=96, data_source="x", score_column="score")
+    assert (s.step, s.data_source, s.rows, s.groups) == (7, "x", 10, 3)
+    assert s.binary and s.accuracy == pytest.approx(6 / 9)
+    assert s.score_mean == pytest.approx(6 / 9) and s.score_std == pytest.approx(np.std([1] * 6 + [0] * 3))
+    assert s.length_mean == pytest.approx(lengths.mean())
+    assert s.length_correct == pytest.approx(np.mean([10, 20, 30, 40, 20, 5]))
+    assert s.length_wrong == pytest.approx(np.mean([96, 96, 50]))
+    assert s.truncated == pytest.approx(0.2)
+    assert s.same_score_groups == pytest.approx(0.5)  # a: all 1; b: mixed; c has one finite score only
+    assert s.to_dict()["same_score_groups"] == s.same_score_groups
+
+
+def test_non_binary_scores_give_no_accuracy_and_missing_columns_give_none() -> None:
+    s = signals(1, np.array([0.5, 0.25, 1.0]), np.array([3, 4, 5]))
+    assert not s.binary and s.accuracy is None and s.length_correct is None and s.length_wrong is None
+    assert s.truncated is None and s.groups == 0 and s.same_score_groups is None
+    assert s.score_mean == pytest.approx(1.75 / 3)
+    s = signals(1, None, np.array([3, 4]), uids=np.array(["a", "a"], dtype=object), max_length=4)
+    assert s.rows == 2 and s.score_mean is None and s.same_score_groups is None and s.truncated == 0.5
+
+
+def _fmean(values: list[int]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def expected_signals(view: Any) -> dict[str | None, dict[str, Any]]:
+    """The figures from the values ``load()`` gives, with plain Python."""
+    scores = [float(x) for x in view["score"][:]]
+    lengths = [int(x) for x in view["responses"].lengths()]
+    uids = [str(u) for u in view["uid"][:]]
+    sources = [str(s) for s in view["data_source"][:]]
+    out: dict[str | None, dict[str, Any]] = {}
+    for source in [None, *sorted(set(sources))]:
+        rows = [i for i in range(len(scores)) if source is None or sources[i] == source]
+        groups: dict[str, set[float]] = defaultdict(set)
+        for i in rows:
+            groups[uids[i]].add(scores[i])
+        out[source] = {
+            "rows": len(rows),
+            "score_mean": statistics.fmean(scores[i] for i in rows),
+            "score_std": statistics.pstdev([scores[i] for i in rows]),
+            "accuracy": sum(scores[i] == 1 for i in rows) / len(rows),
+            "length_mean": statistics.fmean(lengths[i] for i in rows),
+            "length_correct": _fmean([lengths[i] for i in rows if scores[i] == 1]),
+            "length_wrong": _fmean([lengths[i] for i in rows if scores[i] == 0]),
+            "truncated": sum(lengths[i] >= 96 for i in rows) / len(rows),
+            "groups": len(groups),
+            "same_score_groups": sum(len(v) == 1 for v in groups.values()) / len(groups),
+        }
+    return out
+
+
+def test_step_signals_match_what_load_gives(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(3, text_rollouts(8, 4, seed=5, step=3))
+    view = cache.load(3)
+    found = step_signals(view)
+    want = expected_signals(view)
+    assert [s.data_source for s in found] == list(want)
+    for s in found:
+        assert s.step == 3 and s.binary and s.score_column == "score" and s.max_length == 96
+        for key, value in want[s.data_source].items():
+            assert getattr(s, key) == pytest.approx(value), (s.data_source, key)
+
+
+def test_a_token_level_score_is_summed_per_row(tmp_path: Path) -> None:
+    batch = text_rollouts(4, 4, seed=2, step=1)
+    plain = [float(x) for x in batch["score"]]
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, {k: v for k, v in batch.items() if k not in ("score", "acc", "data_source")})
+    (s,) = step_signals(cache.load(1), max_length=40)
+    assert s.score_column == "token_level_scores" and s.data_source is None
+    assert s.score_mean == pytest.approx(statistics.fmean(plain))
+    lengths = [len(r) for r in batch["responses"].unbind()]
+    assert s.truncated == pytest.approx(sum(n >= 40 for n in lengths) / len(lengths))
+
+
+def test_padded_responses_without_a_mask_have_no_lengths(tmp_path: Path) -> None:
+    import torch
+
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, {"responses": torch.arange(8).reshape(2, 4), "score": torch.tensor([0.0, 1.0])})
+    (s,) = step_signals(cache.load(1))
+    assert s.rows == 2 and s.accuracy == 0.5 and s.length_mean is None and s.truncated is None
