@@ -127,11 +127,11 @@ class StepView(StepReading):
     def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
 
-    def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
+    def to_pandas(self, columns: Sequence[str] | None = None, *, reduce: Any = None) -> pandas.DataFrame:
         """This step as a table: see :meth:`zarr_skip.Cache.table` (needs ``zarr-skip[pandas]``)."""
         from zarr_skip.tables import views_table
 
-        return views_table(self._storage, [self], columns)
+        return views_table(self._storage, [self], columns, reduce)
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Every column (or those named) read in full, as the types that were written.
