@@ -333,9 +333,21 @@ def test_import_export_commands(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "exp_proj/GBS4_N2_in8_out16/7/0/tq_batch.pt",
         "exp_proj/GBS4_N2_in8_out16/7/1/tq_batch.pt",
     ]
-    code, _, err = run(capsys, "export", loc, "7", str(tmp_path / "out"))
+    code, _, err = run(capsys, "export", loc, "7", str(tmp_path / "out"), "--format", "verl")
     assert code == 2 and "exist" in err
-    code, out, _ = run(capsys, "export", loc, "7", str(tmp_path / "out"), "--overwrite", "--layout", "flat", "--json")
+    code, out, _ = run(
+        capsys,
+        "export",
+        loc,
+        "7",
+        str(tmp_path / "out"),
+        "--format",
+        "verl",
+        "--overwrite",
+        "--layout",
+        "flat",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["steps"][0]["reason"] == "flat tq_batch.pt"
     code, _, err = run(capsys, "import", str(tmp_path / "nothing"), loc)
     assert code == 2 and "is not a directory" in err

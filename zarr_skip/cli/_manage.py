@@ -159,21 +159,47 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
     from pathlib import Path
 
     from zarr_skip.cli._context import UsageError
-    from zarr_skip.views.export import export_rollouts
+    from zarr_skip.views.export import SUFFIXES, export_rollouts, format_of, suffix_of
 
     a = ctx.args
     out = Path(a.dest)
+    if a.format is None and suffix_of(out) is None:
+        raise UsageError(
+            f"{out}: cannot tell the format from the name; name the file {', '.join(SUFFIXES)}, or pass "
+            "--format verl to write verl's dump directory there"
+        )
+    fmt, _ = format_of(out, a.format)  # a --format the name contradicts: an error naming both
     if out.is_dir():
-        raise UsageError(f"{out} is a directory; with --format {a.format} OUT is the file to write")
+        raise UsageError(f"{out} is a directory; with --format {fmt} OUT is the file to write")
     if out.exists() and not a.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     with ctx.bar("export", "step", total=len(steps)) as bar:
-        report = export_rollouts(cache, out, steps, format=a.format, tokenizer=a.tokenizer, progress=bar.callback())
+        report = export_rollouts(cache, out, steps, format=fmt, tokenizer=a.tokenizer, progress=bar.callback())
     text = "decoded text" if report.tokenizer else "token ids (no tokenizer: pass --tokenizer PATH for text)"
     ctx.say(f"{report.rows} rollouts of {len(report.steps)} step(s) -> {report.path} ({report.format}, {text})")
     if ctx.json:
         ctx.emit({"location": str(a.location), "experiment": cache.experiment, **report.to_json()})
     return 0
+
+
+def _check_verl_out(cache: Any, dest: str) -> None:
+    """``--format verl`` writes a directory: OUT named as a file of another format, or an
+    existing file, is an error; so is OUT inside the cache."""
+    from pathlib import Path
+
+    from zarr_skip.cli._context import UsageError
+    from zarr_skip.views.export import SUFFIXES, check_outside, suffix_of
+
+    found = suffix_of(dest)
+    if found is not None:
+        fmt = SUFFIXES[found][0]
+        raise UsageError(
+            f"--format verl writes verl's dump directory, but OUT {dest} is named as a {fmt} file ({found}); "
+            f"drop --format (or pass --format {fmt}) to write {fmt}, or name a directory"
+        )
+    if Path(dest).is_file():
+        raise UsageError(f"--format verl writes verl's dump directory, but OUT {dest} is a file")
+    check_outside(cache, dest)
 
 
 def cmd_export(ctx: Context) -> int:
@@ -189,6 +215,7 @@ def cmd_export(ctx: Context) -> int:
         steps = cache.steps()
     if a.format != "verl":
         return _export_records(ctx, cache, steps)
+    _check_verl_out(cache, a.dest)
     with ctx.bar("export", "step", total=len(steps)) as bar:
         report = export_steps(cache, steps, a.dest, layout=a.layout, overwrite=a.overwrite, progress=bar.callback())
     for s in report.steps:

@@ -59,7 +59,7 @@ examples:
   zarr-skip rm runs/cache 12 13-15 --yes
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
-  zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
+  zarr-skip export runs/cache all r.parquet                 one record per rollout, decoded
   zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
 
 exit status: 0 ok, 1 problems found, 2 usage error
@@ -239,13 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         man.cmd_export,
         "write steps as parquet or JSON Lines (one record per rollout), or in verl's dump layout",
-        f"{loc}\n--format parquet / jsonl: OUT is the file to write, one record per rollout (step, uid,\n"
+        f"{loc}\nOUT named .parquet, .jsonl or .jsonl.gz: the file to write, one record per rollout (step, uid,\n"
         "decoded prompt and response when a tokenizer is known, lengths, scores and every scalar,\n"
         "string and JSON column), readable by pandas, pyarrow, polars and DuckDB.\n"
         "--format verl: OUT is verl's dump_dir: steps go to OUT/{exp}_{proj}/GBS.._N.._in.._out../STEP/.\n"
         "Layout auto: gen_batch.dp flat (as verl's rollout skip), tq_batch.pt nested per mini-batch.\n\n"
-        "examples:\n  zarr-skip export runs/cache all rollouts.parquet --format parquet\n"
-        "  zarr-skip export runs/cache 12 13 rollouts.jsonl --format jsonl --tokenizer ~/models/qwen\n"
+        "examples:\n  zarr-skip export runs/cache all rollouts.parquet\n"
+        "  zarr-skip export runs/cache 12 13 rollouts.jsonl.gz --tokenizer ~/models/qwen\n"
         "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
         "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested",
         common,
@@ -254,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("steps", metavar="STEP", nargs="+", help="steps (N, A-B or all)")
     p.add_argument("dest", metavar="OUT")
     p.add_argument(
-        "--format", choices=["verl", "parquet", "jsonl"], default="verl", help="output format (default verl)"
+        "--format",
+        choices=["verl", "parquet", "jsonl"],
+        default=None,
+        help="output format (default: from OUT's suffix: .parquet, .jsonl, .jsonl.gz; verl only when given)",
     )
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
     p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
