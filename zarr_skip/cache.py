@@ -155,11 +155,8 @@ class Cache(CacheReading):
             self._open_root({})
             found = self.experiments()
             if experiment is not None:
-                if experiment not in found:
-                    raise ExperimentNotFoundError(
-                        f"experiment {experiment!r} not found at {self.location} (found: {', '.join(found) or 'none'})"
-                    )
-                self.experiment, self.fingerprint = experiment, found[experiment]
+                name = exps.match_experiment(experiment, list(found), self.location)
+                self.experiment, self.fingerprint = name, found[name]
             elif len(found) == 1:
                 ((self.experiment, self.fingerprint),) = found.items()
 
@@ -183,6 +180,7 @@ class Cache(CacheReading):
         doc = parse_json(self._get_early(early, key), self._storage.key_path(key))
         if doc is None:
             if self.read_only:
+                exps.refuse_inside(self._storage.root, self.location)
                 raise CacheNotFoundError(
                     f"{self.location}: no zarr_skip cache here (the location does not exist or "
                     "holds no cache); open it with a fingerprint to create one"
@@ -197,6 +195,7 @@ class Cache(CacheReading):
         where = self._storage.key_path(layout.METADATA)
         info = attribute(doc, layout.ROOT_ATTR, where)
         if info is None or info.get("format") != layout.FORMAT_NAME:
+            exps.refuse_inside(self._storage.root, self.location)
             raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
         version = info.get("version")
         if isinstance(version, bool) or not isinstance(version, int) or version > layout.FORMAT_VERSION:

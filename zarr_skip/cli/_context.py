@@ -11,8 +11,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarr_skip.errors import ExperimentNotFoundError
-
 __all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options"]
 
 #: how the command prints a library log record and its own warnings alike
@@ -96,11 +94,24 @@ class Context:
             root, cache = found
             inside = str(self.args.location).rstrip("/")[len(root) :].strip("/")
             names = [n for n in cache.experiments() if inside == n or inside.startswith(n + "/")]
-            hint = f" -e {max(names, key=len)}" if names else ""
+            experiment = max(names, key=len) if names else None
             raise UsageError(
                 f"{self.args.location} is not a zarr_skip cache but a group inside one: the cache is at {root} "
-                f"({inside} inside it); run: zarr-skip {self.args.command} {root}{hint}"
+                f"({inside} inside it); run: {self.rerun(root, experiment)}"
             ) from exc
+
+    def rerun(self, location: str, experiment: str | None = None) -> str:
+        """This command line again with ``location`` for LOCATION (and ``-e experiment`` for
+        any experiment option given), quoted for a POSIX shell."""
+        import shlex
+
+        argv = list(getattr(self.args, "argv", None) or [self.args.command, str(self.args.location)])
+        where = argv.index(str(self.args.location)) if str(self.args.location) in argv else None
+        if where is not None:
+            argv[where] = location
+        if experiment is not None:
+            argv = _without_experiment(argv) + ["-e", experiment]
+        return "zarr-skip " + " ".join(shlex.quote(a) for a in argv)
 
     def _root_above(self, location: str) -> tuple[str, Any] | None:
         """The nearest location above ``location`` that is a zarr_skip cache (a few levels up),
@@ -123,20 +134,14 @@ class Context:
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """The experiments at ``LOCATION`` that ``--experiment`` selects (all without it)."""
-        found = self.open().experiments()
+        found: dict[str, dict[str, Any]] = self.open().experiments()
         wanted = getattr(self.args, "experiment", None)
         if wanted is None:
             return found
-        if wanted in found:
-            return {wanted: found[wanted]}
-        matches = [n for n in found if n.endswith("/" + wanted)] or [n for n in found if wanted in n]
-        if len(matches) == 1:
-            return {matches[0]: found[matches[0]]}
-        if matches:
-            raise UsageError(f"--experiment {wanted!r} matches several experiments: {', '.join(matches)}")
-        raise ExperimentNotFoundError(
-            f"experiment {wanted!r} not found at {self.args.location} (found: {', '.join(found) or 'none'})"
-        )
+        from zarr_skip.store.experiments import match_experiment
+
+        name = match_experiment(wanted, list(found), str(self.args.location))
+        return {name: found[name]}
 
     def one_experiment(self) -> tuple[str, dict[str, Any]]:
         """The single experiment this command works on."""
@@ -153,6 +158,19 @@ class Context:
 
 
 # -- arguments -------------------------------------------------------------------------------
+
+
+def _without_experiment(argv: list[str]) -> list[str]:
+    """``argv`` without its ``-e NAME`` / ``--experiment NAME`` / ``--experiment=NAME``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("-e", "--experiment"):
+            skip = True
+        elif not a.startswith("--experiment="):
+            out.append(a)
+    return out
 
 
 def parse_steps(tokens: Sequence[str], *, allow_all: bool = False) -> list[int] | None:

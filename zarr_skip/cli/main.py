@@ -305,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif extra:
             parser.parse_args(argv)  # argparse's own message for what it does not know
         args.storage_options = parse_storage_options(args.storage_option)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, --version, argparse's usage errors
         return exc.code if isinstance(exc.code, int) else 2
     except UsageError as exc:
