@@ -7,11 +7,11 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options"]
+__all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options", "relative_step"]
 
 #: how the command prints a library log record and its own warnings alike
 LOG_FORMAT = "zarr-skip: %(levelname)s: %(message)s"
@@ -143,6 +143,23 @@ class Context:
         name = match_experiment(wanted, list(found), str(self.args.location))
         return {name: found[name]}
 
+    def complete_steps(self) -> list[int]:
+        """The complete steps of the single experiment this command works on (for ``latest``)."""
+        steps: list[int] = self.open(self.one_experiment()[0]).steps()
+        return steps
+
+    def one_step(self, cache: Any) -> int:
+        """The ``STEP`` argument (N, ``latest`` or ``-K``) as a step of ``cache``."""
+        token = str(self.args.step)
+        if token == "latest" or (token.startswith("-") and token[1:].isdigit()):
+            return relative_step(token, cache.steps())
+        try:
+            return int(token)
+        except ValueError:
+            raise UsageError(
+                f"step {token!r}: expected a number, latest or -K (-1 is the latest complete step)"
+            ) from None
+
     def one_experiment(self) -> tuple[str, dict[str, Any]]:
         """The single experiment this command works on."""
         found = self.experiments()
@@ -173,20 +190,47 @@ def _without_experiment(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_steps(tokens: Sequence[str], *, allow_all: bool = False) -> list[int] | None:
-    """Step numbers from ``12``, ``10-20`` (inclusive) tokens; ``None`` for ``all``."""
+def parse_steps(
+    tokens: Sequence[str], *, allow_all: bool = False, complete: Callable[[], Sequence[int]] | None = None
+) -> list[int] | None:
+    """Step numbers from ``12``, ``10-20`` (inclusive), ``latest`` and ``-K`` (the K-th latest
+    of ``complete()``, the complete steps ascending: ``-1`` is the latest) tokens; ``None`` for
+    ``all``."""
     steps: list[int] = []
+    known: list[Sequence[int]] = []  # complete(), asked for once
+
+    def latest() -> Sequence[int]:
+        if complete is None:
+            raise UsageError("latest and -K steps are not taken here: give step numbers")
+        if not known:
+            known.append(complete())
+        return known[0]
+
     for token in tokens:
         if allow_all and token == "all":
             return None
+        if token == "latest" or (token.startswith("-") and token[1:].isdigit()):
+            steps.append(relative_step(token, latest()))
+            continue
         lo, sep, hi = token.partition("-")
         try:
             steps += list(range(int(lo), int(hi) + 1)) if sep else [int(token)]
         except ValueError:
-            raise UsageError(f"step {token!r}: expected a number or a range like 10-20") from None
-        if steps and min(steps) < 0:
-            raise UsageError(f"step {token!r}: steps are non-negative")
+            raise UsageError(f"step {token!r}: expected a number, a range like 10-20, latest or -K") from None
     return list(dict.fromkeys(steps))
+
+
+def relative_step(token: str, complete: Sequence[int]) -> int:
+    """The step ``latest`` or ``-K`` names among ``complete`` (ascending), or UsageError."""
+    k = 1 if token == "latest" else int(token[1:])
+    if k == 0:
+        raise UsageError(f"step {token!r}: -1 is the latest complete step, -2 the one before, ...")
+    if k > len(complete):
+        raise UsageError(
+            f"step {token!r}: there are {len(complete)} complete step(s)"
+            + (f" ({', '.join(map(str, complete[-10:]))})" if complete else "")
+        )
+    return int(complete[-k])
 
 
 def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:

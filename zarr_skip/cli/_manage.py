@@ -78,9 +78,9 @@ def cmd_rm(ctx: Context) -> int:
     """Remove explicit steps of one experiment (after confirmation)."""
     from zarr_skip.cli._context import parse_steps
 
-    steps = parse_steps(ctx.args.steps) or []
     name, fp = ctx.one_experiment()
     cache = ctx.open(name, fingerprint=fp)
+    steps = parse_steps(ctx.args.steps, complete=cache.steps) or []
     infos = {i.step: i for i in cache.status()}
     missing = [s for s in steps if s not in infos]
     if missing:
@@ -204,13 +204,16 @@ def _check_verl_out(cache: Any, dest: str) -> None:
 
 def cmd_export(ctx: Context) -> int:
     """Write steps of one experiment as parquet / JSON Lines records, or in verl's dump layout."""
-    from zarr_skip.cli._context import parse_steps
+    from zarr_skip.cli._context import UsageError, parse_steps
     from zarr_skip.legacy.transfer import export_steps
 
     a = ctx.args
-    steps = parse_steps(a.steps, allow_all=True)
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
+    if a.output is None and len(a.items) < 2:
+        raise UsageError(f"export: expected STEP... OUT (or -o OUT), got {' '.join(a.items)}")
+    tokens, a.dest = (a.items, a.output) if a.output is not None else (a.items[:-1], a.items[-1])
+    steps = parse_steps(tokens, allow_all=True, complete=cache.steps)
     if steps is None:
         steps = cache.steps()
     if a.format != "verl":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ConfigError
 from zarr_skip.views import schema
 from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
 from zarr_skip.views.tokenizers import Decoder, tokenizer_for
@@ -58,15 +59,30 @@ def per_row_columns(view: StepView) -> list[str]:
 
 
 def rows_of_uid(view: StepView, uid: str) -> np.ndarray:
-    """The rows whose ``uid`` is ``uid`` (a GRPO group), reading the ``uid`` column only."""
+    """The rows whose ``uid`` is ``uid``, or (none being) the one uid it begins (a GRPO group),
+    reading the ``uid`` column only.
+
+    Raises
+    ------
+    KeyError
+        No ``uid`` column, or no uid is or begins with ``uid``.
+    ConfigError
+        ``uid`` begins several uids (the message lists them).
+    """
     if "uid" not in view:
         raise KeyError(f"step {view.step}: no 'uid' column (columns: {', '.join(view)})")
-    uids = np.asarray(_python(view["uid"][:]), dtype=object)
+    uids = np.asarray([str(u) for u in _python(view["uid"][:])], dtype=object)
     found = np.flatnonzero(uids == uid)
-    if not found.size:
+    if found.size:
+        return found
+    begun = list(dict.fromkeys(u for u in uids.tolist() if u.startswith(uid)))
+    if len(begun) > 1:
+        shown = ", ".join(begun[:10]) + (f" and {len(begun) - 10} more" if len(begun) > 10 else "")
+        raise ConfigError(f"step {view.step}: uid prefix {uid!r} begins {len(begun)} uids ({shown}); give more of it")
+    if not begun:
         sample = ", ".join(dict.fromkeys(str(u) for u in uids[:5]))
-        raise KeyError(f"step {view.step}: no rows with uid {uid!r} (uids such as {sample})")
-    return found
+        raise KeyError(f"step {view.step}: no rows with uid {uid!r} or a uid beginning so (uids such as {sample})")
+    return np.flatnonzero(uids == begun[0])
 
 
 def _python(values: Any) -> list[Any]:
@@ -189,8 +205,17 @@ def json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def select(view: StepView, *, rows: int | None = None, uid: str | None = None) -> Sequence[int] | slice:
-    """The CLI's choice of rows: the group of ``uid``, else the first ``rows``."""
+def select(
+    view: StepView, *, rows: int | None = None, uid: str | None = None, row: int | None = None
+) -> Sequence[int] | slice:
+    """The CLI's choice of rows: row ``row``, else the group of ``uid`` (or of the one uid
+    beginning so), else the first ``rows``."""
+    if row is not None:
+        n = len(view)
+        if not -n <= row < n:
+            raise IndexError(f"step {view.step}: row {row} out of range for {n} rows (0 .. {n - 1})")
+        return [row % n]
     if uid is not None:
-        return rows_of_uid(view, uid).tolist()
+        found: list[int] = rows_of_uid(view, uid).tolist()
+        return found
     return slice(0, max(0, rows if rows is not None else len(view)))
