@@ -275,3 +275,15 @@ def test_cli_export_takes_the_format_from_the_name(cache: zs.Cache, tmp_path: Pa
     assert "cannot tell the format" in err and "--format verl" in err and not (tmp_path / "dumps").exists()
     assert main(["export", loc, "1", str(tmp_path / "cache" / "r.parquet")]) == 2
     assert "inside the cache" in capsys.readouterr().err
+
+
+def test_a_verl_export_into_the_cache_itself_is_refused(cache: zs.Cache, capsys: Any) -> None:
+    from zarr_skip.legacy.transfer import export_steps
+
+    root = Path(cache.storage.root)  # type: ignore[arg-type]
+    before = sorted(p for p in root.rglob("*"))
+    with pytest.raises(ConfigError, match="inside the cache"):
+        export_steps(cache, [1], root / "dumps")
+    assert main(["export", str(root), "1", str(root / "dumps"), "--format", "verl"]) == 2
+    assert "inside the cache" in capsys.readouterr().err
+    assert sorted(p for p in root.rglob("*")) == before
