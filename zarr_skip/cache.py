@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import pandas
 
     from zarr_skip.maintenance import GcReport, VerifyReport
+    from zarr_skip.views.schema import Reduce
 
 logger = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ class Cache(CacheReading):
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
 
     def table(
-        self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None, *, reduce: Any = None
+        self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None, *, reduce: Reduce = None
     ) -> pandas.DataFrame:
         """One row per rollout of every complete step (or of ``steps``, each of which must be
         complete) as a pandas DataFrame (``zarr-skip[pandas]``), named as the exports name them

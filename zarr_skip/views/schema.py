@@ -52,6 +52,7 @@ __all__ = [
     "LENGTH_FIELDS",
     "PREFIX",
     "REDUCTIONS",
+    "Reduce",
     "STORED_FIELDS",
     "TABLE_FIELDS",
     "Reduction",
@@ -107,6 +108,8 @@ DEFAULT_REDUCTIONS = {
     "reward": Reduction("token_level_rewards", "sum"),
     "advantage": Reduction("advantages", "mean"),
 }
+#: ``reduce=`` of a table: token column -> one of :data:`REDUCTIONS`
+Reduce = Mapping[str, str] | None
 #: what ``reduce=`` may ask for, per row over its values (NaN for a row without values,
 #: except ``sum`` (0) and ``len``)
 REDUCTIONS = ("sum", "mean", "min", "max", "first", "last")
@@ -117,7 +120,7 @@ def length_name(column: str) -> str:
     return f"{column}_len"
 
 
-def check_reduce(reduce: Mapping[str, str] | None) -> dict[str, str]:
+def check_reduce(reduce: Reduce) -> dict[str, str]:
     """``reduce`` checked: column name -> one of :data:`REDUCTIONS` (ConfigError otherwise)."""
     if reduce is None:
         return {}
