@@ -287,3 +287,18 @@ def test_a_verl_export_into_the_cache_itself_is_refused(cache: zs.Cache, capsys:
     assert main(["export", str(root), "1", str(root / "dumps"), "--format", "verl"]) == 2
     assert "inside the cache" in capsys.readouterr().err
     assert sorted(p for p in root.rglob("*")) == before
+
+
+def test_torch_dtypes_numpy_lacks_export_as_float32_exactly(tmp_path: Path) -> None:
+    import torch
+
+    c = zs.open_cache(tmp_path / "c", {"a": 1})
+    bf = torch.tensor([1.5, -2.0, float("nan")]).bfloat16()
+    f8 = torch.tensor([0.5, 1.0, -448.0]).to(torch.float8_e4m3fn)
+    c.write(1, {"bf": bf, "f8": f8})
+    c.export(tmp_path / "x.parquet")
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert table.schema.field("bf").type == pa.float32() and table.schema.field("f8").type == pa.float32()
+    d = table.to_pydict()
+    assert d["bf"][:2] == [1.5, -2.0] and d["bf"][2] != d["bf"][2]  # NaN stays NaN
+    assert d["f8"] == f8.float().tolist()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError
+from zarr_skip.format.specs import NUMPY_NAMES, torch_dtype
 from zarr_skip.views import schema
 from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
 from zarr_skip.views.tokenizers import Decoder, tokenizer_for
@@ -166,7 +167,9 @@ def _stored_values(view: StepView, name: str, idx: slice | np.ndarray, arrays: b
     array of the column's dtype for numbers."""
     values = view[name][idx]
     if arrays and view.schema[name].kind in ("tensor", "ndarray"):
-        return np.asarray(values.float() if str(getattr(values, "dtype", "")) == "torch.bfloat16" else values)
+        if view.schema[name].kind == "tensor" and view.schema[name].dtype not in NUMPY_NAMES:
+            values = values.to(torch_dtype("complex64" if values.is_complex() else "float32"))  # bfloat16, float8
+        return np.asarray(values)
     return [_json_value(v) for v in _python(values)]
 
 
