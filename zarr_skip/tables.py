@@ -263,9 +263,12 @@ class _Tokens:
     def __init__(self, view: StepView, arrays: dict[tuple[str, str], list[np.ndarray]]) -> None:
         self.view = view
         self.arrays = arrays
+        self._seen: dict[str, dict[str, np.ndarray]] = {}
 
     def _stored(self, name: str) -> dict[str, np.ndarray]:
-        return self.view[name]._stored(self.arrays[(name, "whole")])
+        if name not in self._seen:  # a dictionary-encoded column expands once
+            self._seen[name] = self.view[name]._stored(self.arrays[(name, "whole")])
+        return self._seen[name]
 
     def _mask(self, name: str, width: int) -> np.ndarray | None:
         mask = mask_of(self.view, name)
