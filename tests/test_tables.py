@@ -247,3 +247,12 @@ def test_reductions_are_checked_before_anything_is_read() -> None:
     with pytest.raises(zs.ConfigTypeError):
         cache.table(reduce=["advantages"])  # type: ignore[arg-type]
     assert cache.load(1).to_pandas(["row"], reduce={"advantages": "first"})["advantages_first"].notna().all()
+
+
+def test_a_mask_narrower_than_its_column_is_not_used() -> None:
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    responses = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])
+    cache.write(1, {"responses": responses, "response_mask": torch.ones(2, 2, dtype=torch.int64)})
+    cache.write(2, {"responses": responses, "response_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])})
+    table = cache.table()
+    assert table["response_length"].tolist() == [4, 4, 2, 1]  # the whole row; then the mask's count

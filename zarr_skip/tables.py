@@ -161,6 +161,8 @@ class _Plan:
             self._ask(name, "whole" if values else "lengths")
             return True
         mask = mask_of(self.view, name)
+        if mask is not None and self.view[mask].spec.shape[:1] < spec.shape[:1]:
+            mask = None  # narrower than the column: it does not say where its tokens are
         if values or mask is None:
             self._ask(name, "whole")
         if mask is not None:
@@ -272,7 +274,7 @@ class _Tokens:
 
     def _mask(self, name: str, width: int) -> np.ndarray | None:
         mask = mask_of(self.view, name)
-        if mask is None:
+        if mask is None or (mask, "whole") not in self.arrays:
             return None
         data = self._stored(mask)["data"]
         return data.reshape(len(data), -1)[:, :width].astype(bool) if data.shape[1:] >= (width,) else None
