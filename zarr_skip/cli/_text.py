@@ -104,13 +104,11 @@ def cmd_show_text(ctx: Context, name: str, cache: Any, step: int) -> int:
             }
         )
         return 0
-    what = (
-        f"row {rows[0]}"  # type: ignore[index]
-        if ctx.args.row is not None
-        else f"uid {records[0]['uid'] if records else ctx.args.uid}"
-        if ctx.args.uid is not None
-        else f"first {len(records)}"
-    )
+    what = f"first {len(records)}"
+    if ctx.args.row is not None:
+        what = f"row {ctx.args.row % len(view)}"
+    elif ctx.args.uid is not None:
+        what = f"uid {records[0]['uid'] if records else ctx.args.uid}"
     ctx.say(f"step {step} of {name}: {len(view)} rows, {what} shown")
     for record in records:
         ctx.say()
