@@ -302,3 +302,17 @@ def test_torch_dtypes_numpy_lacks_export_as_float32_exactly(tmp_path: Path) -> N
     d = table.to_pydict()
     assert d["bf"][:2] == [1.5, -2.0] and d["bf"][2] != d["bf"][2]  # NaN stays NaN
     assert d["f8"] == f8.float().tolist()
+
+
+def test_a_column_of_other_types_in_other_steps_is_json_text_in_parquet(tmp_path: Path) -> None:
+    c = zs.open_cache(tmp_path / "c", {"a": 1})
+    import numpy as np
+
+    c.write(1, {"info": [{"a": 1}, {"a": 2}], "n": ["x", "y"], "f": np.array([0.5, 1.5], dtype=np.float32)})
+    c.write(2, {"info": [{"b": "q"}, {"b": "r"}], "n": ["z", "w"], "f": np.array([0.1, 2.0])})
+    c.export(tmp_path / "x.parquet")
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert json.loads(table.schema.metadata[b"zarr_skip.json_columns"]) == ["info"]
+    assert [json.loads(v) for v in table.column("info").to_pylist()] == [{"a": 1}, {"a": 2}, {"b": "q"}, {"b": "r"}]
+    assert table.column("n").to_pylist() == ["x", "y", "z", "w"]
+    assert table.schema.field("f").type == pa.float64() and table.column("f").to_pylist() == [0.5, 1.5, 0.1, 2.0]

@@ -238,27 +238,35 @@ def write_parquet(tables: Sequence[Mapping[str, Sequence[Any]]], path: Path, gzi
     they are; JSON columns are nested types (struct, list) when pyarrow's type for the column
     gives every value back as it was, else JSON text (exact), named in the schema metadata
     ``zarr_skip.json_columns`` (mixed types, keys that change from row to row, integers beyond
-    int64). ``gzip`` must be False (parquet compresses its pages)."""
+    int64, or another type in another step; floats of other widths widen to the widest, signed
+    integers too). ``gzip`` must be False (parquet compresses its pages)."""
     if gzip:
         raise ConfigError(f"{path}: parquet compresses its own pages; name the file .parquet")
     pa = _pyarrow()
     names = _names(tables)
     as_text = {n for n in names if not all(_nested_ok(pa, t[n]) for t in tables if n in t)}
-    arrow = []
-    for t in tables:
-        count = _rows(t)
-        data = {}
-        for name in names:
-            values = t.get(name, [None] * count)
-            if name in as_text:
-                values = [None if v is None else json.dumps(_plain(v), ensure_ascii=False, default=str) for v in values]
-            data[name] = values if isinstance(values, np.ndarray) else pa.array(values)
-        arrow.append(pa.table(data))
+    arrays = [{n: _arrow(pa, t[n], n in as_text) for n in t} for t in tables]
+    for name in names:  # a column of other types in other steps: JSON text throughout (no nulls made up)
+        kinds = {a[name].type for a in arrays if name in a and a[name].type != pa.null()}
+        widened = all(map(pa.types.is_floating, kinds)) or all(map(pa.types.is_signed_integer, kinds))
+        if len(kinds) > 1 and not widened and name not in as_text:
+            as_text.add(name)
+            for a, t in zip(arrays, tables, strict=True):
+                if name in a:
+                    a[name] = _arrow(pa, t[name], True)
+    arrow = [pa.table({n: a.get(n, pa.nulls(_rows(t))) for n in names}) for a, t in zip(arrays, tables, strict=True)]
     table = pa.concat_tables(arrow, promote_options="permissive") if len(arrow) > 1 else arrow[0]
     meta = {"zarr_skip.json_columns": json.dumps(sorted(as_text))}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     pa.parquet.write_table(table, str(path), compression="zstd")
     return names
+
+
+def _arrow(pa: Any, values: Sequence[Any], text: bool) -> Any:
+    """``values`` as an arrow array: as JSON text with ``text``."""
+    if text:
+        values = [None if v is None else json.dumps(_plain(v), ensure_ascii=False, default=str) for v in values]
+    return pa.array(values)
 
 
 def _nested_ok(pa: Any, values: Sequence[Any]) -> bool:
