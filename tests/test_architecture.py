@@ -33,6 +33,7 @@ RANKS: dict[str, int] = {
     "notebook": 7,
     "plots": 8,
     "cli": 8,
+    "__main__": 9,  # python -m zarr_skip: the CLI
     "integrations": 8,
     "demo": 9,
 }

@@ -198,8 +198,8 @@ def test_show_errors(loc: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "step 3 is abandoned: 1 of 2 mini-batches" in err
     code, _, err = run(capsys, "show", loc, "1")
     assert code == 2 and "several experiments" in err and EXP_TQ in err
-    code, _, err = run(capsys, "show", loc, "x")
-    assert code == 2 and "invalid int value" in err
+    code, _, err = run(capsys, "show", loc, "x", "-e", "rollout")
+    assert code == 2 and "step 'x': expected a number, latest or -K" in err
 
 
 # ------------------------------------------------------------------ verify
@@ -299,7 +299,7 @@ def test_argument_parsing(capsys: pytest.CaptureFixture[str]) -> None:
         "anon": True,
         "n": 3,
     }
-    code, _, err = run(capsys, "ls", "x", "-o", "novalue")
+    code, _, err = run(capsys, "ls", "x", "--storage-option", "novalue")
     assert code == 2 and "expected KEY=VALUE" in err
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "examples:" in out and "exit status" in out
@@ -333,9 +333,21 @@ def test_import_export_commands(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "exp_proj/GBS4_N2_in8_out16/7/0/tq_batch.pt",
         "exp_proj/GBS4_N2_in8_out16/7/1/tq_batch.pt",
     ]
-    code, _, err = run(capsys, "export", loc, "7", str(tmp_path / "out"))
+    code, _, err = run(capsys, "export", loc, "7", str(tmp_path / "out"), "--format", "verl")
     assert code == 2 and "exist" in err
-    code, out, _ = run(capsys, "export", loc, "7", str(tmp_path / "out"), "--overwrite", "--layout", "flat", "--json")
+    code, out, _ = run(
+        capsys,
+        "export",
+        loc,
+        "7",
+        str(tmp_path / "out"),
+        "--format",
+        "verl",
+        "--overwrite",
+        "--layout",
+        "flat",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["steps"][0]["reason"] == "flat tq_batch.pt"
     code, _, err = run(capsys, "import", str(tmp_path / "nothing"), loc)
     assert code == 2 and "is not a directory" in err
@@ -387,7 +399,7 @@ def test_s3_location_with_storage_options(tmp_path: Path, capsys: pytest.Capture
 
     with seaweedfs_fixture_server(tmp_path / "weed") as server:
         url = server.s3_url("cli")
-        opts = [x for k, v in server.storage_options.items() for x in ("-o", f"{k}={json.dumps(v)}")]
+        opts = [x for k, v in server.storage_options.items() for x in ("--storage-option", f"{k}={json.dumps(v)}")]
         dump_tq(tmp_path / "dumps" / "exp_proj" / "GBS4_N2_in8_out16", 7, tq_payload(seed=1, step=7))
         code, out, err = run(capsys, "import", str(tmp_path / "dumps"), url, *opts)
         assert code == 0 and "imported 1 step(s)" in out, err

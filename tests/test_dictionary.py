@@ -175,7 +175,7 @@ def test_a_step_mixing_plain_and_dictionary_minibatches_reads_exactly(
             assert np.array_equal(col.lengths(), lengths), name
     table = view.to_pandas()
     assert table["uid"].tolist() == want["uid"] and table["data_source"].tolist() == want["data_source"]
-    assert table["prompts"].tolist() == [len(r) for r in want["prompts"].unbind()]
+    assert table["prompt_length"].tolist() == [len(r) for r in want["prompts"].unbind()]
 
 
 def test_repeated_rows_come_back_as_one_object_each_and_cost_less(tmp_path: Any, fingerprint: dict[str, Any]) -> None:

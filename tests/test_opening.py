@@ -106,3 +106,52 @@ def test_a_plain_fingerprint_cache_opens_read_only_by_name(tmp_path: Path) -> No
     with pytest.raises(zs.ExperimentNotFoundError, match=r"a: stored 1, given 2"):
         zs.open_cache(root, {"a": 2}, read_only=True)
     assert FINGERPRINT  # the verl fingerprint of the other tests is unaffected
+
+
+def _two_roles(root: Path, fingerprint: dict) -> tuple[str, str]:
+    a = zs.open_cache(root, dict(fingerprint, role="rollout"))
+    a.write(1, make_batch(2))
+    b = zs.open_cache(root, dict(fingerprint, role="rollout_tq"))
+    b.write(2, make_batch(2))
+    assert a.experiment is not None and b.experiment is not None
+    return a.experiment, b.experiment
+
+
+def test_open_cache_takes_what_the_cli_e_takes(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    rollout, tq = _two_roles(root, fingerprint)
+    assert zs.open_cache(root, experiment="rollout").experiment == rollout  # the last part
+    assert zs.open_cache(root, experiment="rollout_tq").steps() == [2]
+    assert zs.open_cache(root, experiment=rollout).experiment == rollout
+    zs.open_cache(root, dict(fingerprint, role="other_rollout")).write(1, make_batch(2))
+    with pytest.raises(zs.AmbiguousExperimentError, match="several experiments") as err:
+        zs.open_cache(root, experiment="GBS4")
+    assert all(name in str(err.value) for name in (rollout, tq))
+    with pytest.raises(zs.ExperimentNotFoundError, match="'nope' not found"):
+        zs.open_cache(root, experiment="nope")
+
+
+def test_opening_a_group_inside_a_cache_names_the_root(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    rollout, _ = _two_roles(root, fingerprint)
+    for below in (root / rollout, root / rollout / "1", root / rollout.split("/")[0]):
+        with pytest.raises(zs.CacheNotFoundError, match=f"is inside the cache at {root} .*; open {root}"):
+            zs.open_cache(below)
+    with pytest.raises(zs.CacheNotFoundError, match="no zarr_skip cache here"):
+        zs.open_cache(tmp_path / "elsewhere")
+
+
+def test_the_cli_hint_for_a_group_inside_a_cache_runs(tmp_path: Path, fingerprint: dict, capsys: Any) -> None:
+    import shlex
+
+    root = tmp_path / "cache"
+    rollout, _ = _two_roles(root, fingerprint)
+    assert cli(["show", str(root / rollout), "1", "--rows", "1"]) == 2
+    err = capsys.readouterr().err
+    hint = err.split("run: ", 1)[1].strip()
+    assert hint == f"zarr-skip show {root} 1 --rows 1 -e {rollout}"
+    assert cli(shlex.split(hint)[1:]) == 0
+    assert "step 1 of" in capsys.readouterr().out
+    assert cli(["ls", str(root), "-e", "GBS4"]) == 2  # both experiments: the candidates are named
+    err = capsys.readouterr().err
+    assert "matches several experiments" in err and rollout in err

@@ -31,7 +31,7 @@ def test_table_matches_load() -> None:
     cache = _write(CountingStore())
     table = cache.table()
     assert list(table.columns) == [
-        "step", "minibatch", "row", "responses", "uid", "tags", "raw_prompt", "scores", "bf16_scalar"
+        "step", "minibatch", "row", "uid", "response_length", "truncated", "tags", "raw_prompt", "scores", "bf16_scalar"
     ]  # fmt: skip
     assert len(table) == sum(len(cache.load(s)) for s in cache.steps())
     for step in cache.steps():
@@ -39,7 +39,8 @@ def test_table_matches_load() -> None:
         mine = table[table["step"] == step]
         assert mine["row"].tolist() == list(range(len(view)))
         assert mine["minibatch"].tolist() == [p.index for p in view.parts for _ in range(p.rows)]
-        assert mine["responses"].tolist() == view["responses"].lengths().tolist()
+        assert mine["response_length"].tolist() == view["responses"].lengths().tolist()
+        assert mine["truncated"].tolist() == [n >= FINGERPRINT["max_response_length"] for n in mine["response_length"]]
         assert mine["uid"].tolist() == list(view["uid"][:])
         assert mine["tags"].tolist() == list(view["tags"][:])
         assert mine["raw_prompt"].tolist() == [list(r) for r in view["raw_prompt"][:]]
@@ -56,7 +57,7 @@ def assert_frame_equal(a: Any, b: Any) -> None:
 def test_columns_and_steps_choose_what_is_read() -> None:
     cache = _write(CountingStore())
     table = cache.table(columns=["scores", "responses"], steps=[3, 1])
-    assert list(table.columns) == ["step", "minibatch", "row", "scores", "responses"]
+    assert list(table.columns) == ["step", "minibatch", "row", "response_length", "scores"]
     assert table["step"].unique().tolist() == [3, 1]  # in the order asked for
     with pytest.raises(zs.ConfigError, match="input_ids"):
         cache.table(columns=["input_ids"])
@@ -153,3 +154,105 @@ def test_the_cyclic_gc_is_paused_while_a_table_is_built_and_restored_after(enabl
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+# ------------------------------------------------------------------ names that do not lie
+
+
+def _text_cache() -> zs.Cache:
+    from zarr_skip.synthetic import text_rollouts
+
+    cache = zs.open_cache(CountingStore(), {"experiment_name": "names", "n": 4, "max_response_length": 48})
+    cache.write(1, text_rollouts(3, 4, seed=1, step=1, max_response=48))
+    cache.write(2, text_rollouts(3, 4, seed=1, step=2, max_response=48, padded=True))
+    return cache
+
+
+def _unpadded(view: Any, name: str) -> list[np.ndarray]:
+    """``name``'s rows from load(), padding cut by the response mask."""
+    col = view[name][:]
+    if getattr(col, "is_nested", False):
+        return [r.float().numpy() for r in col.unbind()]
+    mask = view["response_mask"][:].bool()
+    return [r[m].float().numpy() for r, m in zip(col, mask, strict=True)]
+
+
+def test_token_columns_are_reduced_by_the_schema_and_lengths_are_named_len() -> None:
+    cache = _text_cache()
+    table = cache.table(reduce={"old_log_probs": "mean", "token_level_scores": "max"})
+    names = list(table.columns)
+    assert names[:12] == [
+        "step", "minibatch", "row", "uid", "data_source", "prompt_length", "response_length", "truncated",
+        "score", "reward", "acc", "advantage",
+    ]  # fmt: skip
+    for jagged in ("advantages", "old_log_probs", "token_level_scores", "token_level_rewards", "responses"):
+        assert jagged not in names  # never the column's name for something else
+    assert "advantages_len" in names and "old_log_probs_mean" in names and "token_level_scores_max" in names
+    for step in (1, 2):
+        view, mine = cache.load(step), table[table["step"] == step]
+        adv = _unpadded(view, "advantages")
+        assert mine["advantage"].to_numpy() == pytest.approx([float(np.mean(r)) for r in adv])
+        scores = _unpadded(view, "token_level_scores")
+        assert mine["score"].tolist() == pytest.approx([float(view["score"][i]) for i in range(len(view))])
+        assert mine["reward"].tolist() == pytest.approx(
+            [float(np.sum(r)) for r in _unpadded(view, "token_level_rewards")]
+        )
+        assert mine["token_level_scores_max"].tolist() == pytest.approx([float(np.max(r)) for r in scores])
+        logp = _unpadded(view, "old_log_probs")
+        assert mine["old_log_probs_mean"].tolist() == pytest.approx([float(np.mean(r)) for r in logp], rel=1e-6)
+        lengths = [len(r) for r in _unpadded(view, "responses")]
+        assert mine["response_length"].tolist() == lengths
+        assert mine["truncated"].tolist() == [n >= 48 for n in lengths]
+        assert mine["acc"].tolist() == list(view["acc"][:])
+    assert table["advantage"].dtype == np.float64 and table["advantages_len"].dropna().gt(0).all()
+
+
+def test_a_stored_score_is_the_score_and_sums_only_stand_in() -> None:
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    values = torch.tensor([0.5, 1.5, 2.0, 0.0, 1.0, 3.0])
+    per_token = torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 2, 3, 6]))
+    cache.write(1, {"token_level_scores": per_token, "token_level_rewards": per_token})
+    cache.write(2, {"token_level_scores": per_token, "score": np.array([7.0, 8.0, 9.0])})
+    table = cache.table()
+    assert table[table["step"] == 1]["score"].tolist() == [2.0, 2.0, 4.0]  # the row sums
+    assert table[table["step"] == 1]["reward"].tolist() == [2.0, 2.0, 4.0]
+    assert table[table["step"] == 2]["score"].tolist() == [7.0, 8.0, 9.0]  # the stored column
+    assert "zs_score" not in table
+
+
+def test_stored_columns_named_like_computed_ones_keep_their_names() -> None:
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    batch = make_batch(4, seed=1)
+    batch.update(row=np.arange(10, 14), truncated=["yes", "no", "no", "yes"], reward=np.array([1.0, 0.0, 1.0, 0.5]))
+    batch["responses_len"] = np.array([-1, -2, -3, -4])
+    cache.write(1, batch)
+    table = cache.table()
+    assert table["row"].tolist() == [10, 11, 12, 13] and table["zs_row"].tolist() == [0, 1, 2, 3]
+    assert table["truncated"].tolist() == ["yes", "no", "no", "yes"]
+    assert table["zs_truncated"].tolist() == [n >= 16 for n in cache.load(1)["responses"].lengths()]
+    assert table["reward"].tolist() == [1.0, 0.0, 1.0, 0.5]
+    batch = make_batch(4, seed=1)
+    batch.update(row=np.arange(4), zs_row=np.arange(4))
+    cache.write(2, batch)
+    with pytest.raises(zs.SchemaMismatchError, match="'row' and its other name 'zs_row'"):
+        cache.table(steps=[2])
+
+
+def test_reductions_are_checked_before_anything_is_read() -> None:
+    cache = _text_cache()
+    with pytest.raises(zs.ConfigError, match="median"):
+        cache.table(reduce={"advantages": "median"})
+    with pytest.raises(zs.ConfigError, match="'uid'.*no numbers per token"):
+        cache.table(reduce={"uid": "mean"})
+    with pytest.raises(zs.ConfigTypeError):
+        cache.table(reduce=["advantages"])  # type: ignore[arg-type]
+    assert cache.load(1).to_pandas(["row"], reduce={"advantages": "first"})["advantages_first"].notna().all()
+
+
+def test_a_mask_narrower_than_its_column_is_not_used() -> None:
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    responses = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])
+    cache.write(1, {"responses": responses, "response_mask": torch.ones(2, 2, dtype=torch.int64)})
+    cache.write(2, {"responses": responses, "response_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])})
+    table = cache.table()
+    assert table["response_length"].tolist() == [4, 4, 2, 1]  # the whole row; then the mask's count

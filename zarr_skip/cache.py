@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import pandas
 
     from zarr_skip.maintenance import GcReport, VerifyReport
+    from zarr_skip.views.schema import Reduce
 
 logger = logging.getLogger(__name__)
 
@@ -155,11 +156,8 @@ class Cache(CacheReading):
             self._open_root({})
             found = self.experiments()
             if experiment is not None:
-                if experiment not in found:
-                    raise ExperimentNotFoundError(
-                        f"experiment {experiment!r} not found at {self.location} (found: {', '.join(found) or 'none'})"
-                    )
-                self.experiment, self.fingerprint = experiment, found[experiment]
+                name = exps.match_experiment(experiment, list(found), self.location)
+                self.experiment, self.fingerprint = name, found[name]
             elif len(found) == 1:
                 ((self.experiment, self.fingerprint),) = found.items()
 
@@ -183,6 +181,7 @@ class Cache(CacheReading):
         doc = parse_json(self._get_early(early, key), self._storage.key_path(key))
         if doc is None:
             if self.read_only:
+                exps.refuse_inside(self._storage.root, self.location)
                 raise CacheNotFoundError(
                     f"{self.location}: no zarr_skip cache here (the location does not exist or "
                     "holds no cache); open it with a fingerprint to create one"
@@ -197,6 +196,7 @@ class Cache(CacheReading):
         where = self._storage.key_path(layout.METADATA)
         info = attribute(doc, layout.ROOT_ATTR, where)
         if info is None or info.get("format") != layout.FORMAT_NAME:
+            exps.refuse_inside(self._storage.root, self.location)
             raise MetadataError(f"{where}: not a zarr_skip cache (the root group lacks the format attribute)")
         version = info.get("version")
         if isinstance(version, bool) or not isinstance(version, int) or version > layout.FORMAT_VERSION:
@@ -419,16 +419,20 @@ class Cache(CacheReading):
         )
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
 
-    def table(self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None) -> pandas.DataFrame:
+    def table(
+        self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None, *, reduce: Reduce = None
+    ) -> pandas.DataFrame:
         """One row per rollout of every complete step (or of ``steps``, each of which must be
-        complete), as a pandas DataFrame (``pip install 'zarr-skip[pandas]'``): ``step``,
-        ``minibatch``, ``row``, then per-row scalars, strings and small JSON objects, and the
-        per-row lengths of jagged columns (or the ``columns`` named); see
-        :mod:`zarr_skip.tables`. Reads the steps' records and those columns' chunks (for jagged
-        ones: their lengths alone), each in one batch of requests across the steps."""
+        complete) as a pandas DataFrame (``zarr-skip[pandas]``), named as the exports name them
+        (:mod:`zarr_skip.views.schema`); ``reduce={"advantages": "mean"}`` adds each row's mean
+        of a token column as ``advantages_mean``. See :mod:`zarr_skip.tables`. Reads the steps'
+        records and those columns' chunks (jagged ones shown as ``{column}_len``: their lengths
+        alone), each in one batch of requests across the steps."""
         from zarr_skip.tables import gc_paused, pandas_module, views_table
+        from zarr_skip.views.schema import check_reduce
 
         pandas_module()  # before any I/O
+        check_reduce(reduce)
         exp = self._exp()
         wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
         with gc_paused():
@@ -439,7 +443,7 @@ class Cache(CacheReading):
                     views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
                 elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
                     views.append(self.load(step))
-            return views_table(self._storage, views, columns)
+            return views_table(self._storage, views, columns, reduce)
 
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)

@@ -23,6 +23,7 @@ from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
+from zarr_skip.views.schema import Reduce
 
 if TYPE_CHECKING:
     import pandas
@@ -127,17 +128,15 @@ class StepView(StepReading):
     def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
 
-    def to_pandas(self, columns: Sequence[str] | None = None) -> pandas.DataFrame:
+    def to_pandas(self, columns: Sequence[str] | None = None, *, reduce: Reduce = None) -> pandas.DataFrame:
         """This step as a table: see :meth:`zarr_skip.Cache.table` (needs ``zarr-skip[pandas]``)."""
         from zarr_skip.tables import views_table
 
-        return views_table(self._storage, [self], columns)
+        return views_table(self._storage, [self], columns, reduce)
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
-        """Every column (or those named) read in full, as the types that were written.
-
-        The chunks of all of them are fetched and decoded in one batch.
-        """
+        """Every column (or those named) read in full, as the types that were written; the
+        chunks of all of them are fetched and decoded in one batch."""
         cols = [self[name] for name in (columns or self.columns)]
         wanted = [col._whole() for col in cols]
         arrays = iter(read_ranges(self._storage, [r for ranges in wanted for r in ranges]))

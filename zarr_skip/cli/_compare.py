@@ -44,6 +44,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Argum
         epilog=EPILOG,
         parents=parents,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.set_defaults(func=cmd_compare)
     p.add_argument("location", metavar="A")

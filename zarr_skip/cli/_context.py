@@ -7,13 +7,11 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarr_skip.errors import ExperimentNotFoundError
-
-__all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options"]
+__all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options", "relative_step"]
 
 #: how the command prints a library log record and its own warnings alike
 LOG_FORMAT = "zarr-skip: %(levelname)s: %(message)s"
@@ -96,11 +94,24 @@ class Context:
             root, cache = found
             inside = str(self.args.location).rstrip("/")[len(root) :].strip("/")
             names = [n for n in cache.experiments() if inside == n or inside.startswith(n + "/")]
-            hint = f" -e {max(names, key=len)}" if names else ""
+            experiment = max(names, key=len) if names else None
             raise UsageError(
                 f"{self.args.location} is not a zarr_skip cache but a group inside one: the cache is at {root} "
-                f"({inside} inside it); run: zarr-skip {self.args.command} {root}{hint}"
+                f"({inside} inside it); run: {self.rerun(root, experiment)}"
             ) from exc
+
+    def rerun(self, location: str, experiment: str | None = None) -> str:
+        """This command line again with ``location`` for LOCATION (and ``-e experiment`` for
+        any experiment option given), quoted for a POSIX shell."""
+        import shlex
+
+        argv = list(getattr(self.args, "argv", None) or [self.args.command, str(self.args.location)])
+        where = argv.index(str(self.args.location)) if str(self.args.location) in argv else None
+        if where is not None:
+            argv[where] = location
+        if experiment is not None:
+            argv = _without_experiment(argv) + ["-e", experiment]
+        return "zarr-skip " + " ".join(shlex.quote(a) for a in argv)
 
     def _root_above(self, location: str) -> tuple[str, Any] | None:
         """The nearest location above ``location`` that is a zarr_skip cache (a few levels up),
@@ -123,20 +134,31 @@ class Context:
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """The experiments at ``LOCATION`` that ``--experiment`` selects (all without it)."""
-        found = self.open().experiments()
+        found: dict[str, dict[str, Any]] = self.open().experiments()
         wanted = getattr(self.args, "experiment", None)
         if wanted is None:
             return found
-        if wanted in found:
-            return {wanted: found[wanted]}
-        matches = [n for n in found if n.endswith("/" + wanted)] or [n for n in found if wanted in n]
-        if len(matches) == 1:
-            return {matches[0]: found[matches[0]]}
-        if matches:
-            raise UsageError(f"--experiment {wanted!r} matches several experiments: {', '.join(matches)}")
-        raise ExperimentNotFoundError(
-            f"experiment {wanted!r} not found at {self.args.location} (found: {', '.join(found) or 'none'})"
-        )
+        from zarr_skip.store.experiments import match_experiment
+
+        name = match_experiment(wanted, list(found), str(self.args.location))
+        return {name: found[name]}
+
+    def complete_steps(self) -> list[int]:
+        """The complete steps of the single experiment this command works on (for ``latest``)."""
+        steps: list[int] = self.open(self.one_experiment()[0]).steps()
+        return steps
+
+    def one_step(self, cache: Any) -> int:
+        """The ``STEP`` argument (N, ``latest`` or ``-K``) as a step of ``cache``."""
+        token = str(self.args.step)
+        if token == "latest" or (token.startswith("-") and token[1:].isdigit()):
+            return relative_step(token, cache.steps())
+        try:
+            return int(token)
+        except ValueError:
+            raise UsageError(
+                f"step {token!r}: expected a number, latest or -K (-1 is the latest complete step)"
+            ) from None
 
     def one_experiment(self) -> tuple[str, dict[str, Any]]:
         """The single experiment this command works on."""
@@ -155,20 +177,60 @@ class Context:
 # -- arguments -------------------------------------------------------------------------------
 
 
-def parse_steps(tokens: Sequence[str], *, allow_all: bool = False) -> list[int] | None:
-    """Step numbers from ``12``, ``10-20`` (inclusive) tokens; ``None`` for ``all``."""
+def _without_experiment(argv: list[str]) -> list[str]:
+    """``argv`` without its ``-e NAME`` / ``--experiment NAME`` / ``--experiment=NAME``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("-e", "--experiment"):
+            skip = True
+        elif not a.startswith("--experiment="):
+            out.append(a)
+    return out
+
+
+def parse_steps(
+    tokens: Sequence[str], *, allow_all: bool = False, complete: Callable[[], Sequence[int]] | None = None
+) -> list[int] | None:
+    """Step numbers from ``12``, ``10-20`` (inclusive), ``latest`` and ``-K`` (the K-th latest
+    of ``complete()``, the complete steps ascending: ``-1`` is the latest) tokens; ``None`` for
+    ``all``."""
     steps: list[int] = []
+    known: list[Sequence[int]] = []  # complete(), asked for once
+
+    def latest() -> Sequence[int]:
+        if complete is None:
+            raise UsageError("latest and -K steps are not taken here: give step numbers")
+        if not known:
+            known.append(complete())
+        return known[0]
+
     for token in tokens:
         if allow_all and token == "all":
             return None
+        if token == "latest" or (token.startswith("-") and token[1:].isdigit()):
+            steps.append(relative_step(token, latest()))
+            continue
         lo, sep, hi = token.partition("-")
         try:
             steps += list(range(int(lo), int(hi) + 1)) if sep else [int(token)]
         except ValueError:
-            raise UsageError(f"step {token!r}: expected a number or a range like 10-20") from None
-        if steps and min(steps) < 0:
-            raise UsageError(f"step {token!r}: steps are non-negative")
+            raise UsageError(f"step {token!r}: expected a number, a range like 10-20, latest or -K") from None
     return list(dict.fromkeys(steps))
+
+
+def relative_step(token: str, complete: Sequence[int]) -> int:
+    """The step ``latest`` or ``-K`` names among ``complete`` (ascending), or UsageError."""
+    k = 1 if token == "latest" else int(token[1:])
+    if k == 0:
+        raise UsageError(f"step {token!r}: -1 is the latest complete step, -2 the one before, ...")
+    if k > len(complete):
+        raise UsageError(
+            f"step {token!r}: there are {len(complete)} complete step(s)"
+            + (f" ({', '.join(map(str, complete[-10:]))})" if complete else "")
+        )
+    return int(complete[-k])
 
 
 def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:

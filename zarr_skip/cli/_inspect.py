@@ -86,11 +86,11 @@ def cmd_show(ctx: Context) -> int:
 
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
-    if ctx.args.text or ctx.args.uid is not None or ctx.args.tokenizer is not None:
+    step = ctx.one_step(cache)
+    if ctx.args.text or ctx.args.uid is not None or ctx.args.row is not None or ctx.args.tokenizer is not None:
         from zarr_skip.cli._text import cmd_show_text
 
-        return cmd_show_text(ctx, name, cache)
-    step = ctx.args.step
+        return cmd_show_text(ctx, name, cache, step)
     info = cache.info(step)
     view = cache.load(step)
     n = max(0, ctx.args.rows)
@@ -178,7 +178,7 @@ def cmd_verify(ctx: Context) -> int:
     """Read every chunk; exit 1 and list the problems when anything is broken."""
     from zarr_skip.cli._context import parse_steps
 
-    steps = parse_steps(ctx.args.steps) or None
+    steps = parse_steps(ctx.args.steps, complete=ctx.complete_steps) or None
     found = ctx.experiments()
     if steps is not None and len(found) > 1:
         found = dict([ctx.one_experiment()])

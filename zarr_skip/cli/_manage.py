@@ -78,9 +78,9 @@ def cmd_rm(ctx: Context) -> int:
     """Remove explicit steps of one experiment (after confirmation)."""
     from zarr_skip.cli._context import parse_steps
 
-    steps = parse_steps(ctx.args.steps) or []
     name, fp = ctx.one_experiment()
     cache = ctx.open(name, fingerprint=fp)
+    steps = parse_steps(ctx.args.steps, complete=cache.steps) or []
     infos = {i.step: i for i in cache.status()}
     missing = [s for s in steps if s not in infos]
     if missing:
@@ -159,16 +159,22 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
     from pathlib import Path
 
     from zarr_skip.cli._context import UsageError
-    from zarr_skip.views.export import export_rollouts
+    from zarr_skip.views.export import SUFFIXES, export_rollouts, format_of, suffix_of
 
     a = ctx.args
     out = Path(a.dest)
+    if a.format is None and suffix_of(out) is None:
+        raise UsageError(
+            f"{out}: cannot tell the format from the name; name the file {', '.join(SUFFIXES)}, or pass "
+            "--format verl to write verl's dump directory there"
+        )
+    fmt, _ = format_of(out, a.format)  # a --format the name contradicts: an error naming both
     if out.is_dir():
-        raise UsageError(f"{out} is a directory; with --format {a.format} OUT is the file to write")
+        raise UsageError(f"{out} is a directory; with --format {fmt} OUT is the file to write")
     if out.exists() and not a.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     with ctx.bar("export", "step", total=len(steps)) as bar:
-        report = export_rollouts(cache, out, steps, format=a.format, tokenizer=a.tokenizer, progress=bar.callback())
+        report = export_rollouts(cache, out, steps, format=fmt, tokenizer=a.tokenizer, progress=bar.callback())
     text = "decoded text" if report.tokenizer else "token ids (no tokenizer: pass --tokenizer PATH for text)"
     ctx.say(f"{report.rows} rollouts of {len(report.steps)} step(s) -> {report.path} ({report.format}, {text})")
     if ctx.json:
@@ -176,19 +182,43 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
     return 0
 
 
+def _check_verl_out(cache: Any, dest: str) -> None:
+    """``--format verl`` writes a directory: OUT named as a file of another format, or an
+    existing file, is an error; so is OUT inside the cache."""
+    from pathlib import Path
+
+    from zarr_skip.cli._context import UsageError
+    from zarr_skip.views.export import SUFFIXES, check_outside, suffix_of
+
+    found = suffix_of(dest)
+    if found is not None:
+        fmt = SUFFIXES[found][0]
+        raise UsageError(
+            f"--format verl writes verl's dump directory, but OUT {dest} is named as a {fmt} file ({found}); "
+            f"drop --format (or pass --format {fmt}) to write {fmt}, or name a directory"
+        )
+    if Path(dest).is_file():
+        raise UsageError(f"--format verl writes verl's dump directory, but OUT {dest} is a file")
+    check_outside(cache, dest)
+
+
 def cmd_export(ctx: Context) -> int:
     """Write steps of one experiment as parquet / JSON Lines records, or in verl's dump layout."""
-    from zarr_skip.cli._context import parse_steps
+    from zarr_skip.cli._context import UsageError, parse_steps
     from zarr_skip.legacy.transfer import export_steps
 
     a = ctx.args
-    steps = parse_steps(a.steps, allow_all=True)
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
+    if a.output is None and len(a.items) < 2:
+        raise UsageError(f"export: expected STEP... OUT (or -o OUT), got {' '.join(a.items)}")
+    tokens, a.dest = (a.items, a.output) if a.output is not None else (a.items[:-1], a.items[-1])
+    steps = parse_steps(tokens, allow_all=True, complete=cache.steps)
     if steps is None:
         steps = cache.steps()
     if a.format != "verl":
         return _export_records(ctx, cache, steps)
+    _check_verl_out(cache, a.dest)
     with ctx.bar("export", "step", total=len(steps)) as bar:
         report = export_steps(cache, steps, a.dest, layout=a.layout, overwrite=a.overwrite, progress=bar.callback())
     for s in report.steps:

@@ -27,7 +27,7 @@ def cmd_report(ctx: Context) -> int:
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
     complete = cache.steps()
-    steps = parse_steps(ctx.args.steps) or None
+    steps = parse_steps(ctx.args.steps, complete=lambda: complete) or None
     if steps is not None:
         missing = [s for s in steps if s not in complete]
         if missing:

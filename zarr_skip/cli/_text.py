@@ -49,7 +49,7 @@ def _wrapped(text: str, width: int) -> list[str]:
 def render_rollout(record: dict[str, Any], limit: int | None, width: int = WRAP) -> list[str]:
     """One rollout as text lines: a header with its badges, the prompt (chat messages when the
     step has them), the response; ids instead of text when there is no tokenizer."""
-    head = f"── row {record['row']}"
+    head = f"── row {record.get('zs_row', record['row'])}"
     if record.get("uid") is not None:
         head += f" · uid {record['uid']}"
     lines = [head, INDENT + " ".join(f"[{b}]" for b in badges(record, limit))]
@@ -69,18 +69,17 @@ def render_rollout(record: dict[str, Any], limit: int | None, width: int = WRAP)
     return lines
 
 
-def cmd_show_text(ctx: Context, name: str, cache: Any) -> int:
-    """Decoded rollouts of one step: ``--rows N`` first rows or the ``--uid`` group."""
+def cmd_show_text(ctx: Context, name: str, cache: Any, step: int) -> int:
+    """Decoded rollouts of one step: ``--rows N`` first rows, ``--row N`` or the ``--uid`` group."""
     from zarr_skip.errors import TokenizerNotFoundError
     from zarr_skip.views.records import max_response_length, rollouts, select
     from zarr_skip.views.text import require_tokenizer
     from zarr_skip.views.tokenizers import tokenizer_for
 
-    step = ctx.args.step
     view = cache.load(step)
     try:
-        rows = select(view, rows=ctx.args.rows, uid=ctx.args.uid)
-    except KeyError as exc:  # no such uid (or no uid column)
+        rows = select(view, rows=ctx.args.rows, uid=ctx.args.uid, row=ctx.args.row)
+    except (KeyError, IndexError) as exc:  # no such uid (or no uid column), no such row
         from zarr_skip.cli._context import UsageError
 
         raise UsageError(exc.args[0]) from None
@@ -105,7 +104,11 @@ def cmd_show_text(ctx: Context, name: str, cache: Any) -> int:
             }
         )
         return 0
-    what = f"uid {ctx.args.uid}" if ctx.args.uid is not None else f"first {len(records)}"
+    what = f"first {len(records)}"
+    if ctx.args.row is not None:
+        what = f"row {ctx.args.row % len(view)}"
+    elif ctx.args.uid is not None:
+        what = f"uid {records[0]['uid'] if records else ctx.args.uid}"
     ctx.say(f"step {step} of {name}: {len(view)} rows, {what} shown")
     for record in records:
         ctx.say()

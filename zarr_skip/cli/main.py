@@ -51,15 +51,16 @@ USAGE_ERRORS = (
 EXAMPLES = """\
 examples:
   zarr-skip ls runs/cache                                   experiments and steps
-  zarr-skip ls s3://bucket/cache -o endpoint_url=http://minio:9000 --json
+  zarr-skip ls s3://bucket/cache --storage-option endpoint_url=http://minio:9000 --json
   zarr-skip show runs/cache 12 --rows 5                     columns and first rows of step 12
-  zarr-skip show runs/cache 12 --text --uid 3f2a...         one GRPO group's rollouts, decoded
+  zarr-skip show runs/cache latest --row 5                  one rollout of the latest step, decoded
+  zarr-skip show runs/cache -1 --uid 3f2a                   one GRPO group by a prefix of its uid
   zarr-skip verify runs/cache                               read every chunk, check checksums
   zarr-skip gc runs/cache --keep-last 50 --pin 100 --dry-run
   zarr-skip rm runs/cache 12 13-15 --yes
   zarr-skip import ~/verl_dumps runs/cache                  legacy verl dumps -> Zarr
   zarr-skip export runs/cache 12 13 out/ --format verl      Zarr -> verl's layout
-  zarr-skip export runs/cache all r.parquet --format parquet  one record per rollout, decoded
+  zarr-skip export runs/cache all r.parquet                 one record per rollout, decoded
   zarr-skip report runs/cache 12 -o report.html             one HTML file to open or share
   zarr-skip compare runs/a runs/b --steps 10-20             two runs' signals side by side
 
@@ -67,10 +68,10 @@ exit status: 0 ok, 1 problems found, 2 usage error
 """
 
 
-def _common(*, experiment: bool = True, storage_short: bool = True) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
+    """The options every command takes (storage options long-only: ``-o`` is always an output)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument(
-        *(["-o"] if storage_short else []),  # `report` takes -o for its output file
         "--storage-option",
         dest="storage_option",
         action="append",
@@ -82,7 +83,7 @@ def _common(*, experiment: bool = True, storage_short: bool = True) -> argparse.
             "-e",
             "--experiment",
             metavar="NAME",
-            help="the experiment to use (full name, or a unique part of it such as the role)",
+            help="the experiment to use (full name, its last part such as the role, or a unique part of it)",
         )
     p.add_argument("--json", action="store_true", help="print one JSON document for scripts")
     p.add_argument(
@@ -106,89 +107,120 @@ def _tokenizer_option(p: argparse.ArgumentParser) -> None:
 def _add(
     sub: Any, name: str, func: Callable[[Context], int], help_: str, epilog: str, parents: list[argparse.ArgumentParser]
 ) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help_,
         description=help_,
         epilog=epilog,
         parents=parents,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.set_defaults(func=func)
     return p
 
 
+LOC = "LOCATION is a path or an s3:// URL."
+STEPS = "A STEP is N, A-B, latest or -K (the K-th latest complete step: -1 is the latest)."
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarr-skip``."""
-    from zarr_skip.cli import _inspect as ins
-    from zarr_skip.cli import _manage as man
-
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Inspect, verify, clean, import and export zarr_skip rollout caches.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     from zarr_skip import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    common, loc = [_common()], "LOCATION is a path or an s3:// URL."
+    _add_ls(sub)
+    _add_show(sub)
+    _add_verify(sub)
+    _add_gc_rm(sub)
+    _add_import(sub)
+    _add_export(sub)
+    _add_report(sub)
+    from zarr_skip.cli import _compare
+
+    _compare.register(sub, [_common()])
+    return parser
+
+
+def _add_ls(sub: Any) -> None:
+    from zarr_skip.cli import _inspect as ins
 
     p = _add(
         sub,
         "ls",
         ins.cmd_ls,
         "list experiments and their steps",
-        f"{loc}\n\nexamples:\n  zarr-skip ls runs/cache\n  zarr-skip ls runs/cache -e rollout_tq --json",
-        common,
+        f"{LOC}\n\nexamples:\n  zarr-skip ls runs/cache\n  zarr-skip ls runs/cache -e rollout_tq --json",
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
+
+
+def _add_show(sub: Any) -> None:
+    from zarr_skip.cli import _inspect as ins
 
     p = _add(
         sub,
         "show",
         ins.cmd_show,
-        "show a step's columns and first rows, or its rollouts decoded (--text)",
-        f"{loc}\nWith --text: each rollout's prompt (as chat messages when stored) and response,\n"
+        "show a step's columns and first rows, or its rollouts decoded (--text, --row, --uid)",
+        f"{LOC}\n{STEPS}\nWith --text: each rollout's prompt (as chat messages when stored) and response,\n"
         "decoded with --tokenizer or the tokenizer the trainer recorded, with its data source,\n"
         "length, truncation, score, reward and advantage; --json gives them as records.\n\n"
-        "examples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache 12 --rows 10 -e rollout\n"
+        "examples:\n  zarr-skip show runs/cache 12\n  zarr-skip show runs/cache latest --rows 10 -e rollout\n"
+        "  zarr-skip show runs/cache -1 --row 5                     one rollout of the latest step\n"
         "  zarr-skip show runs/cache 12 --text --rows 2 --tokenizer ~/models/qwen/tokenizer.json\n"
-        "  zarr-skip show runs/cache 12 --text --uid 3f2a9c1e-... --json",
-        common,
+        "  zarr-skip show runs/cache 12 --uid 3f2a --json          a GRPO group by a prefix of its uid",
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("step", metavar="STEP", type=int)
+    p.add_argument("step", metavar="STEP")
     which = p.add_mutually_exclusive_group()
     which.add_argument("-n", "--rows", type=int, default=3, help="rows to show (per column; default 3)")
-    which.add_argument("--uid", metavar="UID", help="the rows of one GRPO group (implies --text)")
+    which.add_argument("--row", type=int, metavar="N", help="one rollout: row N of the step (implies --text)")
+    which.add_argument("--uid", metavar="UID", help="the rows of one GRPO group, by a unique prefix (implies --text)")
     p.add_argument("--text", action="store_true", help="decoded rollouts instead of columns")
     _tokenizer_option(p)
+
+
+def _add_verify(sub: Any) -> None:
+    from zarr_skip.cli import _inspect as ins
 
     p = _add(
         sub,
         "verify",
         ins.cmd_verify,
         "read every chunk and check sizes and checksums",
-        f"{loc}\nWithout STEP, every complete step of every (selected) experiment.\n"
+        f"{LOC}\n{STEPS}\nWithout STEP, every complete step of every (selected) experiment.\n"
         "Exit status 1 when anything is broken.\n\nexamples:\n  zarr-skip verify runs/cache\n"
         "  zarr-skip verify runs/cache 10-20 -e rollout",
-        common,
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("steps", metavar="STEP", nargs="*", help="steps (N or A-B); default: all complete steps")
+    p.add_argument("steps", metavar="STEP", nargs="*", help="steps (N, A-B, latest, -K); default: all complete steps")
+
+
+def _add_gc_rm(sub: Any) -> None:
+    from zarr_skip.cli import _manage as man
 
     p = _add(
         sub,
         "gc",
         man.cmd_gc,
         "remove abandoned data, and old steps with --keep-last",
-        f"{loc}\nShows what would be removed first. Abandoned steps, leftovers of displaced runs\n"
+        f"{LOC}\nShows what would be removed first. Abandoned steps, leftovers of displaced runs\n"
         "and old temp files go; complete steps only with --keep-last (never --pin-ned ones).\n"
         "Asks before removing; without --yes and without a terminal it refuses.\n\n"
         "examples:\n  zarr-skip gc runs/cache --dry-run\n  zarr-skip gc runs/cache --keep-last 20 --pin 5 --yes",
-        common,
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("--keep-last", type=int, metavar="K", help="keep only the K newest complete steps (per experiment)")
@@ -201,12 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
         "rm",
         man.cmd_rm,
         "remove steps, whatever their state",
-        f"{loc}\n\nexamples:\n  zarr-skip rm runs/cache 12\n  zarr-skip rm runs/cache 10-19 -e rollout --yes",
-        common,
+        f"{LOC}\n{STEPS}\n\nexamples:\n  zarr-skip rm runs/cache 12\n  zarr-skip rm runs/cache 10-19 -e rollout --yes",
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("steps", metavar="STEP", nargs="+", help="steps to remove (N or A-B)")
+    p.add_argument("steps", metavar="STEP", nargs="+", help="steps to remove (N, A-B, latest, -K)")
     p.add_argument("-y", "--yes", action="store_true", help="remove without asking")
+
+
+def _add_import(sub: Any) -> None:
+    from zarr_skip.cli import _manage as man
 
     p = _add(
         sub,
@@ -235,31 +271,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--coerce-meta", action="store_true", help="store a JSON-able copy of non-JSON meta_info (lossy)")
 
+
+def _add_export(sub: Any) -> None:
+    from zarr_skip.cli import _manage as man
+
     p = _add(
         sub,
         "export",
         man.cmd_export,
         "write steps as parquet or JSON Lines (one record per rollout), or in verl's dump layout",
-        f"{loc}\n--format parquet / jsonl: OUT is the file to write, one record per rollout (step, uid,\n"
-        "decoded prompt and response when a tokenizer is known, lengths, scores and every scalar,\n"
-        "string and JSON column), readable by pandas, pyarrow, polars and DuckDB.\n"
-        "--format verl: OUT is verl's dump_dir: steps go to OUT/{exp}_{proj}/GBS.._N.._in.._out../STEP/.\n"
-        "Layout auto: gen_batch.dp flat (as verl's rollout skip), tq_batch.pt nested per mini-batch.\n\n"
-        "examples:\n  zarr-skip export runs/cache all rollouts.parquet --format parquet\n"
-        "  zarr-skip export runs/cache 12 13 rollouts.jsonl --format jsonl --tokenizer ~/models/qwen\n"
+        f"{LOC}\n{STEPS}\nOUT (the last argument, or -o OUT) named .parquet, .jsonl or .jsonl.gz: the file to\n"
+        "write, one record per rollout (step, uid, decoded prompt and response when a tokenizer is\n"
+        "known, lengths, scores and every scalar, string and JSON column), readable by pandas,\n"
+        "pyarrow, polars and DuckDB. --format verl: OUT is verl's dump_dir: steps go to\n"
+        "OUT/{exp}_{proj}/GBS.._N.._in.._out../STEP/. Layout auto: gen_batch.dp flat (as verl's\n"
+        "rollout skip), tq_batch.pt nested per mini-batch.\n\n"
+        "examples:\n  zarr-skip export runs/cache all rollouts.parquet\n"
+        "  zarr-skip export runs/cache 12 13 -o rollouts.jsonl.gz --tokenizer ~/models/qwen\n"
         "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
-        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested",
-        common,
+        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --format verl --layout nested",
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("steps", metavar="STEP", nargs="+", help="steps (N, A-B or all)")
-    p.add_argument("dest", metavar="OUT")
+    p.add_argument("items", metavar="STEP", nargs="+", help="steps (N, A-B, latest, -K or all), then OUT")
+    p.add_argument("-o", "--output", metavar="OUT", help="the file (or with --format verl the directory) to write")
     p.add_argument(
-        "--format", choices=["verl", "parquet", "jsonl"], default="verl", help="output format (default verl)"
+        "--format",
+        choices=["verl", "parquet", "jsonl"],
+        default=None,
+        help="output format (default: from OUT's suffix: .parquet, .jsonl, .jsonl.gz; verl only when given)",
     )
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
     p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
     _tokenizer_option(p)
+
+
+def _add_report(sub: Any) -> None:
     from zarr_skip.cli import _report as rep
 
     p = _add(
@@ -267,16 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         rep.cmd_report,
         "write a self-contained HTML report: signals per step and data source, plots, rollouts",
-        f"{loc}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, an optional\n"
+        f"{LOC}\n{STEPS}\nOne HTML file with no outside references (inline CSS, plots as inline PNG, an optional\n"
         "inline script to sort and filter): open it in any browser or send it. Rollouts are shown\n"
-        "for STEPs (default: the latest complete step), whole GRPO groups, up to --rows per step.\n"
-        "(Here -o is the output file; storage options are --storage-option KEY=VALUE.)\n\n"
+        "for STEPs (default: the latest complete step), whole GRPO groups, up to --rows per step.\n\n"
         "examples:\n  zarr-skip report runs/cache -o report.html\n"
         "  zarr-skip report runs/cache 10 20-22 -o report.html --tokenizer ~/models/qwen/tokenizer.json",
-        [_common(storage_short=False)],
+        [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N or A-B)")
+    p.add_argument("steps", metavar="STEP", nargs="*", help="steps whose rollouts are shown (N, A-B, latest, -K)")
     p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
     _tokenizer_option(p)
     p.add_argument("--rows", type=int, default=rep.ROWS, metavar="N", help=f"rollouts per step (default {rep.ROWS})")
@@ -284,10 +330,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", action="store_true", help="add each response's tokens coloured by log-prob")
     p.add_argument("--no-script", dest="script", action="store_false", help="leave out the sorting/filtering script")
     p.set_defaults(trailing_steps=True)
-    from zarr_skip.cli import _compare
-
-    _compare.register(sub, [_common(storage_short=False)])
-    return parser
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -307,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif extra:
             parser.parse_args(argv)  # argparse's own message for what it does not know
         args.storage_options = parse_storage_options(args.storage_option)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help, --version, argparse's usage errors
         return exc.code if isinstance(exc.code, int) else 2
     except UsageError as exc:

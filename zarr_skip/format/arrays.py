@@ -98,6 +98,11 @@ def object_array(rows: Sequence[Any]) -> np.ndarray:
     return np.fromiter(rows, dtype=object, count=len(rows))  # one element per row, never broadcast
 
 
+def numpy_values(stored: np.ndarray, name: str) -> np.ndarray:
+    """Stored values of torch or numpy dtype ``name`` as numpy (see :func:`_numpy_values`)."""
+    return _numpy_values(stored, name)
+
+
 def _numpy_values(stored: np.ndarray, name: str) -> np.ndarray:
     """Values of torch dtype ``name`` stored as ``stored`` (widened), as numpy: as they are
     when numpy has the dtype, else converted exactly to float32 (complex64) through torch."""

@@ -418,12 +418,15 @@ def export_steps(
     StepNotFoundError, IncompleteStepError
         A step is missing or not complete.
     ConfigError
-        The experiment's fingerprint lacks verl's keys, or ``layout`` is unknown.
+        The experiment's fingerprint lacks verl's keys, ``layout`` is unknown, or ``dest`` is
+        inside the cache's own tree (nothing is written).
     FileExistsError
         A step directory exists and ``overwrite`` is false.
     """
     from zarr_skip.legacy.dumps import legacy_experiment_dir, write_legacy_dp, write_legacy_tq
+    from zarr_skip.views.export import check_outside
 
+    check_outside(cache, dest)
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if cache.experiment is None or cache.fingerprint is None:

@@ -3,11 +3,19 @@ and an experiment at the first write (opening a cache never writes)."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from zarr_skip.errors import FingerprintMismatchError, MetadataError
+from zarr_skip.errors import (
+    AmbiguousExperimentError,
+    CacheNotFoundError,
+    ExperimentNotFoundError,
+    FingerprintMismatchError,
+    MetadataError,
+)
 from zarr_skip.format import layout
 from zarr_skip.store.catalog import attribute, check_experiment, group_doc
 from zarr_skip.store.storage import Storage, parse_json
@@ -18,9 +26,12 @@ __all__ = [
     "create_root",
     "differences",
     "find_experiments",
+    "match_experiment",
     "nearest",
     "parent_of_experiments",
     "read_created",
+    "refuse_inside",
+    "root_above",
 ]
 
 #: how deep experiments may nest below the root (a verl name, its settings, a role)
@@ -151,3 +162,57 @@ def create_experiment(storage: Storage, name: str, fingerprint: Mapping[str, Any
     if stored is not None:
         check_experiment(stored, name, storage.key_path(key))
     return stored
+
+
+def match_experiment(wanted: str, names: Sequence[str], location: str) -> str:
+    """The stored experiment that ``wanted`` names (what ``open_cache(experiment=...)`` and the
+    CLI's ``-e`` take): the full name, else the one whose last parts it is (``rollout`` for
+    ``exp_proj/GBS4_N2_in8_out16/rollout``), else the one name holding it.
+
+    Raises
+    ------
+    ExperimentNotFoundError
+        No stored name matches (the message lists those stored).
+    AmbiguousExperimentError
+        Several match (the message lists them).
+    """
+    if wanted in names:
+        return wanted
+    matches = [n for n in names if n.endswith("/" + wanted)] or [n for n in names if wanted in n]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise AmbiguousExperimentError(
+            f"experiment {wanted!r} matches several experiments at {location}: {', '.join(matches)}; "
+            "give more of the name"
+        )
+    raise ExperimentNotFoundError(
+        f"experiment {wanted!r} not found at {location} (found: {', '.join(names) or 'none'})"
+    )
+
+
+def root_above(path: str | Path, levels: int = _DEPTH + 2) -> Path | None:
+    """The nearest directory above the local ``path`` (up to ``levels`` up) whose root group
+    says it is a zarr_skip cache, or None."""
+    here = Path(path)
+    for parent in list(here.parents)[:levels]:
+        try:
+            doc = json.loads((parent / layout.METADATA).read_bytes())
+        except (OSError, ValueError):
+            continue
+        info = (doc.get("attributes") or {}).get(layout.ROOT_ATTR) if isinstance(doc, dict) else None
+        if isinstance(info, dict) and info.get("format") == layout.FORMAT_NAME:
+            return parent
+    return None
+
+
+def refuse_inside(root: Path | None, location: str) -> None:
+    """CacheNotFoundError naming the cache's root when the local directory ``root`` (None: not
+    local) is a group inside a cache, as opening it read-only found no cache there."""
+    above = root_above(root) if root is not None else None
+    if above is not None and root is not None:
+        inside = root.relative_to(above).as_posix()
+        raise CacheNotFoundError(
+            f"{location} is inside the cache at {above} ({inside}); open {above}"
+            f" (open_cache({str(above)!r}, experiment=NAME) for one of its experiments)"
+        )

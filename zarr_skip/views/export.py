@@ -11,10 +11,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
 from zarr_skip.views.records import rollout_columns
@@ -25,12 +27,31 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "ExportReport", "export_rollouts"]
+__all__ = [
+    "FORMATS",
+    "SUFFIXES",
+    "ExportReport",
+    "Writer",
+    "check_outside",
+    "export_rollouts",
+    "format_of",
+    "suffix_of",
+    "write_jsonl",
+    "write_parquet",
+]
 
-FORMATS = ("parquet", "jsonl")
-#: columns whose values keep their nested type in parquet (others holding dicts or lists, whose
-#: shape may change from row to row, are stored as JSON text)
-_NESTED = {"messages", "prompt_ids", "response_ids"}
+#: a writer of record tables: ``write(tables, path, gzip)`` writes them to ``path`` (gzip-compressed
+#: when asked) and returns the column names written, in order
+Writer = Callable[[Sequence[Mapping[str, Sequence[Any]]], Path, bool], list[str]]
+#: OUT's suffix -> (format, gzip); the longest matching suffix wins
+SUFFIXES = {
+    ".parquet": ("parquet", False),
+    ".pq": ("parquet", False),
+    ".jsonl": ("jsonl", False),
+    ".ndjson": ("jsonl", False),
+    ".jsonl.gz": ("jsonl", True),
+    ".ndjson.gz": ("jsonl", True),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +76,49 @@ class ExportReport:
         }
 
 
-def _format_of(path: Path, fmt: str | None) -> str:
+def format_of(
+    path: str | os.PathLike[str], fmt: str | None, formats: Collection[str] | None = None
+) -> tuple[str, bool]:
+    """The format (and whether to gzip) of writing ``path``: ``fmt``, else from the name's
+    suffix (:data:`SUFFIXES`). A ``fmt`` that a suffix of another format contradicts, an
+    unknown ``fmt`` or (without ``fmt``) an unknown suffix is a ConfigError naming both."""
+    known = tuple(FORMATS) if formats is None else tuple(formats)
+    found = suffix_of(path)
+    by_name = SUFFIXES[found] if found is not None else None
     if fmt is None:
-        suffix = path.suffix.lower().lstrip(".")
-        fmt = {"parquet": "parquet", "pq": "parquet", "jsonl": "jsonl", "ndjson": "jsonl"}.get(suffix)
-        if fmt is None:
-            raise ConfigError(f"{path}: cannot tell the format from the name; pass format='parquet' or 'jsonl'")
-    if fmt not in FORMATS:
-        raise ConfigError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    return fmt
+        if by_name is None:
+            raise ConfigError(
+                f"{path}: cannot tell the format from the name; name it {', '.join(SUFFIXES)} "
+                f"or pass format= (one of {', '.join(known)})"
+            )
+        return by_name
+    if fmt not in known:
+        raise ConfigError(f"format {fmt!r}: choose one of {', '.join(known)}")
+    if by_name is not None and by_name[0] != fmt:
+        raise ConfigError(
+            f"format {fmt!r} but {path} is named as {by_name[0]} ({found}); rename it or drop the format to use "
+            f"{by_name[0]}"
+        )
+    return fmt, bool(by_name and by_name[1])
+
+
+def suffix_of(path: str | os.PathLike[str]) -> str | None:
+    """The longest of :data:`SUFFIXES` that ``path``'s name ends with (None: none)."""
+    name = Path(path).name.lower()
+    return max((s for s in SUFFIXES if name.endswith(s) and len(name) > len(s)), key=len, default=None)
+
+
+def check_outside(cache: Cache, path: str | os.PathLike[str]) -> None:
+    """ConfigError when ``path`` lies in the tree of ``cache`` (a local cache): an export there
+    would overwrite what it reads."""
+    root = cache.storage.root
+    if root is None:
+        return
+    out, base = Path(path).resolve(), root.resolve()
+    if out == base or base in out.parents:
+        raise ConfigError(
+            f"{path} is inside the cache at {root} that it exports; write it outside the cache (nothing was written)"
+        )
 
 
 def export_rollouts(
@@ -77,24 +132,32 @@ def export_rollouts(
 ) -> ExportReport:
     """Write one record per rollout of ``steps`` (default: every complete step) to ``path``.
 
-    Each record has the step, row, uid, data source, decoded prompt and response (when a
-    tokenizer is known: ``tokenizer``, else the one the experiment recorded; else the token
-    ids), chat messages, lengths, truncation, score, reward, acc, advantage, and every other
-    column holding one scalar, string or JSON value per row.
+    Each record has the fields of :mod:`zarr_skip.views.schema` (the names
+    :meth:`zarr_skip.Cache.table` uses): experiment, step, mini-batch, row, uid, data source,
+    the prompt as the model saw it and the response (decoded when a tokenizer is known:
+    ``tokenizer``, else the one the experiment recorded; else their token ids), the chat
+    messages, lengths, truncation, score, reward, acc, advantage; then every stored column
+    holding one scalar, string or JSON value per row, under its own name and as stored (a
+    computed field whose name a stored column takes is ``zs_{name}``).
 
     Parameters
     ----------
     format : ``"parquet"`` (needs ``pyarrow``: ``pip install 'zarr-skip[export]'``) or
-        ``"jsonl"``; by default from the file name's suffix.
+        ``"jsonl"``; by default from the file name's suffix (:data:`SUFFIXES`: ``.parquet``,
+        ``.jsonl``, ``.jsonl.gz`` ...); a suffix of another format is an error.
     progress : called as ``progress(done, total)`` after each step.
 
     Raises
     ------
     StepNotFoundError, IncompleteStepError
         A step asked for is not there or not complete (nothing is written).
+    ConfigError
+        The format is unknown or contradicts the name, or ``path`` is inside the cache's own
+        tree (nothing is written).
     """
     out = Path(path)
-    fmt = _format_of(out, format)
+    check_outside(cache, out)
+    fmt, gz = format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
     chosen = cache.steps() if steps is None else ([steps] if isinstance(steps, int) else list(steps))
@@ -109,17 +172,17 @@ def export_rollouts(
     views = [cache.load(s) for s in chosen]  # every step is checked before anything is written
     tables = []
     for done, view in enumerate(views, start=1):
-        tables.append(rollout_columns(view, decoder=decoder))
+        tables.append(rollout_columns(view, decoder=decoder, arrays=fmt == "parquet"))
         if progress is not None:
             progress(done, len(views))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
-        columns = _write_parquet(tables, tmp) if fmt == "parquet" else _write_jsonl(tables, tmp)
+        columns = FORMATS[fmt](tables, tmp, gz)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    rows = sum(len(t["row"]) for t in tables)
+    rows = sum(_rows(t) for t in tables)
     logger.info("exported %d rollouts of %d step(s) to %s", rows, len(chosen), out)
     return ExportReport(str(out), fmt, tuple(chosen), rows, tuple(columns), None if decoder is None else repr(decoder))
 
@@ -135,49 +198,100 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def _clean(value: Any) -> Any:
-    """A JSON value with NaN and infinities as null (JSON has none; DuckDB refuses them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _names(tables: Sequence[dict[str, list[Any]]]) -> list[str]:
+def _names(tables: Sequence[Mapping[str, Sequence[Any]]]) -> list[str]:
     return list(dict.fromkeys(name for t in tables for name in t))
 
 
-def _write_jsonl(tables: Sequence[dict[str, list[Any]]], path: Path) -> list[str]:
+def _rows(table: Mapping[str, Sequence[Any]]) -> int:
+    return len(next(iter(table.values()))) if table else 0
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON sees it (numpy scalars and arrays as Python numbers and lists)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def write_jsonl(tables: Sequence[Mapping[str, Sequence[Any]]], path: Path, gzip: bool = False) -> list[str]:
+    """JSON Lines, one object per row with every column of ``tables`` (None where a table
+    lacks one); JSON values as objects. Non-finite floats are written as the tokens ``NaN``,
+    ``Infinity`` and ``-Infinity``, as Python's :mod:`json` writes and reads them back
+    (``json.loads``, ``pandas.read_json``); readers of strict JSON (DuckDB, jq) refuse such
+    lines. Integers of any size are written exactly."""
+    import gzip as gzip_module
+
     names = _names(tables)
-    with open(path, "w", encoding="utf-8") as f:
+    opened = gzip_module.open(path, "wt", encoding="utf-8") if gzip else open(path, "w", encoding="utf-8")
+    with opened as f:
         for t in tables:
-            count = len(t["row"])
-            for i in range(count):
-                record = {name: _clean(t[name][i]) if name in t else None for name in names}
-                f.write(json.dumps(record, ensure_ascii=False, allow_nan=False, default=str) + "\n")
+            for i in range(_rows(t)):
+                record = {name: _plain(t[name][i]) if name in t else None for name in names}
+                f.write(json.dumps(record, ensure_ascii=False, allow_nan=True, default=str) + "\n")
     return names
 
 
-def _write_parquet(tables: Sequence[dict[str, list[Any]]], path: Path) -> list[str]:
+def write_parquet(tables: Sequence[Mapping[str, Sequence[Any]]], path: Path, gzip: bool = False) -> list[str]:
+    """Parquet (zstd). Numbers keep their dtype (numpy arrays given) with NaN and infinities as
+    they are; JSON columns are nested types (struct, list) when pyarrow's type for the column
+    gives every value back as it was, else JSON text (exact), named in the schema metadata
+    ``zarr_skip.json_columns`` (mixed types, keys that change from row to row, integers beyond
+    int64, or another type in another step; floats of other widths widen to the widest, signed
+    integers too). ``gzip`` must be False (parquet compresses its pages)."""
+    if gzip:
+        raise ConfigError(f"{path}: parquet compresses its own pages; name the file .parquet")
     pa = _pyarrow()
     names = _names(tables)
-    nested = {n for n in names if any(isinstance(v, (dict, list)) for t in tables for v in t.get(n, ()))}
-    as_text = nested - _NESTED
-    arrow = []
-    for t in tables:
-        count = len(t["row"])
-        data = {}
-        for name in names:
-            values = t.get(name, [None] * count)
-            if name in as_text:
-                values = [None if v is None else json.dumps(_clean(v), ensure_ascii=False, default=str) for v in values]
-            data[name] = values
-        arrow.append(pa.table(data))
+    as_text = {n for n in names if not all(_nested_ok(pa, t[n]) for t in tables if n in t)}
+    arrays = [{n: _arrow(pa, t[n], n in as_text) for n in t} for t in tables]
+    for name in names:  # a column of other types in other steps: JSON text throughout (no nulls made up)
+        kinds = {a[name].type for a in arrays if name in a and a[name].type != pa.null()}
+        widened = all(map(pa.types.is_floating, kinds)) or all(map(pa.types.is_signed_integer, kinds))
+        if len(kinds) > 1 and not widened and name not in as_text:
+            as_text.add(name)
+            for a, t in zip(arrays, tables, strict=True):
+                if name in a:
+                    a[name] = _arrow(pa, t[name], True)
+    arrow = [pa.table({n: a.get(n, pa.nulls(_rows(t))) for n in names}) for a, t in zip(arrays, tables, strict=True)]
     table = pa.concat_tables(arrow, promote_options="permissive") if len(arrow) > 1 else arrow[0]
     meta = {"zarr_skip.json_columns": json.dumps(sorted(as_text))}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     pa.parquet.write_table(table, str(path), compression="zstd")
     return names
+
+
+def _arrow(pa: Any, values: Sequence[Any], text: bool) -> Any:
+    """``values`` as an arrow array: as JSON text with ``text``."""
+    if text:
+        values = [None if v is None else json.dumps(_plain(v), ensure_ascii=False, default=str) for v in values]
+    return pa.array(values)
+
+
+def _nested_ok(pa: Any, values: Sequence[Any]) -> bool:
+    """Whether pyarrow's own type for ``values`` gives each back exactly (same types, keys,
+    NaN where NaN was)."""
+    if isinstance(values, np.ndarray):
+        return True
+    try:
+        back = pa.array(values).to_pylist()
+    except (pa.lib.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+    return all(_same(a, b) for a, b in zip(values, back, strict=True))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+#: format name -> writer (another format plugs in by adding its writer here)
+FORMATS: dict[str, Writer] = {"parquet": write_parquet, "jsonl": write_jsonl}

@@ -24,8 +24,10 @@ __all__ = [
     "chat_rows",
     "decode_column",
     "decode_ids",
+    "mask_of",
     "require_tokenizer",
     "row_index",
+    "strip_padding",
     "token_ids",
 ]
 
@@ -89,16 +91,32 @@ def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray
     values = _as_rows(col[idx])
     if col.spec.jagged:
         return values
-    mask_name = _MASKS.get(column, "response_mask")
-    if mask_name != column and mask_name in view and not view[mask_name].spec.jagged and view[mask_name].spec.shape:
+    mask_name = mask_of(view, column)
+    if mask_name is not None:
         masks = _as_rows(view[mask_name][idx])
         width = len(values[0]) if values else 0
         if masks and len(masks[0]) >= width:  # an attention mask covers prompt then response
             return [v[m[:width].astype(bool)] for v, m in zip(values, masks, strict=True)]
+    return strip_padding(view, column, values)
+
+
+def strip_padding(view: StepView, column: str, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Rows of a padded token-id column without a mask, the pad id (``pad_token_id`` of the
+    step's meta_info) dropped at both ends; other columns' rows as they are."""
     pad = view.meta_info.get("pad_token_id")
     if isinstance(pad, int) and column in _ID_COLUMNS:
-        return [_strip(v, pad) for v in values]
-    return values
+        return [_strip(v, pad) for v in rows]
+    return list(rows)
+
+
+def mask_of(view: StepView, column: str) -> str | None:
+    """The padded mask column that marks the valid tokens of the padded ``column`` (see
+    :func:`token_ids`), or None when the step has none."""
+    name = _MASKS.get(column, "response_mask")
+    if name == column or name not in view:
+        return None
+    spec = view[name].spec
+    return name if not spec.jagged and spec.shape else None
 
 
 def _strip(ids: np.ndarray, pad: int) -> np.ndarray:
