@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import load
 from .formats import COMPARISONS, OPS, STEP
 
 OP_LABEL = {
@@ -197,6 +198,7 @@ def markdown(run: dict[str, Any]) -> str:
     lines = [f"# zarr_skip benchmark: preset `{run['result']['preset']}`", ""]
     git = (m.get("git_commit") or "no commit") + (" + local changes" if m.get("git_dirty") else "")
     lines.append(f"Run {run['started']} (git {git}), command: `{run['command']}`")
+    lines += ["", load.line(run["result"].get("load"))]
     lines += ["", "## Machine", ""]
     d = m.get("disk", {})
     lines.append(

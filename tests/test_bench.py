@@ -129,3 +129,73 @@ def test_the_warm_up_leaves_its_files_for_the_runner(tmp_path: Path) -> None:
     _warmup_process("zarr_skip_realistic", tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [f"warmup-{os.getpid()}"]
     assert any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+# --------------------------------------------------------------------------- machine load (benchmarks/load.py)
+
+
+def _snap(t: float, total: int, busy: int, procs: list[tuple[int, int, str, int, int]]) -> object:
+    from benchmarks.load import CpuTimes, ProcTimes, Snapshot
+
+    return Snapshot(t, CpuTimes(total, busy), {p[0]: ProcTimes(*p) for p in procs})
+
+
+def test_proc_stat_lines_are_parsed_even_with_parentheses_in_a_name() -> None:
+    from benchmarks.load import parse_pid_stat, parse_proc_stat
+
+    cpu = parse_proc_stat("cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\n")
+    assert (cpu.total, cpu.busy) == (990, 990 - 800 - 20)
+    p = parse_pid_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194304 98 0 0 0 30 12 5 1 20 0 1 0 4077")
+    assert (p.pid, p.ppid, p.comm, p.own, p.reaped) == (4242, 17, "my (odd) name", 42, 6)
+    with pytest.raises(ValueError, match="cpu"):
+        parse_proc_stat("intr 1 2 3\n")
+
+
+def test_the_others_share_excludes_our_tree_and_counts_what_it_reaped() -> None:
+    from benchmarks.load import shares
+
+    # ours: 10 (root) with child 11; 11 ends between the samples and is reaped by 10 (its 30
+    # ticks move into 10's cutime); 20 is someone else's; the machine ran 200 busy ticks of 400
+    a = _snap(0.0, 1000, 100, [(10, 1, "bench", 50, 0), (11, 10, "worker", 20, 0), (20, 1, "pytest", 5, 0)])
+    b = _snap(2.0, 1400, 300, [(10, 1, "bench", 70, 30), (12, 10, "worker", 10, 0), (20, 1, "pytest", 105, 0)])
+    s = shares(a, b, root=10)  # type: ignore[arg-type]
+    # ours: (70 + 30 + 10) - (50 + 20) = 40 ticks; others: 200 - 40 = 160 of 400 (pytest 100, the rest gone)
+    assert s.ours == pytest.approx(0.10) and s.others == pytest.approx(0.40) and s.seconds == 2.0
+    # what no live process accounts for: processes that started or ended between the samples
+    assert s.top_others == (("pytest", pytest.approx(0.25)), ("short-lived processes", pytest.approx(0.15)))
+
+
+def test_the_verdict_is_busy_on_load_or_on_other_processes_and_says_why() -> None:
+    from benchmarks.load import Thresholds, verdict
+
+    quiet = verdict(2, 0.3, 0.02, 0.04)
+    assert not quiet.busy and quiet.text.startswith("quiet: load 0.3 on 2 cores")
+    loaded = verdict(2, 3.2, 0.05, 0.64, top=[("python", 0.5)])
+    assert loaded.busy and loaded.text.startswith("BUSY: load 3.2 on 2 cores")
+    assert "other processes used 64% CPU during the run" in loaded.text and "python 50%" in loaded.text
+    assert len(loaded.reasons) == 2
+    assert verdict(2, 0.3, 0.25, None).busy  # busy before, not measured during
+    assert not verdict(2, 1.9, 0.3, 0.3, thresholds=Thresholds(load_per_core=1.0, other_cpu=0.5)).busy
+
+
+def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import load
+
+    monkeypatch.delenv(load.BEFORE_ENV, raising=False)
+    with load.LoadMonitor(interval_s=0.05, probe_s=0.05) as mon:
+        sum(range(200_000))
+    r = mon.result
+    assert r is not None and r["during"]["samples"] >= 2 and 0 <= r["during"]["other_cpu"] <= 1
+    assert len(r["before"]["loadavg"]) == 3 and r["verdict"].startswith("BUSY" if r["busy"] else "quiet")
+    assert load.line(r).endswith("see benchmarks/load.py)")
+    # a suite hands its before-record down to the scripts it runs
+    monkeypatch.setenv(load.BEFORE_ENV, json.dumps({"loadavg": [9.0, 0, 0], "other_cpu": 0.0, "top_others": []}))
+    assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
+
+
+def test_require_quiet_refuses_a_busy_machine_before_measuring(tmp_path: Path) -> None:
+    from benchmarks import bench
+
+    # an impossible threshold makes any machine busy: the run is refused before anything is measured
+    code = bench.main(["--preset", "small", "--out", str(tmp_path), "--require-quiet", "--quiet-cpu", "-1"])
+    assert code == 2 and not list(tmp_path.iterdir())
