@@ -65,11 +65,25 @@ def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     assert "Cache.table on local disk" in (out / "tables.md").read_text()
 
 
-def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path) -> None:
-    from benchmarks import write_floor
+def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import baseline, write_floor
+    from benchmarks.formats import PlainDumpRealistic
+    from zarr_skip.synthetic import PRESETS
 
-    assert write_floor.main(["--preset", "small", "--reps", "1", "--out", str(tmp_path)]) == 0
-    r = json.loads((tmp_path / "write_floor_small.json").read_text())
+    dumped: list[Path] = []
+    real_dump = baseline.plain_dump
+    monkeypatch.setattr(baseline, "plain_dump", lambda m, d: dumped.append(Path(d)) or real_dump(m, d))
+    out = tmp_path / "results" / "realistic"  # does not exist yet: created
+    assert write_floor.main(["--preset", "small", "--reps", "1", "--out", str(out)]) == 0
+    r = json.loads((out / "write_floor_small.json").read_text())
+    # one definition of the plain dump: write_floor's and bench.py's both go through baseline.plain_dump
+    assert len(dumped) == 1 and r["baseline"] == baseline.DEFINITION and "not fsynced" in r["baseline"]
+    fmt = PlainDumpRealistic(PRESETS["small"])
+    (tmp_path / "b").mkdir()
+    fmt.write(None, tmp_path / "b", fmt.make(0))
+    assert dumped[-1] == tmp_path / "b" and (tmp_path / "b" / baseline.DUMP_FILE).is_file()
+    assert set(fmt.read(tmp_path / "b")) == set(fmt.make(0))
+    tmp_path = out
     parts = ("dump", "write", "encode", "compress_1thread", "compress", "files")
     assert all(len(r["samples_s"][k]) == 1 and r["median_s"][k] > 0 for k in parts)
     # the files it creates are those of a real write of the step
