@@ -213,3 +213,38 @@ def test_require_quiet_refuses_a_busy_machine_before_measuring(tmp_path: Path) -
     # an impossible threshold makes any machine busy: the run is refused before anything is measured
     code = bench.main(["--preset", "small", "--out", str(tmp_path), "--require-quiet", "--quiet-cpu", "-1"])
     assert code == 2 and not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------- peers (benchmarks/bench_peers.py)
+
+
+def test_parquet_rows_read_only_the_row_groups_that_hold_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.bench_peers import COLUMN, PARQUET_FILE, ParquetPeer, _row_groups_holding
+
+    values = [[i] * (i % 5 + 1) for i in range(100)]
+    pq.write_table(pa.table({COLUMN: values}), tmp_path / PARQUET_FILE, row_group_size=10)
+    meta = pq.ParquetFile(tmp_path / PARQUET_FILE).metadata
+    assert _row_groups_holding(meta, [23, 27, 71]) == ([2, 7], [3, 7, 11])
+    got = ParquetPeer().rows(tmp_path, [23, 27, 71])
+    assert got.column(COLUMN).to_pylist() == [values[23], values[27], values[71]]
+
+
+@pytest.mark.slow
+def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
+    from benchmarks import bench_peers
+
+    out = tmp_path / "new"
+    assert bench_peers.main(["--preset", "small", "--reps", "1", "--cold", "fadvise", "--out", str(out)]) == 0
+    r = json.loads((out / "peers_small.json").read_text())
+    assert r["formats"] == ["zarr_skip", "parquet", "lance", "plain_dump"]
+    for f in r["formats"]:  # one kept sample of every operation (the warm-up dropped), bytes, files
+        assert all(len(r["samples_s"][f][op]) == 1 for op in bench_peers.OPS)
+        assert r["disk"][f]["files"] >= 1 and r["disk"][f]["bytes_allocated"] > 0
+    assert r["disk"]["parquet"]["files"] == 1 and r["summary"]["vs_zarr_skip"]["zarr_skip"]["write"] == 1.0
+    assert r["load"]["verdict"] and r["cold_method"] == "fadvise"
+    md = (out / "peers_small.md").read_text()
+    assert "| metric | zarr_skip | parquet | lance | plain_dump | parquet / zarr_skip |" in md
+    assert not list(out.glob(".bench-tmp-peers-*"))
