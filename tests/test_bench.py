@@ -248,3 +248,77 @@ def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: 
     md = (out / "peers_small.md").read_text()
     assert "| metric | zarr_skip | parquet | lance | plain_dump | parquet / zarr_skip |" in md
     assert not list(out.glob(".bench-tmp-peers-*"))
+
+
+# --------------------------------------------------------------------------- FUSE and S3 (benchmarks/bench_shared.py)
+
+
+def test_a_step_splits_into_mini_batches_that_concatenate_back() -> None:
+    import torch
+
+    from benchmarks.bench_shared import split_rows
+
+    m = as_mapping(jagged_payload("small", 0, step=1, payload="realistic"))
+    parts = split_rows(m, 3)
+    assert [len(p["keys"]) for p in parts] == [42, 43, 43]
+    for k, v in m.items():
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            rows = [t for p in parts for t in p[k].unbind()]
+            assert all(torch.equal(a, b) for a, b in zip(rows, v.unbind(), strict=True))
+        elif isinstance(v, torch.Tensor):
+            assert torch.equal(torch.cat([p[k] for p in parts]), v)
+        else:
+            assert [x for p in parts for x in p[k]] == v
+
+
+def test_server_counters_are_read_from_prometheus_text() -> None:
+    from benchmarks.bench_shared import count_cells, delta, parse_metrics
+
+    text = """# HELP SeaweedFS_s3_request_total Counter of s3 requests.
+SeaweedFS_s3_request_total{bucket="b",code="200",type="PUT"} 7
+SeaweedFS_s3_request_total{bucket="b",code="412",type="PUT"} 1
+SeaweedFS_s3_request_total{bucket="",code="200",type="GET"} 3e+00
+SeaweedFS_filerStore_request_total{store="leveldb2",type="insert"} 5
+SeaweedFS_volumeServer_request_total{type="PUT"} 99
+"""
+    c = parse_metrics(text)
+    assert c == {"s3 PUT": 8, "s3 GET": 3, "filer insert": 5}
+    assert delta(parse_metrics(text.replace("} 7", "} 9")), c) == {"s3 PUT": 2}
+    cells = count_cells([{"files": 80, "requests": {"s3 PUT": 3}}, {"files": 60}, {"files": 62}])
+    assert cells == {"files": "80 / 61", "s3 PUT": "3 / 0"}
+
+
+def test_the_benchmarks_find_the_test_suites_servers() -> None:
+    from benchmarks.servers import test_helper
+
+    assert callable(test_helper("_s3server", "seaweedfs").seaweedfs)
+    assert callable(test_helper("_fuse", "seaweedfs_mounts").fuse_unavailable_reason)
+    with pytest.raises(ImportError, match="no_such_thing"):
+        test_helper("_s3server", "no_such_thing")
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tmp_path: Path) -> None:
+    from benchmarks import bench_shared
+    from benchmarks.servers import test_helper
+
+    out = tmp_path / "new"
+    assert bench_shared.main(["--preset", "small", "--reps", "1", "--out", str(out)]) == 0
+    r = json.loads((out / "shared_small.json").read_text())
+    fuse_ok = test_helper("_fuse", "seaweedfs_mounts").fuse_unavailable_reason() is None
+    left_out = r["fuse_left_out"]  # FUSE is left out only where it cannot work, and says why
+    assert set(r["backends"]) == {"local", "s3"} | (set() if left_out else {"fuse"})
+    assert not left_out or not fuse_ok or left_out.startswith("mount failed")
+    for b, v in r["backends"].items():
+        assert len(v["write_s"]) == 1 and len(v["minibatch_s"][0]) == 4 and v["read_s"][0] > 0
+        counts = r["counts"][b]["minibatches"]
+        assert len(counts) == 4
+        if b == "s3":  # every key stored is one PUT at least; the read GETs what it needs
+            assert all(mb["keys"] > 0 and mb["requests"].get("s3 PUT", 0) >= mb["keys"] for mb in counts)
+            assert r["counts"][b]["read"].get("s3 GET", 0) > 0
+        else:
+            assert all(mb["files"] > 0 for mb in counts)
+    assert r["summary"]["local"]["vs_local"]["write"] == 1.0
+    assert "| write one mini-batch |" in (out / "shared_small.md").read_text()
+    assert not list(out.glob(".bench-tmp-shared-*"))
