@@ -309,13 +309,17 @@ def _ms(x: float) -> str:
 def count_cells(mbs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Per count: the first mini-batch's (it creates the cache) and the mean of the others'."""
     flat = [{**{k: v for k, v in mb.items() if k != "requests"}, **mb.get("requests", {})} for mb in mbs]
-    keys = sorted({k for mb in flat for k in mb})
+    order = {"files": 0, "dirs": 1, "keys": 2}  # then the S3 requests, then the filer's operations
+    keys = sorted({k for mb in flat for k in mb}, key=lambda k: (order.get(k, 3 if k.startswith("s3") else 4), k))
     out = {}
     for k in keys:
-        first = f"{flat[0].get(k, 0):g}"
         rest = [mb.get(k, 0) for mb in flat[1:]]
-        out[k] = first + (f" / {statistics.mean(rest):g}" if rest else "")
+        out[k] = _num(flat[0].get(k, 0)) + (f" / {_num(statistics.mean(rest))}" if rest else "")
     return out
+
+
+def _num(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
 def report(res: dict[str, Any]) -> str:

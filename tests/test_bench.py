@@ -322,3 +322,56 @@ def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tm
     assert r["summary"]["local"]["vs_local"]["write"] == 1.0
     assert "| write one mini-batch |" in (out / "shared_small.md").read_text()
     assert not list(out.glob(".bench-tmp-shared-*"))
+
+
+# ----------------------------------------------------------------- make bench (benchmarks/suite.py, summary.py)
+
+
+def _peers_result(busy: bool | None) -> dict:
+    samples = {"zarr_skip": {"write": [0.010, 0.012, 0.011]}, "parquet": {"write": [0.030, 0.036, 0.033]}}
+    res: dict = {"samples_s": samples}
+    if busy is not None:
+        res["load"] = {"busy": busy, "verdict": "BUSY: ..." if busy else "quiet: ..."}
+    return res
+
+
+def test_the_performance_table_shows_figures_of_quiet_runs_only() -> None:
+    from benchmarks.summary import table
+
+    row = "| peers: parquet write vs zarr_skip |"
+    quiet = next(ln for ln in table({"peers": _peers_result(False)}) if ln.startswith(row))
+    assert quiet == f"{row} 30.0 / **33.0** / 36.0 | 10.0 / **11.0** / 12.0 | 3.00 | quiet (peers_medium.json) |"
+    busy = next(ln for ln in table({"peers": _peers_result(True)}) if ln.startswith(row))
+    assert "BUSY run: not shown" in busy and "33.0" not in busy
+    unknown = next(ln for ln in table({"peers": _peers_result(None)}) if ln.startswith(row))
+    assert "no load record: not shown" in unknown
+    missing = table({}, preset="small")
+    assert any("no result (shared_small.json)" in ln for ln in missing)
+
+
+def test_the_suite_hands_its_load_record_down_and_reports_each_part(tmp_path: Path) -> None:
+    from benchmarks import suite
+
+    out = tmp_path / "results"
+    assert suite.main(["--quick", "--only", "write_floor", "--out", str(out)]) == 0
+    run = json.loads((out / "suite.json").read_text())
+    assert [p["part"] for p in run["parts"]] == ["write_floor"] and run["parts"][0]["exit"] == 0
+    part = json.loads((out / "realistic" / "write_floor_small.json").read_text())
+    assert part["load"]["before"] == run["before"]  # probed once, by the suite, before any part ran
+    md = (out / "suite.md").read_text()
+    assert "| write_floor | 0 |" in md and "## Performance table (quiet runs only)" in md
+
+
+@pytest.mark.slow
+def test_a_bench_run_records_the_load_in_its_results(tmp_path: Path) -> None:
+    from benchmarks import bench
+
+    argv = ["--preset", "small", "--reps", "1", "--formats", "plain_dump_realistic,zarr_skip_realistic",
+            "--ops", "write,read_cold", "--status-steps", "0", "--dd-mib", "0", "--cold", "fadvise",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) in (0, 1)  # 1: a target failed, which is a result, not an error
+    run = json.loads((tmp_path / "small.json").read_text())
+    rec = run["result"]["load"]
+    assert rec["during"]["samples"] >= 2 and isinstance(rec["busy"], bool)
+    head = (tmp_path / "small.md").read_text().splitlines()[4]
+    assert head.startswith("**BUSY: " if rec["busy"] else "Machine load: quiet: ")
