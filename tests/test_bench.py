@@ -207,12 +207,24 @@ def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytes
     assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
 
 
+def test_require_quiet_turns_a_run_that_became_busy_into_exit_code_3() -> None:
+    from benchmarks.load import exit_code
+
+    assert exit_code({"busy": True}, require_quiet=True) == 3
+    assert exit_code({"busy": True}, require_quiet=False) == 0  # marked BUSY in the report only
+    assert exit_code({"busy": False}, require_quiet=True) == exit_code(None, require_quiet=True) == 0
+
+
 def test_require_quiet_refuses_a_busy_machine_before_measuring(tmp_path: Path) -> None:
     from benchmarks import bench
 
     # an impossible threshold makes any machine busy: the run is refused before anything is measured
     code = bench.main(["--preset", "small", "--out", str(tmp_path), "--require-quiet", "--quiet-cpu", "-1"])
     assert code == 2 and not list(tmp_path.iterdir())
+    from benchmarks import suite
+
+    code = suite.main(["--quick", "--out", str(tmp_path / "s"), "--require-quiet", "--quiet-load", "-1"])
+    assert code == 2 and not (tmp_path / "s").exists()
 
 
 # --------------------------------------------------------------------------- peers (benchmarks/bench_peers.py)
