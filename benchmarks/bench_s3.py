@@ -38,6 +38,7 @@ from typing import Any
 from benchmarks import load
 from benchmarks.formats import fingerprint, same
 from benchmarks.machine import REPO_ROOT, machine_info
+from benchmarks.measure import part_sizes
 from benchmarks.servers import test_helper
 
 # torch logs a one-off "is_fx_tracing" warning when tensordict imports torch._dynamo
@@ -136,8 +137,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
                     if bad or not same(mapping["responses"], col):
                         raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
-                    extra.setdefault("step_nbytes", info.nbytes)
-                    extra.setdefault("step_raw_nbytes", info.raw_nbytes)
+                    stored, logical = part_sizes(info)
+                    extra.setdefault("step_nbytes", stored)
+                    extra.setdefault("step_raw_nbytes", logical)
                     del got, col
                     if rep:
                         for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):

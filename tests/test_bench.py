@@ -397,3 +397,12 @@ def test_a_bench_run_records_the_load_in_its_results(tmp_path: Path) -> None:
     assert rec["during"]["samples"] >= 2 and isinstance(rec["busy"], bool)
     head = (tmp_path / "small.md").read_text().splitlines()[4]
     assert head.startswith("**BUSY: " if rec["busy"] else "Machine load: quiet: ")
+
+
+def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.measure import part_sizes
+
+    assert part_sizes(SimpleNamespace(nbytes=100, raw_nbytes=400)) == (100, 400)  # before the rename
+    assert part_sizes(SimpleNamespace(nbytes=400, nbytes_stored=100)) == (100, 400)  # numpy's names
