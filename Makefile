@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench clean
+.PHONY: demo test lint venv bench bench-quick clean
 
 include verl.mk
 
@@ -34,10 +34,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# every benchmark (benchmarks/suite.py: bench, peers, FUSE + S3, write floor, tables), results in
+# benchmarks/results; each run records the machine's load and is marked BUSY on a loaded machine.
+# For figures to publish: make bench BENCH_ARGS=--require-quiet (refuses a busy machine, exit 2/3)
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
-	$(PY) -m benchmarks.bench_tables --out benchmarks/results
-	$(PY) -m benchmarks.write_floor --preset medium --out benchmarks/results/realistic
+	$(PY) -m benchmarks.suite --out benchmarks/results $(BENCH_ARGS)
+
+# the same on the smallest preset, one repetition (a smoke test, ~1 min on a quiet machine)
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.suite --quick --out $${TMPDIR:-/tmp}/zarr_skip_bench_quick $(BENCH_ARGS)
 
 clean:
 	rm -rf demo_cache demo_cache_random report.html rollouts.parquet .pytest_cache .hypothesis build *.egg-info

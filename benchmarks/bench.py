@@ -31,6 +31,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from . import load
 from .formats import FORMATS, OPS
 from .machine import REPO_ROOT, machine_info, physical_limits
 from .report import markdown, score, verdict_line
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--formats", default=None, help="comma-separated subset of the formats (default all): " + ", ".join(FORMATS)
     )
+    load.add_arguments(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--zygote-zarr", action="store_true", help=argparse.SUPPRESS)
@@ -125,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - any import failure means: not usable yet
             ap.error(f"zarr_skip does not import ({type(e).__name__}: {e}); use --baseline-only")
 
+    # the load before anything of ours runs (the dd test below raises the load average)
+    before = load.guard(args)
+    if before is None:
+        return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workdir:
@@ -147,7 +153,16 @@ def main(argv: list[str] | None = None) -> int:
             limits = physical_limits(workdir, args.dd_mib, args.cold)
             log("physical limits: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items() if isinstance(v, float)))
         for name in names:
-            result = bench_preset(name, args, workdir, runner)
+            mon = load.monitor_from(args)
+            mon.before = before.before
+            mon.start()
+            try:
+                result = bench_preset(name, args, workdir, runner)
+            finally:
+                result_load = mon.stop()
+            result["load"] = result_load
+            log(load.line(result_load))
+            exit_code = max(exit_code, load.exit_code(result_load, args.require_quiet))
             score(result, args.baseline_only)
             run = {"started": started, "command": command, "machine": machine, "limits": limits, "result": result}
             md = markdown(run)
@@ -157,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in result["targets"]:
                 print(verdict_line(t))
                 if t["verdict"].startswith("FAIL"):
-                    exit_code = 1
+                    exit_code = max(exit_code, 1)
             log(f"wrote {out_dir / (name + '.md')} and {out_dir / (name + '.json')}")
     finally:
         runner.close()

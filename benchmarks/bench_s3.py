@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import logging
 import shutil
 import statistics
@@ -36,8 +35,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.formats import fingerprint, same
 from benchmarks.machine import REPO_ROOT, machine_info
+from benchmarks.measure import part_sizes
+from benchmarks.servers import test_helper
 
 # torch logs a one-off "is_fx_tracing" warning when tensordict imports torch._dynamo
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -61,14 +63,8 @@ def log(msg: str) -> None:
 
 
 def load_s3server() -> Any:
-    """``tests/_s3server.py`` as a module (tests/ is not a package)."""
-    path = REPO_ROOT / "tests" / "_s3server.py"
-    spec = importlib.util.spec_from_file_location("_s3server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_s3server"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The test suite's ``_s3server`` module, wherever it keeps it (:mod:`benchmarks.servers`)."""
+    return test_helper("_s3server", "seaweedfs")
 
 
 def timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
@@ -141,8 +137,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
                     if bad or not same(mapping["responses"], col):
                         raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
-                    extra.setdefault("step_nbytes", info.nbytes)
-                    extra.setdefault("step_raw_nbytes", info.raw_nbytes)
+                    stored, logical = part_sizes(info)
+                    extra.setdefault("step_nbytes", stored)
+                    extra.setdefault("step_raw_nbytes", logical)
                     del got, col
                     if rep:
                         for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
@@ -188,6 +185,8 @@ def report(res: dict[str, Any]) -> str:
     m = res["machine"]
     lines = [
         f"# zarr_skip on S3 vs local disk: preset `{res['preset']}`",
+        "",
+        load.line(res.get("load")),
         "",
         (
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, `python -m benchmarks.bench_s3 --preset {res['preset']} "
@@ -242,16 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"), help="where s3.md goes")
     parser.add_argument("--workdir", help="scratch space (default: a temp dir inside --out)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    load.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
-    res = run(args)
+    mon = load.guard(args)
+    if mon is None:
+        return 2
+    mon.start()
+    try:
+        res = run(args)
+    finally:
+        record = mon.stop()
+    res["load"] = record
     text = report(res)
     print(text)
     path = Path(args.out) / "s3.md"
     path.write_text(text)
     log(f"wrote {path}")
-    return 0
+    return load.exit_code(record, args.require_quiet)
 
 
 if __name__ == "__main__":

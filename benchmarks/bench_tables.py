@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.formats import fingerprint
 from benchmarks.machine import REPO_ROOT, machine_info
 from benchmarks.measure import drop_cache
@@ -271,6 +272,8 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"Run {res['date']} (git {res['git']}), command: `{res['command']}`; medians of {res['reps']} reps.",
         f"Machine: {m.get('cpu_model', '?')}, {os.cpu_count()} cores, load average at start {res['load']}.",
+        "",
+        load.line(res.get("load_record")),
     ]
     if "arrays" in res:
         a = res["arrays"]
@@ -331,10 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    load.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(table_worker(json.loads(args.worker))))
         return 0
+    mon = load.guard(args)
+    if mon is None:
+        return 2
     parts = set(args.parts.split(","))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -348,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": [round(x, 2) for x in os.getloadavg()],
         "machine": machine_info(workdir),
     }
+    mon.start()
     try:
         if "imports" in parts:
             res["imports"] = bench_imports(max(args.reps, 7))
@@ -358,13 +366,15 @@ def main(argv: list[str] | None = None) -> int:
         if "s3" in parts:
             res["tables_s3"] = bench_tables_s3(workdir, args.s3_preset, args.s3_steps, args.reps)
     finally:
+        res["load_record"] = mon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     res["targets"] = targets(res)
     text = report(res)
     (out_dir / "tables.md").write_text(text)
     (out_dir / "tables.json").write_text(json.dumps(res, indent=1, default=str))
     print(text)
-    return 1 if any(v.startswith("FAIL") for v in res["targets"].values()) else 0
+    failed = 1 if any(v.startswith("FAIL") for v in res["targets"].values()) else 0
+    return max(failed, load.exit_code(res["load_record"], args.require_quiet))
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ class TqBatchRealistic(TorchSaveJagged):
 class PlainDumpRealistic(Format):
     """``torch.save`` of the same tensors and lists as a plain dict (no TensorDict, no
     NonTensorStack): the speed of an uncompressed dump. Its input is the flat mapping, made
-    untimed."""
+    untimed. One definition for every benchmark: :mod:`benchmarks.baseline`."""
 
     shape = "realistic"
 
@@ -141,14 +141,14 @@ class PlainDumpRealistic(Format):
         return as_mapping(super().make(seed))
 
     def write(self, ctx, d, data):
-        import torch
+        from .baseline import plain_dump
 
-        torch.save(data, d / "dump.pt")
+        plain_dump(data, d)
 
     def read(self, d):
-        import torch
+        from .baseline import plain_load
 
-        return torch.load(d / "dump.pt", weights_only=False)
+        return plain_load(d)
 
     def column(self, d):
         return self.read(d)["responses"]

@@ -16,6 +16,7 @@ import gc
 import os
 import resource
 from pathlib import Path
+from typing import Any
 
 # --------------------------------------------------------------------------- file helpers
 
@@ -88,6 +89,17 @@ def drop_cache(paths: list[Path], method: str) -> str:
         finally:
             os.close(fd)
     return done
+
+
+def part_sizes(info: Any) -> tuple[int, int]:
+    """``(stored, logical)`` bytes of a written mini-batch (``Cache.write``'s ``PartInfo``).
+
+    The one place the benchmarks read zarr_skip's sizes: its names follow numpy's (``nbytes``
+    the logical size, ``nbytes_stored`` the stored one); before that rename ``nbytes`` was the
+    stored size and ``raw_nbytes`` the logical one."""
+    if hasattr(info, "nbytes_stored"):
+        return int(info.nbytes_stored), int(info.nbytes)
+    return int(info.nbytes), int(info.raw_nbytes)
 
 
 # --------------------------------------------------------------------------- peak RSS

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import load
+from .baseline import DEFINITION
 from .formats import COMPARISONS, OPS, STEP
 
 OP_LABEL = {
@@ -197,6 +199,7 @@ def markdown(run: dict[str, Any]) -> str:
     lines = [f"# zarr_skip benchmark: preset `{run['result']['preset']}`", ""]
     git = (m.get("git_commit") or "no commit") + (" + local changes" if m.get("git_dirty") else "")
     lines.append(f"Run {run['started']} (git {git}), command: `{run['command']}`")
+    lines += ["", load.line(run["result"].get("load"))]
     lines += ["", "## Machine", ""]
     d = m.get("disk", {})
     lines.append(
@@ -262,7 +265,8 @@ def markdown(run: dict[str, Any]) -> str:
             "",
             "The jagged step with verl's per-row objects at real sizes (chat `raw_prompt`, `extra_info` "
             "with question and answer, shared by the rows of a group; `zarr_skip.synthetic.payloads`), "
-            "against verl's `tq_batch.pt` and a plain `torch.save` of the same tensors and lists.",
+            "against verl's `tq_batch.pt` and a plain `torch.save` of the same tensors and lists "
+            f"({DEFINITION}).",
             "",
         ]
         cols = [("tq_batch_realistic", None), ("plain_dump_realistic", None)]

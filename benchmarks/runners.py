@@ -102,6 +102,8 @@ class Runner:
                         return {"error": f"timeout after {timeout:.0f} s"}
                     chunk = os.read(z.stdout.fileno(), 1 << 16)
                     if not chunk:
+                        z.wait()
+                        self._close_pipes(z)
                         self.zygote = None
                         return {"error": f"zygote exited ({z.poll()}); see {self.log.name}"}
                     self._pending += chunk
@@ -124,7 +126,14 @@ class Runner:
             except ProcessLookupError:
                 pass
             self.zygote.wait()
+            self._close_pipes(self.zygote)
             self.zygote = None
+
+    @staticmethod
+    def _close_pipes(proc: subprocess.Popen) -> None:
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
     def _spawn(self, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "benchmarks.bench", "--worker", json.dumps(spec)]
@@ -154,6 +163,8 @@ class Runner:
                 self.zygote.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self._restart_zygote()
+        if self.zygote is not None:
+            self._close_pipes(self.zygote)
         self.zygote = None
         self.log.close()
 

@@ -6,8 +6,9 @@ Usage::
 
 Each repetition times, one after the other on the same machine (medians reported):
 
-* ``dump``: the plain ``torch.save`` of the step's tensors and lists (the speed of an
-  uncompressed dump, as ``plain_dump_realistic`` in ``bench.py``);
+* ``dump``: the plain dump of the step's tensors and lists (the speed of an uncompressed
+  dump): :func:`benchmarks.baseline.timed_dump`, the definition ``plain_dump_realistic`` in
+  ``bench.py`` uses too (``torch.save`` to one file, not fsynced, after an untimed sync);
 * ``write``: ``Cache.write`` of the same step (as ``zarr_skip_realistic``);
 * ``encode``: ``encode_batch`` alone (narrowing, repeated rows, JSON of the per-row objects);
 * ``compress``: every chunk of the encoded step compressed as the writer does, on the writer's
@@ -43,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
+from benchmarks.baseline import DEFINITION, timed_dump
 from benchmarks.formats import FORMAT_CLASSES
 from benchmarks.machine import machine_info
 
@@ -72,8 +75,6 @@ def _compress(job: tuple[Any, slice, Any]) -> bytes:
 
 
 def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:
-    import torch
-
     from zarr_skip.format import chunks
     from zarr_skip.format.columns import encode_batch
     from zarr_skip.store import _localfs
@@ -91,10 +92,8 @@ def measure(preset_name: str, reps: int, work: Path) -> dict[str, Any]:
     times: dict[str, list[float]] = {k: [] for k in parts}
     for _ in range(reps):
         d = Path(tempfile.mkdtemp(dir=work))
-        os.sync()  # before each timed part: earlier writeback must not land in it (as in bench.py)
-        t = time.perf_counter()
-        torch.save(flat, d / "dump.pt")
-        times["dump"].append(time.perf_counter() - t)
+        # before each timed part an untimed os.sync(): earlier writeback must not land in it
+        times["dump"].append(timed_dump(flat, d))
         ctx = fmt.prepare_write(d / "cache")
         os.sync()
         t = time.perf_counter()
@@ -150,15 +149,21 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         f"# What a write of the realistic `{r['preset']}` step cannot avoid",
         "",
-        f"{r['reps']} repetitions (medians), one run; `python -m benchmarks.write_floor`. The step: "
-        f"{r['files']} files in {r['directories']} directories, {r['stored_bytes'] / 2**20:.2f} MiB stored, "
-        f"{r['chunks']} chunks. Load average at the end: {'/'.join(f'{x:.1f}' for x in r['loadavg'])}.",
+        load.line(r.get("load")),
         "",
-        "| part | median | / plain dump |",
-        "|---|---|---|",
+        f"{r['reps']} repetitions (medians, min / max), one run; `python -m benchmarks.write_floor`. The step: "
+        f"{r['files']} files in {r['directories']} directories, {r['stored_bytes'] / 2**20:.2f} MiB stored, "
+        f"{r['chunks']} chunks. Load average at the end: {'/'.join(f'{x:.1f}' for x in r['loadavg'])}. "
+        f"The baseline: {DEFINITION}, in this process.",
+        "",
+        "| part | median | min | max | / plain dump |",
+        "|---|---|---|---|---|",
     ]
     for k, v in r["median_s"].items():
-        lines.append(f"| {k} | {v * 1e3:.1f} ms | {r['vs_dump'][k]:.2f} |")
+        s = r["samples_s"][k]
+        lines.append(
+            f"| {k} | {v * 1e3:.1f} ms | {min(s) * 1e3:.1f} ms | {max(s) * 1e3:.1f} ms | {r['vs_dump'][k]:.2f} |"
+        )
     lines += [
         "",
         f"encode + compress + files: {r['parts_sum_vs_dump']:.2f} x the dump; all of it spread perfectly "
@@ -173,19 +178,31 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="medium")
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--out", type=Path, default=None, help="directory for write_floor_{preset}.md / .json")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="directory for write_floor_{preset}.md / .json (created if missing)"
+    )
+    load.add_arguments(ap)
     args = ap.parse_args(argv)
+    mon = load.guard(args)
+    if mon is None:
+        return 2
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".write-floor-", dir=args.out or None))
+    mon.start()
     try:
         r = measure(args.preset, args.reps, work)
     finally:
+        record = mon.stop()
         shutil.rmtree(work, ignore_errors=True)
+    r["load"] = record
+    r["baseline"] = DEFINITION
     text = report(r)
     print(text)
     if args.out:
         (args.out / f"write_floor_{args.preset}.md").write_text(text)
         (args.out / f"write_floor_{args.preset}.json").write_text(json.dumps(r, indent=1, default=str))
-    return 0
+    return load.exit_code(record, args.require_quiet)
 
 
 if __name__ == "__main__":

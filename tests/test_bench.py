@@ -65,11 +65,25 @@ def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     assert "Cache.table on local disk" in (out / "tables.md").read_text()
 
 
-def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path) -> None:
-    from benchmarks import write_floor
+def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import baseline, write_floor
+    from benchmarks.formats import PlainDumpRealistic
+    from zarr_skip.synthetic import PRESETS
 
-    assert write_floor.main(["--preset", "small", "--reps", "1", "--out", str(tmp_path)]) == 0
-    r = json.loads((tmp_path / "write_floor_small.json").read_text())
+    dumped: list[Path] = []
+    real_dump = baseline.plain_dump
+    monkeypatch.setattr(baseline, "plain_dump", lambda m, d: dumped.append(Path(d)) or real_dump(m, d))
+    out = tmp_path / "results" / "realistic"  # does not exist yet: created
+    assert write_floor.main(["--preset", "small", "--reps", "1", "--out", str(out)]) == 0
+    r = json.loads((out / "write_floor_small.json").read_text())
+    # one definition of the plain dump: write_floor's and bench.py's both go through baseline.plain_dump
+    assert len(dumped) == 1 and r["baseline"] == baseline.DEFINITION and "not fsynced" in r["baseline"]
+    fmt = PlainDumpRealistic(PRESETS["small"])
+    (tmp_path / "b").mkdir()
+    fmt.write(None, tmp_path / "b", fmt.make(0))
+    assert dumped[-1] == tmp_path / "b" and (tmp_path / "b" / baseline.DUMP_FILE).is_file()
+    assert set(fmt.read(tmp_path / "b")) == set(fmt.make(0))
+    tmp_path = out
     parts = ("dump", "write", "encode", "compress_1thread", "compress", "files")
     assert all(len(r["samples_s"][k]) == 1 and r["median_s"][k] > 0 for k in parts)
     # the files it creates are those of a real write of the step
@@ -129,3 +143,283 @@ def test_the_warm_up_leaves_its_files_for_the_runner(tmp_path: Path) -> None:
     _warmup_process("zarr_skip_realistic", tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [f"warmup-{os.getpid()}"]
     assert any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+# --------------------------------------------------------------------------- machine load (benchmarks/load.py)
+
+
+def _snap(t: float, total: int, busy: int, procs: list[tuple[int, int, str, int, int]]) -> object:
+    from benchmarks.load import CpuTimes, ProcTimes, Snapshot
+
+    return Snapshot(t, CpuTimes(total, busy), {p[0]: ProcTimes(*p) for p in procs})
+
+
+def test_proc_stat_lines_are_parsed_even_with_parentheses_in_a_name() -> None:
+    from benchmarks.load import parse_pid_stat, parse_proc_stat
+
+    cpu = parse_proc_stat("cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\n")
+    assert (cpu.total, cpu.busy) == (990, 990 - 800 - 20)
+    p = parse_pid_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194304 98 0 0 0 30 12 5 1 20 0 1 0 4077")
+    assert (p.pid, p.ppid, p.comm, p.own, p.reaped) == (4242, 17, "my (odd) name", 42, 6)
+    with pytest.raises(ValueError, match="cpu"):
+        parse_proc_stat("intr 1 2 3\n")
+
+
+def test_the_others_share_excludes_our_tree_and_counts_what_it_reaped() -> None:
+    from benchmarks.load import shares
+
+    # ours: 10 (root) with child 11; 11 ends between the samples and is reaped by 10 (its 30
+    # ticks move into 10's cutime); 20 is someone else's; the machine ran 200 busy ticks of 400
+    a = _snap(0.0, 1000, 100, [(10, 1, "bench", 50, 0), (11, 10, "worker", 20, 0), (20, 1, "pytest", 5, 0)])
+    b = _snap(2.0, 1400, 300, [(10, 1, "bench", 70, 30), (12, 10, "worker", 10, 0), (20, 1, "pytest", 105, 0)])
+    s = shares(a, b, root=10)  # type: ignore[arg-type]
+    # ours: (70 + 30 + 10) - (50 + 20) = 40 ticks; others: 200 - 40 = 160 of 400 (pytest 100, the rest gone)
+    assert s.ours == pytest.approx(0.10) and s.others == pytest.approx(0.40) and s.seconds == 2.0
+    # what no live process accounts for: processes that started or ended between the samples
+    assert s.top_others == (("pytest", pytest.approx(0.25)), ("short-lived processes", pytest.approx(0.15)))
+
+
+def test_the_verdict_is_busy_on_load_or_on_other_processes_and_says_why() -> None:
+    from benchmarks.load import Thresholds, verdict
+
+    quiet = verdict(2, 0.3, 0.02, 0.04)
+    assert not quiet.busy and quiet.text.startswith("quiet: load 0.3 on 2 cores")
+    loaded = verdict(2, 3.2, 0.05, 0.64, top=[("python", 0.5)])
+    assert loaded.busy and loaded.text.startswith("BUSY: load 3.2 on 2 cores")
+    assert "other processes used 64% CPU during the run" in loaded.text and "python 50%" in loaded.text
+    assert len(loaded.reasons) == 2
+    assert verdict(2, 0.3, 0.25, None).busy  # busy before, not measured during
+    assert not verdict(2, 1.9, 0.3, 0.3, thresholds=Thresholds(load_per_core=1.0, other_cpu=0.5)).busy
+
+
+def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import load
+
+    monkeypatch.delenv(load.BEFORE_ENV, raising=False)
+    with load.LoadMonitor(interval_s=0.05, probe_s=0.05) as mon:
+        sum(range(200_000))
+    r = mon.result
+    assert r is not None and r["during"]["samples"] >= 2 and 0 <= r["during"]["other_cpu"] <= 1
+    assert len(r["before"]["loadavg"]) == 3 and r["verdict"].startswith("BUSY" if r["busy"] else "quiet")
+    assert load.line(r).endswith("see benchmarks/load.py)")
+    # a suite hands its before-record down to the scripts it runs
+    monkeypatch.setenv(load.BEFORE_ENV, json.dumps({"loadavg": [9.0, 0, 0], "other_cpu": 0.0, "top_others": []}))
+    assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
+
+
+def test_require_quiet_turns_a_run_that_became_busy_into_exit_code_3() -> None:
+    from benchmarks.load import exit_code
+
+    assert exit_code({"busy": True}, require_quiet=True) == 3
+    assert exit_code({"busy": True}, require_quiet=False) == 0  # marked BUSY in the report only
+    assert exit_code({"busy": False}, require_quiet=True) == exit_code(None, require_quiet=True) == 0
+
+
+def test_require_quiet_refuses_a_busy_machine_before_measuring(tmp_path: Path) -> None:
+    from benchmarks import bench
+
+    # an impossible threshold makes any machine busy: the run is refused before anything is measured
+    code = bench.main(["--preset", "small", "--out", str(tmp_path), "--require-quiet", "--quiet-cpu", "-1"])
+    assert code == 2 and not list(tmp_path.iterdir())
+    from benchmarks import suite
+
+    code = suite.main(["--quick", "--out", str(tmp_path / "s"), "--require-quiet", "--quiet-load", "-1"])
+    assert code == 2 and not (tmp_path / "s").exists()
+
+
+# --------------------------------------------------------------------------- peers (benchmarks/bench_peers.py)
+
+
+def test_parquet_rows_read_only_the_row_groups_that_hold_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.bench_peers import COLUMN, PARQUET_FILE, ParquetPeer, _row_groups_holding
+
+    values = [[i] * (i % 5 + 1) for i in range(100)]
+    pq.write_table(pa.table({COLUMN: values}), tmp_path / PARQUET_FILE, row_group_size=10)
+    meta = pq.ParquetFile(tmp_path / PARQUET_FILE).metadata
+    assert _row_groups_holding(meta, [23, 27, 71]) == ([2, 7], [3, 7, 11])
+    got = ParquetPeer().rows(tmp_path, [23, 27, 71])
+    assert got.column(COLUMN).to_pylist() == [values[23], values[27], values[71]]
+
+
+@pytest.mark.slow
+def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from benchmarks import bench_peers
+
+    out = tmp_path / "new"
+    # in its own process: once lance is imported, every later fork of the test process warns
+    # ("lance is not fork-safe"), which the suite's warnings-as-errors would turn into failures
+    argv = ["--preset", "small", "--reps", "1", "--cold", "fadvise", "--out", str(out)]
+    root = Path(bench_peers.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_peers", *argv], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads((out / "peers_small.json").read_text())
+    assert r["formats"] == ["zarr_skip", "parquet", "lance", "plain_dump"]
+    for f in r["formats"]:  # one kept sample of every operation (the warm-up dropped), bytes, files
+        assert all(len(r["samples_s"][f][op]) == 1 for op in bench_peers.OPS)
+        assert r["disk"][f]["files"] >= 1 and r["disk"][f]["bytes_allocated"] > 0
+    assert r["disk"]["parquet"]["files"] == 1 and r["summary"]["vs_zarr_skip"]["zarr_skip"]["write"] == 1.0
+    assert r["load"]["verdict"] and r["cold_method"] == "fadvise"
+    md = (out / "peers_small.md").read_text()
+    assert "| metric | zarr_skip | parquet | lance | plain_dump | parquet / zarr_skip |" in md
+    assert not list(out.glob(".bench-tmp-peers-*"))
+
+
+# --------------------------------------------------------------------------- FUSE and S3 (benchmarks/bench_shared.py)
+
+
+def test_a_step_splits_into_mini_batches_that_concatenate_back() -> None:
+    import torch
+
+    from benchmarks.bench_shared import split_rows
+
+    m = as_mapping(jagged_payload("small", 0, step=1, payload="realistic"))
+    parts = split_rows(m, 3)
+    assert [len(p["keys"]) for p in parts] == [42, 43, 43]
+    for k, v in m.items():
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            rows = [t for p in parts for t in p[k].unbind()]
+            assert all(torch.equal(a, b) for a, b in zip(rows, v.unbind(), strict=True))
+        elif isinstance(v, torch.Tensor):
+            assert torch.equal(torch.cat([p[k] for p in parts]), v)
+        else:
+            assert [x for p in parts for x in p[k]] == v
+
+
+def test_server_counters_are_read_from_prometheus_text() -> None:
+    from benchmarks.bench_shared import count_cells, delta, parse_metrics
+
+    text = """# HELP SeaweedFS_s3_request_total Counter of s3 requests.
+SeaweedFS_s3_request_total{bucket="b",code="200",type="PUT"} 7
+SeaweedFS_s3_request_total{bucket="b",code="412",type="PUT"} 1
+SeaweedFS_s3_request_total{bucket="",code="200",type="GET"} 3e+00
+SeaweedFS_filerStore_request_total{store="leveldb2",type="insert"} 5
+SeaweedFS_volumeServer_request_total{type="PUT"} 99
+"""
+    c = parse_metrics(text)
+    assert c == {"s3 PUT": 8, "s3 GET": 3, "filer insert": 5}
+    assert delta(parse_metrics(text.replace("} 7", "} 9")), c) == {"s3 PUT": 2}
+    cells = count_cells([{"files": 80, "requests": {"s3 PUT": 3}}, {"files": 60}, {"files": 62}])
+    assert cells == {"files": "80 / 61", "s3 PUT": "3 / 0"}
+
+
+def test_the_benchmarks_find_the_test_suites_servers() -> None:
+    from benchmarks.servers import test_helper
+
+    assert callable(test_helper("_s3server", "seaweedfs").seaweedfs)
+    assert callable(test_helper("_fuse", "seaweedfs_mounts").fuse_unavailable_reason)
+    with pytest.raises(ImportError, match="no_such_thing"):
+        test_helper("_s3server", "no_such_thing")
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tmp_path: Path) -> None:
+    from benchmarks import bench_shared
+    from benchmarks.servers import test_helper
+
+    out = tmp_path / "new"
+    lax = ["--quiet-load", "1000", "--quiet-cpu", "1.5"]  # counts as quiet: its figures enter the table
+    assert bench_shared.main(["--preset", "small", "--reps", "1", "--out", str(out), *lax]) == 0
+    r = json.loads((out / "shared_small.json").read_text())
+    fuse_ok = test_helper("_fuse", "seaweedfs_mounts").fuse_unavailable_reason() is None
+    left_out = r["fuse_left_out"]  # FUSE is left out only where it cannot work, and says why
+    assert set(r["backends"]) == {"local", "s3"} | (set() if left_out else {"fuse"})
+    assert not left_out or not fuse_ok or left_out.startswith("mount failed")
+    for b, v in r["backends"].items():
+        assert len(v["write_s"]) == 1 and len(v["minibatch_s"][0]) == 4 and v["read_s"][0] > 0
+        counts = r["counts"][b]["minibatches"]
+        assert len(counts) == 4
+        if b == "s3":  # every key stored is one PUT at least; the read GETs what it needs
+            assert all(mb["keys"] > 0 and mb["requests"].get("s3 PUT", 0) >= mb["keys"] for mb in counts)
+            assert r["counts"][b]["read"].get("s3 GET", 0) > 0
+        else:
+            assert all(mb["files"] > 0 for mb in counts)
+    assert r["summary"]["local"]["vs_local"]["write"] == 1.0
+    assert "| write one mini-batch |" in (out / "shared_small.md").read_text()
+    assert not list(out.glob(".bench-tmp-shared-*"))
+    from benchmarks.summary import read_results, table
+
+    rows = [ln for ln in table(read_results(out, "small"), "small") if "(shared_small.json)" in ln]
+    assert len(rows) == 4 and all(ln.endswith("| quiet (shared_small.json) |") for ln in rows[2:])  # S3
+
+
+# ----------------------------------------------------------------- make bench (benchmarks/suite.py, summary.py)
+
+
+def _peers_result(busy: bool | None) -> dict:
+    samples = {"zarr_skip": {"write": [0.010, 0.012, 0.011]}, "parquet": {"write": [0.030, 0.036, 0.033]}}
+    res: dict = {"samples_s": samples}
+    if busy is not None:
+        res["load"] = {"busy": busy, "verdict": "BUSY: ..." if busy else "quiet: ..."}
+    return res
+
+
+def test_the_performance_table_shows_figures_of_quiet_runs_only() -> None:
+    from benchmarks.summary import table
+
+    row = "| peers: parquet write vs zarr_skip |"
+    quiet = next(ln for ln in table({"peers": _peers_result(False)}) if ln.startswith(row))
+    assert quiet == f"{row} 30.0 / **33.0** / 36.0 | 10.0 / **11.0** / 12.0 | 3.00 | quiet (peers_medium.json) |"
+    busy = next(ln for ln in table({"peers": _peers_result(True)}) if ln.startswith(row))
+    assert "BUSY run: not shown" in busy and "33.0" not in busy
+    unknown = next(ln for ln in table({"peers": _peers_result(None)}) if ln.startswith(row))
+    assert "no load record: not shown" in unknown
+    missing = table({}, preset="small")
+    assert any("no result (shared_small.json)" in ln for ln in missing)
+
+
+def test_the_suite_hands_its_load_record_down_and_reports_each_part(tmp_path: Path) -> None:
+    from benchmarks import suite
+
+    out = tmp_path / "results"
+    # thresholds no machine exceeds: this run counts as quiet, so its figures enter the table
+    lax = ["--quiet-load", "1000", "--quiet-cpu", "1.5"]
+    assert suite.main(["--quick", "--only", "write_floor", "--out", str(out), *lax]) == 0
+    run = json.loads((out / "suite.json").read_text())
+    assert [p["part"] for p in run["parts"]] == ["write_floor"] and run["parts"][0]["exit"] == 0
+    part = json.loads((out / "realistic" / "write_floor_small.json").read_text())
+    assert part["load"]["before"] == run["before"]  # probed once, by the suite, before any part ran
+    assert part["load"]["thresholds"] == {"load_per_core": 1000.0, "other_cpu": 1.5} and not part["load"]["busy"]
+    md = (out / "suite.md").read_text()
+    assert "| write_floor | 0 |" in md and "## Performance table (quiet runs only)" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| write, parts: the write vs the plain dump"))
+    assert row.endswith("| quiet (realistic/write_floor_small.json) |") and row.count("**") == 4
+    assert "| no result (small.json) |" in md  # the parts not run have no figures
+
+
+@pytest.mark.slow
+def test_a_bench_run_records_the_load_in_its_results(tmp_path: Path) -> None:
+    from benchmarks import bench
+
+    argv = ["--preset", "small", "--reps", "1", "--formats", "plain_dump_realistic,zarr_skip_realistic",
+            "--ops", "write,read_cold", "--status-steps", "0", "--dd-mib", "0", "--cold", "fadvise",
+            "--out", str(tmp_path), "--quiet-load", "1000", "--quiet-cpu", "1.5"]  # fmt: skip
+    assert bench.main(argv) in (0, 1)  # 1: a target failed, which is a result, not an error
+    run = json.loads((tmp_path / "small.json").read_text())
+    rec = run["result"]["load"]
+    assert rec["during"]["samples"] >= 2 and rec["busy"] is False  # lax thresholds: quiet
+    head = (tmp_path / "small.md").read_text().splitlines()[4]
+    assert head.startswith("Machine load: quiet: load ")
+    # the performance table takes this run's figures, and says which rows it did not measure
+    from benchmarks.summary import read_results, table
+
+    rows = {ln.split(" | ")[0]: ln for ln in table(read_results(tmp_path, "small"), "small")}
+    assert rows["| realistic step, write vs the plain dump"].endswith("| quiet (small.json) |")
+    assert "not measured" in rows["| realistic step, write vs verl's `tq_batch.pt`"]
+
+
+def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.measure import part_sizes
+
+    assert part_sizes(SimpleNamespace(nbytes=100, raw_nbytes=400)) == (100, 400)  # before the rename
+    assert part_sizes(SimpleNamespace(nbytes=400, nbytes_stored=100)) == (100, 400)  # numpy's names

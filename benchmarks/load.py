@@ -1,0 +1,441 @@
+"""How busy the machine was before and during a benchmark run, and whether that makes it BUSY.
+
+A run taken while other work competes for the cores slows some formats more than others (the
+issue's quiet rerun moved the realistic medium write from 0.94x to 1.29x the plain dump), so
+every benchmark records the load it ran under and says so in its report:
+
+* **before**: the 1-minute load average (``os.getloadavg``) and the share of the machine's CPU
+  time used during a short probe (``probe_s``, default 1 s) when nothing of ours runs yet;
+* **during**: a background thread samples ``/proc/stat`` (the machine's CPU time per state) and
+  ``/proc/<pid>/stat`` of every process every ``interval_s`` (default 1 s), separating the
+  CPU time of our own process tree (this process and its descendants: measurement processes,
+  servers it started) from everything else.
+
+"Other processes' share" is the non-idle CPU time (``user + nice + system + irq + softirq +
+steal``: steal is time the hypervisor gave to other guests) not used by our process tree,
+divided by all the CPU time of all cores in the same interval: 100% means every core busy
+with other work. Our tree's time is the sum of ``utime + stime + cutime + cstime`` over its
+live processes, so the children it reaped (the forked measurement processes) count too, and
+processes of others that start and end between two samples are not missed (they are in the
+machine's total).
+
+The verdict (:func:`verdict`, pure) is BUSY when, with the default :data:`DEFAULT_THRESHOLDS`,
+
+* the load average before the run exceeds ``0.5`` per core (1.0 on 2 cores), or
+* other processes used more than ``10%`` of the machine's CPU before the run (the probe) or
+  during it (over the whole run).
+
+Everything that reads ``/proc`` is in :class:`LoadMonitor`; parsing and arithmetic are pure
+functions, tested without I/O (``tests/test_bench.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: fields of a ``cpu`` line of /proc/stat that are idle time
+_IDLE_FIELDS = (3, 4)  # idle, iowait
+#: the first 8 fields (user nice system idle iowait irq softirq steal); guest time is already in user
+_STAT_FIELDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Where a quiet machine ends.
+
+    Attributes
+    ----------
+    load_per_core : float
+        Largest 1-minute load average before the run, per core.
+    other_cpu : float
+        Largest share (0-1) of the machine's CPU time other processes may use, before the run
+        (the probe) or during it.
+    """
+
+    load_per_core: float = 0.5
+    other_cpu: float = 0.10
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+#: a before-record (JSON) handed down by ``benchmarks.suite``: the load when the suite started,
+#: before any of its own runs raised the load average
+BEFORE_ENV = "ZARR_SKIP_BENCH_LOAD_BEFORE"
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTimes:
+    """The machine's CPU time, summed over cores, in clock ticks (``/proc/stat``)."""
+
+    total: int
+    busy: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcTimes:
+    """One process from ``/proc/<pid>/stat``: its parent, name and CPU time in clock ticks."""
+
+    pid: int
+    ppid: int
+    comm: str
+    own: int  # utime + stime
+    reaped: int  # cutime + cstime: the children it waited for
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One sample: when, the machine's CPU time, and every process."""
+
+    t: float
+    cpu: CpuTimes
+    procs: Mapping[int, ProcTimes]
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """CPU shares (0-1 of all cores' time) between two snapshots."""
+
+    seconds: float
+    ours: float
+    others: float
+    top_others: tuple[tuple[str, float], ...] = ()  # (name, share), largest first
+
+
+@dataclass(frozen=True, slots=True)
+class LoadVerdict:
+    """Quiet or BUSY, and the sentence that says why."""
+
+    busy: bool
+    text: str
+    reasons: tuple[str, ...] = field(default=())
+
+
+# --------------------------------------------------------------------------- pure parsing
+
+
+def parse_proc_stat(text: str) -> CpuTimes:
+    """The aggregate ``cpu`` line of ``/proc/stat``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            vals = [int(x) for x in parts[1 : 1 + _STAT_FIELDS]]
+            idle = sum(vals[i] for i in _IDLE_FIELDS if i < len(vals))
+            return CpuTimes(total=sum(vals), busy=sum(vals) - idle)
+    raise ValueError("no aggregate 'cpu' line in /proc/stat text")
+
+
+def parse_pid_stat(text: str) -> ProcTimes:
+    """``/proc/<pid>/stat``; the name (in parentheses) may hold spaces and parentheses."""
+    head, _, rest = text.rpartition(")")
+    pid_s, _, comm = head.partition(" (")
+    f = rest.split()
+    # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+    return ProcTimes(
+        pid=int(pid_s), ppid=int(f[1]), comm=comm, own=int(f[11]) + int(f[12]), reaped=int(f[13]) + int(f[14])
+    )
+
+
+def descendants(root: int, procs: Mapping[int, ProcTimes]) -> set[int]:
+    """``root`` and every live process below it."""
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    tree, todo = {root}, [root]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in tree:
+                tree.add(c)
+                todo.append(c)
+    return tree
+
+
+def shares(a: Snapshot, b: Snapshot, root: int, top: int = 3) -> Shares:
+    """Our tree's and the others' share of the machine's CPU time from ``a`` to ``b``."""
+    total = b.cpu.total - a.cpu.total
+    if total <= 0:
+        return Shares(seconds=b.t - a.t, ours=0.0, others=0.0)
+    mine_a, mine_b = descendants(root, a.procs), descendants(root, b.procs)
+    ours = sum(a.procs[p].own + a.procs[p].reaped for p in mine_a)
+    ours = sum(b.procs[p].own + b.procs[p].reaped for p in mine_b) - ours
+    ours = max(0, ours)
+    others = max(0, b.cpu.busy - a.cpu.busy - ours)
+    per_name: dict[str, int] = {}
+    for pid, p in b.procs.items():
+        if pid in mine_b or pid not in a.procs or pid in mine_a:
+            continue
+        per_name[p.comm] = per_name.get(p.comm, 0) + max(0, p.own - a.procs[pid].own)
+    ranked = sorted(((n, v / total) for n, v in per_name.items() if v > 0), key=lambda kv: -kv[1])
+    gone = others / total - sum(v for _, v in ranked)  # processes that started or ended in between
+    if top and gone >= 0.01:
+        ranked = sorted([*ranked[:top], ("short-lived processes", gone)], key=lambda kv: -kv[1])
+    return Shares(seconds=b.t - a.t, ours=min(1.0, ours / total), others=min(1.0, others / total),
+                  top_others=tuple(ranked[:top]))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- pure verdict
+
+
+def verdict(
+    cores: int,
+    load_before: float,
+    other_before: float | None,
+    other_during: float | None,
+    top: Iterable[tuple[str, float]] = (),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> LoadVerdict:
+    """Quiet or BUSY from the load average before, and the others' CPU share before and during.
+
+    Parameters
+    ----------
+    cores : int
+        Cores of the machine.
+    load_before : float
+        1-minute load average just before the run.
+    other_before, other_during : float or None
+        Other processes' share (0-1) of all cores' CPU time in the probe before the run and
+        over the whole run (None: not measured).
+    top : iterable of (name, share)
+        The busiest other processes, named in the sentence.
+    thresholds : Thresholds
+        Where quiet ends.
+    """
+    reasons = []
+    limit = thresholds.load_per_core * cores
+    if load_before > limit:
+        reasons.append(f"load {load_before:.1f} on {cores} cores before the run (quiet: <= {limit:.1f})")
+    for when, share in (("before", other_before), ("during", other_during)):
+        if share is not None and share > thresholds.other_cpu:
+            reasons.append(
+                f"other processes used {share:.0%} CPU {when} the run (quiet: <= {thresholds.other_cpu:.0%})"
+            )
+    named = ", ".join(f"{n} {s:.0%}" for n, s in top)
+    facts = f"load {load_before:.1f} on {cores} cores" + "".join(
+        f", other processes used {s:.0%} CPU {w}" for w, s in (("before", other_before), ("during", other_during))
+        if s is not None
+    )  # fmt: skip
+    if reasons:
+        text = "BUSY: " + "; ".join(reasons) + (f" (busiest others: {named})" if named else "")
+        return LoadVerdict(busy=True, text=text, reasons=tuple(reasons))
+    return LoadVerdict(busy=False, text=f"quiet: {facts}")
+
+
+# --------------------------------------------------------------------------- reading /proc
+
+
+def read_snapshot(proc: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic) -> Snapshot:
+    """The machine's CPU time and every process's, read from ``proc``."""
+    cpu = parse_proc_stat((proc / "stat").read_text())
+    procs: dict[int, ProcTimes] = {}
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as fh:
+                p = parse_pid_stat(fh.read())
+        except (OSError, ValueError, IndexError):  # the process ended while we looked
+            continue
+        procs[p.pid] = p
+    return Snapshot(t=clock(), cpu=cpu, procs=procs)
+
+
+class LoadMonitor:
+    """Records the load before a run (:meth:`start`) and samples it during it (until :meth:`stop`).
+
+    Parameters
+    ----------
+    interval_s : float
+        Seconds between samples of the background thread.
+    probe_s : float
+        Seconds of the probe before the run (0: no probe, only the load average).
+    thresholds : Thresholds
+        Where quiet ends.
+    """
+
+    def __init__(
+        self, interval_s: float = 1.0, probe_s: float = 1.0, thresholds: Thresholds = DEFAULT_THRESHOLDS
+    ) -> None:
+        self.interval_s, self.probe_s, self.thresholds = interval_s, probe_s, thresholds
+        self.cores = os.cpu_count() or 1
+        self.root = os.getpid()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._samples: list[Snapshot] = []
+        self.before: dict[str, Any] = {}
+        self.result: dict[str, Any] | None = None
+
+    def probe(self) -> dict[str, Any]:
+        """The load before the run: load average and the others' share over ``probe_s``."""
+        la = os.getloadavg()
+        other: float | None = None
+        top: tuple[tuple[str, float], ...] = ()
+        if self.probe_s > 0:
+            a = read_snapshot()
+            time.sleep(self.probe_s)
+            s = shares(a, read_snapshot(), self.root)
+            other, top = s.others, s.top_others
+        return {
+            "loadavg": list(la),
+            "other_cpu": other,
+            "top_others": [list(t) for t in top],
+            "probe_s": self.probe_s,
+            "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def take_before(self) -> dict[str, Any]:
+        """The before-record: inherited from ``$ZARR_SKIP_BENCH_LOAD_BEFORE`` or probed now (once)."""
+        if not self.before:
+            inherited = os.environ.get(BEFORE_ENV)
+            self.before = json.loads(inherited) if inherited else self.probe()
+        return self.before
+
+    def start(self) -> LoadMonitor:
+        """Take (or inherit) the before-record, then sample in a background thread."""
+        self.take_before()
+        self._samples = [read_snapshot()]
+        self._thread = threading.Thread(target=self._run, name="load-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._samples.append(read_snapshot())
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; the record of the run (also kept in :attr:`result`)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._samples.append(read_snapshot())
+        self.result = summarize(self.before, self._samples, self.root, self.cores, os.getloadavg(), self.thresholds)
+        return self.result
+
+    def __enter__(self) -> LoadMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def summarize(
+    before: Mapping[str, Any],
+    samples: list[Snapshot],
+    root: int,
+    cores: int,
+    loadavg_end: Iterable[float],
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> dict[str, Any]:
+    """The JSON record of a run: before, during (whole run and per interval), verdict."""
+    whole = shares(samples[0], samples[-1], root)
+    steps = [shares(a, b, root, top=0) for a, b in zip(samples, samples[1:], strict=False)]
+    v = verdict(cores, before["loadavg"][0], before.get("other_cpu"), whole.others, whole.top_others or (), thresholds)
+    return {
+        "cores": cores,
+        "thresholds": asdict(thresholds),
+        "before": dict(before),
+        "during": {
+            "seconds": whole.seconds,
+            "other_cpu": whole.others,
+            "our_cpu": whole.ours,
+            "top_others": [list(t) for t in whole.top_others],
+            "other_cpu_max_interval": max((s.others for s in steps), default=None),
+            "samples": len(samples),
+            "loadavg_end": list(loadavg_end),
+        },
+        "busy": v.busy,
+        "verdict": v.text,
+    }
+
+
+# --------------------------------------------------------------------------- command-line glue
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--require-quiet`` and the thresholds, the same in every benchmark script."""
+    ap.add_argument(
+        "--require-quiet",
+        action="store_true",
+        help="refuse to start on a busy machine (exit 2), and exit 3 when the machine became busy "
+        f"during the run (results still written, marked BUSY). Quiet: load average <= "
+        f"{DEFAULT_THRESHOLDS.load_per_core} per core before, other processes <= "
+        f"{DEFAULT_THRESHOLDS.other_cpu:.0%} of the CPU before and during",
+    )
+    ap.add_argument("--quiet-load", type=float, default=DEFAULT_THRESHOLDS.load_per_core, help=argparse.SUPPRESS)
+    ap.add_argument("--quiet-cpu", type=float, default=DEFAULT_THRESHOLDS.other_cpu, help=argparse.SUPPRESS)
+
+
+def monitor_from(args: argparse.Namespace) -> LoadMonitor:
+    """A :class:`LoadMonitor` with the thresholds of the command line."""
+    return LoadMonitor(thresholds=Thresholds(args.quiet_load, args.quiet_cpu))
+
+
+class BusyMachineError(RuntimeError):
+    """``--require-quiet`` and the machine is busy before the run."""
+
+
+def refuse_if_busy(mon: LoadMonitor) -> None:
+    """Probe the machine before the run; raise :class:`BusyMachineError` if it is busy."""
+    b = mon.take_before()
+    v = verdict(mon.cores, b["loadavg"][0], b["other_cpu"], None, [tuple(t) for t in b["top_others"]], mon.thresholds)
+    if v.busy:
+        raise BusyMachineError(f"--require-quiet: {v.text}; wait until the machine is quiet and run again")
+
+
+def guard(args: argparse.Namespace) -> LoadMonitor | None:
+    """The monitor of a script's run, its before-record taken; None (reason on stderr) when
+    ``--require-quiet`` refuses the busy machine: the script then exits 2."""
+    mon = monitor_from(args)
+    if getattr(args, "require_quiet", False):
+        try:
+            refuse_if_busy(mon)
+        except BusyMachineError as e:
+            print(e, file=sys.stderr, flush=True)
+            return None
+    mon.take_before()
+    return mon
+
+
+def exit_code(record: Mapping[str, Any] | None, require_quiet: bool) -> int:
+    """3 when ``--require-quiet`` and the run was BUSY, else 0."""
+    return 3 if require_quiet and record is not None and record.get("busy") else 0
+
+
+def line(record: Mapping[str, Any] | None) -> str:
+    """The markdown line a report starts with: the verdict and what it rests on."""
+    if not record:
+        return "Machine load: not recorded."
+    d = record["during"]
+    la = "/".join(f"{x:.1f}" for x in record["before"]["loadavg"])
+    tail = (
+        f" (load average before {la}, after {'/'.join(f'{x:.1f}' for x in d['loadavg_end'])}; our processes used "
+        f"{d['our_cpu']:.0%} of the CPU over {d['seconds']:.0f} s, {d['samples']} samples; see benchmarks/load.py)"
+    )
+    text = str(record["verdict"])
+    return (f"**{text}**" if record["busy"] else f"Machine load: {text}") + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.load``: probe the machine now and say whether it is quiet (exit 1 if BUSY)."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.load", description=main.__doc__)
+    ap.add_argument("--json", action="store_true", help="print the before-record as JSON")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    mon = monitor_from(args)
+    b = mon.probe()
+    if args.json:
+        print(json.dumps(b))
+        return 0
+    v = verdict(mon.cores, b["loadavg"][0], b["other_cpu"], None, [tuple(t) for t in b["top_others"]], mon.thresholds)
+    print(v.text)
+    return 1 if v.busy else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
