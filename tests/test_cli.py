@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli._context import UsageError, parse_steps, parse_storage_options
@@ -43,7 +43,7 @@ _ABANDON = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import zarr_skip as zs
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 cache = zs.open_cache({loc!r}, {{**FINGERPRINT, "role": "rollout"}})
 cache.write(3, make_batch(4, seed=3), expected=2)  # 1 of 2, then the process exits
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_batch, write_sharded
+from helpers import make_batch, write_sharded
 
 import zarr_skip as zs
 

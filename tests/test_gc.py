@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_batch
+from helpers import make_batch
 
 import zarr_skip as zs
 

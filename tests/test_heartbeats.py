@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_equal, make_batch
+from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import layout

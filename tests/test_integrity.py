@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CountingStore, assert_equal, concat, make_batch
+from helpers import CountingStore, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout, records

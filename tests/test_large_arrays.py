@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import assert_equal
+from helpers import assert_equal
 from numcodecs import blosc
 
 import zarr_skip as zs

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import FINGERPRINT, CountingStore, make_batch
+from helpers import FINGERPRINT, CountingStore, make_batch
 
 import zarr_skip as zs
 from zarr_skip.store.storage import Storage
