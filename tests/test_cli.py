@@ -117,6 +117,7 @@ def flip_byte(path: Path) -> None:
 # ------------------------------------------------------------------ real processes
 
 
+@pytest.mark.slow
 def test_subprocess_exit_codes_and_output(loc: str, tmp_path: Path) -> None:
     broken = str(shutil.copytree(loc, tmp_path / "broken"))
     flipped = chunk_file(broken, 1, "input_ids")
@@ -380,6 +381,7 @@ def test_untyped_failures_are_one_line(
     assert code == 0 and [e["steps"] for e in json.loads(out)["experiments"]] == [[]]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.timeout(120)
 def test_s3_location_with_storage_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,8 @@ from _workers import append_writer, check_complete_steps, crash_writer, expected
 
 import zarr_skip as zs
 
+pytestmark = pytest.mark.slow  # real processes killed with SIGKILL
+
 KILLS = 50
 STEPS = 40  # more than a writer finishes before its kill: kills land mid-step
 

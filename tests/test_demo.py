@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import zarr_skip as zs
 from zarr_skip.views import tokenizer_for
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo_cache"
     done = subprocess.run(

@@ -66,6 +66,7 @@ def save_figures(nb: Any, stem: str) -> list[Path]:
     return saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the kernel (and the processes it starts) import zarr_skip from this checkout

@@ -140,6 +140,7 @@ def browser() -> Any:
         yield b
 
 
+@pytest.mark.slow
 def test_the_browser_sees_console_errors_and_failed_loads(browser: Browser, tmp_path: Path) -> None:
     page = tmp_path / "bad.html"
     page.write_text('<!DOCTYPE html><img src="missing.png"><script>console.error("boom")</script>')
@@ -173,6 +174,7 @@ def _luminance(css: str) -> float:
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
 def test_the_report_in_chromium(browser: Browser, cache: zs.Cache, tmp_path: Path, dark: bool) -> None:
     path = write_report(cache, tmp_path / "report.html", [1, 2], tokenizer=TOKENIZER_PATH)
@@ -260,6 +262,7 @@ JS_VIEW = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "body", "dark"),
     [

@@ -221,6 +221,7 @@ _RACE_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefix: str, backend: str) -> None:
     """8 processes race create_if_absent on the same key, 2 rounds: one winner each.
@@ -335,6 +336,7 @@ def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str) ->
     assert "fork" in message
 
 
+@pytest.mark.slow
 def test_fuse_mounts_share_one_filer(s3: S3Server, open_store: Opener, prefix: str, tmp_path: Path) -> None:
     """Two ``weed mount`` processes show one bucket; S3 sees the files too."""
     with seaweedfs_mounts_fixture(s3, tmp_path / "fuse") as mounts:

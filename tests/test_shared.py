@@ -47,7 +47,7 @@ from _workers import expected_of, minibatch
 
 import zarr_skip as zs
 
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]  # real processes, FUSE
 
 WRITERS = 4
 STEPS, EXPECTED = 6, 5  # each writer appends to every step until it is full
