@@ -37,7 +37,7 @@ def test_sigkill_at_random_points_never_yields_a_wrong_complete_step(
         run = f"run{kill:03d}"
         proc = ctx.Process(target=crash_writer, args=(location, fingerprint, run, STEPS, ready), daemon=True)
         proc.start()
-        assert ready.wait(60), "writer did not start"
+        assert ready.wait(60), "the writer stored nothing in 60 s"
         time.sleep(rng.uniform(0.0, 0.25))
         proc.kill()
         proc.join(10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -358,10 +358,18 @@ def test_a_summary_expecting_two_million_minibatches_builds_no_keys(fingerprint:
     summary["checksum"] = layout.doc_checksum(summary)
     storage.set(key, json.dumps(doc).encode())
     store.reads.clear()
-    start = time.perf_counter()
-    reader = zs.open_cache(store)
-    assert len(reader.load(1)) == 4 and [i.expected for i in reader.status()] == [1]
-    assert time.perf_counter() - start < 5 and sum(store.reads.values()) < 50
+    calls = [0]  # Python function calls made meanwhile (not seconds: a count a loaded box keeps)
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        calls[0] += event == "call"
+
+    sys.setprofile(count)
+    try:
+        reader = zs.open_cache(store)
+        assert len(reader.load(1)) == 4 and [i.expected for i in reader.status()] == [1]
+    finally:
+        sys.setprofile(None)
+    assert calls[0] < 100_000 and sum(store.reads.values()) < 50  # 2 million keys would take more
     (problem,) = reader.verify().problems
     assert problem.kind == "summary" and "expected must be an int in 1 .. 65536" in problem.error
 
