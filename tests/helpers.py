@@ -6,6 +6,8 @@ under pytest's default import mode); conftest.py holds only fixtures and hooks.
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -16,7 +18,7 @@ from zarr.storage import MemoryStore
 
 import zarr_skip as zs
 
-__all__ = ["FINGERPRINT", "CountingStore", "assert_equal", "concat", "make_batch", "write_sharded"]
+__all__ = ["FINGERPRINT", "CountingStore", "Keys", "assert_equal", "concat", "make_batch", "write_sharded"]
 
 FINGERPRINT = {
     "experiment_name": "exp",
@@ -144,3 +146,81 @@ def concat(batches: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[name] = [x for v in vals for x in v]
     return out
+
+
+class Keys:
+    """The raw keys of a cache wherever it lives (a MemoryStore, a directory, S3), to damage,
+    move or inspect what it stored the same way on every backend, as a disk, a copy tool or
+    another program would.
+
+    Parameters
+    ----------
+    location : what the test passed to ``zs.open_cache`` (a Store, a path).
+    """
+
+    def __init__(self, location: Any) -> None:
+        from zarr_skip.store.storage import Storage, open_store
+
+        self.storage = Storage(open_store(location))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key below ``prefix`` (a 'directory'; ``""``: the whole cache), sorted."""
+        prefix = prefix.rstrip("/")
+        keys = self.storage.list_prefix(prefix)
+        return sorted(k for k in keys if not prefix or k.startswith(prefix + "/"))
+
+    def read(self, key: str) -> bytes:
+        data = self.storage.get(key)
+        assert data is not None, f"no key {key!r}"
+        return data
+
+    def write(self, key: str, data: bytes) -> None:
+        self.storage.set(key, data)
+
+    def delete(self, key: str) -> None:
+        self.storage.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.storage.get(key) is not None
+
+    def path(self, key: str) -> str:
+        """``key`` as messages name it: a file path for a directory, ``store/key`` otherwise."""
+        return self.storage.key_path(key)
+
+    def swap(self, a: str, b: str) -> None:
+        """Exchange two keys, or everything below two prefixes ('directories')."""
+        if self.exists(a) and self.exists(b):
+            da, db = self.read(a), self.read(b)
+            self.write(a, db)
+            self.write(b, da)
+            return
+        moved = {k: self.read(k) for k in self.list(a) + self.list(b)}
+        for key in moved:
+            self.delete(key)
+        for key, data in moved.items():
+            target = b + key[len(a) :] if key.startswith(a + "/") else a + key[len(b) :]
+            self.write(target, data)
+
+    def edit(self, key: str, attr: str, fn: Any) -> None:
+        """Change attribute ``attr`` of the zarr.json at ``key`` with ``fn`` (in place) and
+        recompute its checksum, as a forger would."""
+        from zarr_skip.format import layout
+
+        doc = json.loads(self.read(key))
+        fn(doc["attributes"][attr])
+        doc["attributes"][attr]["checksum"] = layout.doc_checksum(doc["attributes"][attr])
+        self.write(key, json.dumps(doc).encode())
+
+    def dirs(self, prefix: str) -> list[str]:
+        """The 'directories' right below ``prefix`` (those holding keys)."""
+        depth = prefix.rstrip("/").count("/") + 1 if prefix else 0
+        return sorted({"/".join(k.split("/")[: depth + 1]) for k in self.list(prefix) if k.count("/") > depth})
+
+    def chunks(self, part_path: str, column: str) -> list[str]:
+        """The chunk (or shard) keys of ``column`` (``name`` or ``name/values``) of the
+        mini-batch at ``part_path``, in its writer's data group."""
+        (data,) = self.dirs(part_path)
+        array = f"{data}/{column}/"
+        found = [k for k in self.list(array) if re.fullmatch(r"c([./]\d+)*", k[len(array) :])]
+        assert found, f"no chunk of {column!r} below {data}"
+        return found
