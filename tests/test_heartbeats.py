@@ -112,17 +112,17 @@ def test_leaving_waits_for_a_refresh_in_progress(tmp_path: Path) -> None:
 
     def slow_holds(storage: Storage, key: str, doc: dict[str, Any]) -> bool:
         inside.set()
-        release.wait(5)
+        release.wait(60)
         done.append("refresh")
         return True
 
     beat = heartbeats.Heartbeat(storage, "k/zarr.json", {"writer": "w"}, 0.01, slow_holds)
     beat.__enter__()
-    assert inside.wait(5)
+    assert inside.wait(60)
     leaving = threading.Thread(target=lambda: (beat.__exit__(None, None, None), done.append("left")))
     leaving.start()
     time.sleep(0.1)
     assert done == []  # still refreshing: leaving waits
     release.set()
-    leaving.join(5)
+    leaving.join(60)
     assert done == ["refresh", "left"]

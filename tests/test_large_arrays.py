@@ -112,7 +112,7 @@ def test_large_arrays_are_compressed_while_the_per_row_objects_are_encoded(
 
     def waiting_rows(rows: Any) -> Any:
         # the token ids were encoded before these objects: their chunks are compressed meanwhile
-        seen.append(compressed.wait(10))
+        seen.append(compressed.wait(60))
         return rows_of(rows)
 
     monkeypatch.setattr(chunkjobs, "encode_chunks", traced)
@@ -172,7 +172,7 @@ def test_a_batch_refused_while_encoding_leaves_no_compression_running(
         cache.write(2, bad)
     jobs = made[-1]
     assert not jobs._arrays and not jobs._large and not jobs._later and not jobs._tails
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while jobs._threads and time.monotonic() < deadline:  # the call in progress ends
         time.sleep(0.01)
     assert jobs._threads == 0
