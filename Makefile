@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench bench-quick clean
+.PHONY: demo test test-fast lint venv bench bench-quick clean
 
 include verl.mk
 
@@ -23,11 +23,17 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m zarr_skip.demo --out demo_cache
 
-# lint, format and types, the main suite, then the verl integration suite in its own environment (.venv-verl)
+# lint, format and types, the main suite (its 25 slowest tests listed), then the verl integration
+# suite in its own environment (.venv-verl)
 test: $(STAMP)
 	$(MAKE) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 	$(MAKE) test-verl
+
+# the daily subset, under 3 minutes on 2 cores: the main suite without the tests marked `slow`
+# (real processes killed or racing, FUSE, Chromium, notebooks, benchmark runs)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import FINGERPRINT, assert_equal, concat, make_batch
+from helpers import FINGERPRINT, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout

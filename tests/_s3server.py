@@ -18,7 +18,7 @@ Typical use in a test module::
 or, outside pytest::
 
     with seaweedfs(tmp_dir) as srv:
-        fs = s3fs.S3FileSystem(**srv.storage_options)
+        store = open_s3_store(srv.s3_url("prefix"), srv.storage_options)
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class S3Server:
 
     @property
     def storage_options(self) -> dict[str, Any]:
-        """s3fs-style options (also understood by ``zarr_skip.store._s3.open_s3_store``).
+        """s3fs-style options, as users pass them to ``open_cache(..., storage_options=...)``.
 
         A new dict each call, so callers may mutate it.
         """

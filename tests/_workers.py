@@ -46,9 +46,10 @@ def expected_of(step: int) -> int:
 
 
 def crash_writer(location: str, fingerprint: dict, run: str, steps: int, ready: Any) -> None:
-    """Write steps 0..steps-1 (skipping complete ones) until killed."""
+    """Write steps 0..steps-1 (skipping complete ones) until killed; ``ready`` is set once the
+    first mini-batch is stored, so that a kill lands while this writer writes however slowly a
+    loaded machine started it (not before it wrote anything)."""
     cache = zs.open_cache(location, fingerprint, run_id=run, chunk_bytes=32 << 10)
-    ready.set()
     while True:
         done = set(cache.steps())  # once a round: between steps the writer should be writing
         for step in range(steps):
@@ -60,6 +61,8 @@ def crash_writer(location: str, fingerprint: dict, run: str, steps: int, ready: 
                     info = cache.write(step, minibatch(run, step, "x"), expected=n)
                 except zs.StepCompleteError:
                     break
+                finally:
+                    ready.set()
                 if info.step_complete:
                     break
         time.sleep(0.001)

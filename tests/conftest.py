@@ -1,53 +1,17 @@
-"""Shared fixtures: one ``location`` fixture runs the store suite over every backend."""
+"""Fixtures only (helpers live in helpers.py): one ``location`` fixture runs a test over every backend."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
-from zarr.core.buffer import BufferPrototype
-from zarr.storage import MemoryStore
-
-import zarr_skip as zs
-
-FINGERPRINT = {
-    "experiment_name": "exp",
-    "project_name": "proj",
-    "gen_batch_size": 4,
-    "n": 2,
-    "max_prompt_length": 8,
-    "max_response_length": 16,
-}
+from helpers import FINGERPRINT, CountingStore, make_batch
 
 logging.getLogger("zarr_skip").setLevel(logging.DEBUG)
-
-
-class CountingStore(MemoryStore):
-    """A MemoryStore that counts the keys read, to prove lazy reads touch only what they need."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.reads: Counter[str] = Counter()
-        self.bytes_read: Counter[str] = Counter()
-
-    async def get(self, key: str, prototype: BufferPrototype, byte_range: Any = None) -> Any:
-        self.reads[key] += 1
-        buf = await super().get(key, prototype, byte_range)
-        self.bytes_read[key] += 0 if buf is None else len(buf)
-        return buf
-
-    def with_read_only(self, read_only: bool = False) -> CountingStore:
-        other = CountingStore(self._store_dict, read_only=read_only)
-        other.reads = self.reads
-        other.bytes_read = self.bytes_read
-        return other
 
 
 @pytest.fixture(scope="session")
@@ -79,103 +43,6 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 @pytest.fixture
 def fingerprint() -> dict[str, Any]:
     return dict(FINGERPRINT)
-
-
-def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, Any]:
-    """A small rollout batch with every kind of column."""
-    g = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    lengths = torch.randint(0, 7, (rows,), generator=g)
-    offsets = torch.zeros(rows + 1, dtype=torch.int64)
-    offsets[1:] = lengths.cumsum(0)
-    values = torch.randint(0, 151936, (int(offsets[-1]),), generator=g)
-    return {
-        "input_ids": torch.randint(0, 151936, (rows, 5), generator=g),
-        "attention_mask": torch.randint(0, 2, (rows, 5), generator=g),
-        "old_log_probs": torch.randn(rows, 5, generator=g),
-        "bf16": torch.randn(rows, 3, generator=g).bfloat16(),
-        "responses": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
-        "uid": [f"uid-{offset + i // 2}" for i in range(rows)],
-        "tags": [{"global_steps": 1, "status": "finished", "seq_len": int(n)} for n in lengths],
-        "raw_prompt": np.array(
-            [[{"role": "user", "content": f"q{offset + i}é"}] for i in range(rows)] + [None], dtype=object
-        )[:rows],
-        "scores": rng.standard_normal(rows).astype(np.float32),
-    }
-
-
-def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
-    """A cache whose step 3 stores ``responses`` values as a shard of many chunks: the cache,
-    the batch written and that array's :class:`zarr_skip.store.reads.ArrayPart`."""
-    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
-    batch = make_batch(12, seed=5)
-    cache.write(3, batch)
-    (part,) = cache.load(3).parts
-    array = part.arrays["responses"]["values"]
-    assert array.shard and len(array.sizes) > 4
-    return cache, batch, array
-
-
-def assert_equal(a: Any, b: Any, where: str = "") -> None:
-    """Bit-exact equality of restored values: same type, dtype, shape and bits."""
-    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.is_nested == b.is_nested, where
-        if a.is_nested:
-            la, lb = a.unbind(), b.unbind()
-            assert len(la) == len(lb), where
-            for i, (x, y) in enumerate(zip(la, lb, strict=True)):
-                assert_equal(x.contiguous(), y.contiguous(), f"{where}[{i}]")
-            return
-        assert a.shape == b.shape, f"{where}: {a.shape} vs {b.shape}"
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-        if a.dtype.is_complex or a.dtype.itemsize not in width:
-            assert torch.equal(a, b), where
-        else:
-            assert torch.equal(
-                a.contiguous().view(width[a.dtype.itemsize]), b.contiguous().view(width[b.dtype.itemsize])
-            ), where
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-        if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a, b, strict=True)):
-                assert_equal(x, y, f"{where}[{i}]")
-        else:
-            assert a.tobytes() == b.tobytes(), where
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_equal(x, y, f"{where}[{i}]")
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for k in a:
-            assert_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, np.generic):
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
-    elif isinstance(a, float):
-        assert np.float64(a).tobytes() == np.float64(b).tobytes(), where
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
-
-
-def concat(batches: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a step of several mini-batches loads as."""
-    out: dict[str, Any] = {}
-    for name, first in batches[0].items():
-        vals = [b[name] for b in batches]
-        if isinstance(first, torch.Tensor) and first.is_nested:
-            lengths = torch.cat([v.offsets().diff() for v in vals])
-            offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-            offsets[1:] = lengths.cumsum(0)
-            values = torch.cat([v.values() for v in vals])
-            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
-        elif isinstance(first, torch.Tensor):
-            out[name] = torch.cat(vals)
-        elif isinstance(first, np.ndarray):
-            out[name] = np.concatenate(vals)
-        else:
-            out[name] = [x for v in vals for x in v]
-    return out
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 from _adversary import DAMAGES, attack, build, sweep
 
 
+@pytest.mark.slow
 def test_a_short_adversarial_sweep(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="zarr_skip")
     figures = sweep(tmp_path, 30, seed=1)

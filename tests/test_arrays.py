@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import FINGERPRINT, CountingStore, assert_equal, concat, make_batch
+from helpers import FINGERPRINT, CountingStore, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip import lazy

@@ -49,6 +49,7 @@ def test_the_floor_of_repeated_rows_counts_each_distinct_value_once() -> None:
     assert floor["parts"]["extra_info"] > jagged_floor("small", 0, 1)["parts"]["extra_info"]
 
 
+@pytest.mark.slow
 def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     """bench_tables end to end on a few small steps: every row of its report is there."""
     import json
@@ -65,6 +66,7 @@ def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     assert "Cache.table on local disk" in (out / "tables.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import baseline, write_floor
     from benchmarks.formats import PlainDumpRealistic

@@ -186,6 +186,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a real process, its peak RSS measured
 def test_hostile_files_stay_under_their_memory_bound(hostile: dict[str, Path], tmp_path: Path) -> None:
     from test_legacy import dump_tq, tq_payload
 

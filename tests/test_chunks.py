@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from conftest import assert_equal, concat, make_batch
+from helpers import assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import layout

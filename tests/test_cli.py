@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli._context import UsageError, parse_steps, parse_storage_options
@@ -43,7 +43,7 @@ _ABANDON = """
 import sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import zarr_skip as zs
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 cache = zs.open_cache({loc!r}, {{**FINGERPRINT, "role": "rollout"}})
 cache.write(3, make_batch(4, seed=3), expected=2)  # 1 of 2, then the process exits
 """
@@ -117,6 +117,7 @@ def flip_byte(path: Path) -> None:
 # ------------------------------------------------------------------ real processes
 
 
+@pytest.mark.slow
 def test_subprocess_exit_codes_and_output(loc: str, tmp_path: Path) -> None:
     broken = str(shutil.copytree(loc, tmp_path / "broken"))
     flipped = chunk_file(broken, 1, "input_ids")
@@ -392,6 +393,7 @@ def test_untyped_failures_are_one_line(
     assert code == 0 and [e["steps"] for e in json.loads(out)["experiments"]] == [[]]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.timeout(120)
 def test_s3_location_with_storage_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

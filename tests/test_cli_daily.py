@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli.main import EXAMPLES, build_parser, main

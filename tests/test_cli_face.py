@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli._format import Bar

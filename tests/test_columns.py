@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_equal
+from helpers import assert_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -16,7 +16,7 @@ import zarr_skip as zs
 
 WRITERS = 8
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real processes racing
 
 
 @pytest.fixture(scope="module")

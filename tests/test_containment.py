@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_batch
+from helpers import make_batch
 from zarr.storage import MemoryStore
 
 import zarr_skip as zs

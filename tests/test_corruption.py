@@ -1,4 +1,9 @@
-"""Damaged caches give typed errors naming what and where, never wrong data."""
+"""Damaged caches give typed errors naming what and where, never wrong data.
+
+Damage is done to keys (missing, truncated, emptied, garbage, edited), the same on every backend
+(``location``: memory, a directory, S3). The bit flips stay on a local directory: they are what
+a disk does to files; an object store keeps or loses whole objects, which the other tests cover.
+"""
 
 from __future__ import annotations
 
@@ -7,71 +12,74 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_batch, write_sharded
+from helpers import Keys, make_batch, write_sharded
 
 import zarr_skip as zs
 
 
-@pytest.fixture
-def written(tmp_path: Path, fingerprint: dict) -> tuple[Path, zs.Cache, Any]:
-    cache = zs.open_cache(tmp_path, fingerprint)
+def _write(location: Any, fingerprint: dict) -> tuple[Keys, zs.Cache, Any]:
+    cache = zs.open_cache(location, fingerprint)
     cache.write(5, make_batch(6, seed=1), expected=2)
     info = cache.write(5, make_batch(6, seed=2), expected=2)
     cache.write(6, make_batch(3, seed=3))
-    return tmp_path, cache, info
+    return Keys(location), cache, info
 
 
-def chunk_file(root: Path, info: Any, column: str) -> Path:
-    """The first chunk file of ``column`` (``name`` or ``name/values``) of a mini-batch."""
-    (data,) = [d for d in (root / info.path).iterdir() if d.is_dir()]  # the writer's data group
-    files = sorted(p for p in (data / column).glob("c.*") if p.is_file())
-    assert files
-    return files[0]
+@pytest.fixture
+def written(location: Any, fingerprint: dict) -> tuple[Keys, zs.Cache, Any]:
+    return _write(location, fingerprint)
 
 
-def test_flipped_byte_raises_checksum_error_naming_everything(written: Any) -> None:
-    root, cache, info = written
-    path = chunk_file(root, info, "input_ids")
-    data = bytearray(path.read_bytes())
+@pytest.fixture
+def on_disk(tmp_path: Path, fingerprint: dict) -> tuple[Keys, zs.Cache, Any]:
+    """The same cache in a local directory, whose files get bit flips."""
+    return _write(tmp_path, fingerprint)
+
+
+def test_flipped_byte_raises_checksum_error_naming_everything(on_disk: Any) -> None:
+    keys, cache, info = on_disk
+    key = keys.chunks(info.path, "input_ids")[0]
+    path = keys.path(key)
+    data = bytearray(keys.read(key))
     data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    keys.write(key, bytes(data))
     view = cache.load(5)
     with pytest.raises(zs.ChecksumError) as exc:
         view["input_ids"][:]
     msg = str(exc.value)
-    assert "step 5" in msg and "mini-batch 1" in msg and "'input_ids'" in msg and str(path) in msg
+    assert "step 5" in msg and "mini-batch 1" in msg and "'input_ids'" in msg and path in msg
     assert view["uid"][:]  # other columns still read
     report = cache.verify()
     assert not report.ok and report.steps == (5, 6)
     (problem,) = report.problems
-    assert (problem.step, problem.minibatch, problem.column, problem.path) == (5, 1, "input_ids", str(path))
+    assert (problem.step, problem.minibatch, problem.column, problem.path) == (5, 1, "input_ids", path)
     assert problem.kind == "ChecksumError"
 
 
-def test_every_single_bit_flip_in_a_chunk_is_caught(written: Any) -> None:
-    root, cache, info = written
-    path = chunk_file(root, info, "responses/values")
-    good = path.read_bytes()
+def test_every_single_bit_flip_in_a_chunk_is_caught(on_disk: Any) -> None:
+    keys, cache, info = on_disk
+    key = keys.chunks(info.path, "responses/values")[0]
+    good = keys.read(key)
     for pos in range(0, len(good), max(1, len(good) // 40)):
         bad = bytearray(good)
         bad[pos] ^= 0x80
-        path.write_bytes(bytes(bad))
+        keys.write(key, bytes(bad))
         with pytest.raises(zs.CorruptCacheError):
             cache.load(5)["responses"][:]
-    path.write_bytes(good)
+    keys.write(key, good)
     cache.load(5)["responses"][:]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "empty"])
 def test_missing_or_truncated_chunk(written: Any, damage: str) -> None:
-    root, cache, info = written
-    path = chunk_file(root, info, "old_log_probs")
+    keys, cache, info = written
+    key = keys.chunks(info.path, "old_log_probs")[0]
     if damage == "truncate":
-        path.write_bytes(path.read_bytes()[:-7])
+        keys.write(key, keys.read(key)[:-7])
     elif damage == "delete":
-        path.unlink()
+        keys.delete(key)
     else:
-        path.write_bytes(b"")
+        keys.write(key, b"")
     with pytest.raises(zs.MissingDataError, match=r"step 5, mini-batch 1, column 'old_log_probs'") as exc:
         cache.load(5)["old_log_probs"][:]
     assert isinstance(exc.value, FileNotFoundError)
@@ -79,16 +87,16 @@ def test_missing_or_truncated_chunk(written: Any, damage: str) -> None:
 
 
 def test_deleted_minibatch_metadata(written: Any) -> None:
-    root, cache, info = written
-    (root / info.path / "zarr.json").unlink()
+    keys, cache, info = written
+    keys.delete(f"{info.path}/zarr.json")
     with pytest.raises(zs.MissingDataError, match=r"step 5 was recorded complete"):
         cache.load(5)
     assert cache.load(6)["uid"][:]  # the rest still loads
 
 
 def test_garbage_minibatch_metadata(written: Any) -> None:
-    root, cache, info = written
-    (root / info.path / "zarr.json").write_bytes(b"\x00garbage{")
+    keys, cache, info = written
+    keys.write(f"{info.path}/zarr.json", b"\x00garbage{")
     with pytest.raises(zs.MissingDataError):
         cache.load(5)
     problems = cache.verify(5).problems
@@ -96,24 +104,23 @@ def test_garbage_minibatch_metadata(written: Any) -> None:
 
 
 def test_altered_minibatch_metadata_fails_its_checksum(written: Any) -> None:
-    root, cache, info = written
-    meta = root / info.path / "zarr.json"
-    doc = json.loads(meta.read_text())
+    keys, cache, info = written
+    meta = f"{info.path}/zarr.json"
+    doc = json.loads(keys.read(meta))
     doc["attributes"]["zarr_skip.part"]["columns"]["input_ids"]["arrays"]["data"]["shape"][0] = 5
-    meta.write_text(json.dumps(doc))
+    keys.write(meta, json.dumps(doc).encode())
     with pytest.raises(zs.MetadataError, match="checksum mismatch"):
         cache.load(5)
 
 
 def test_garbage_step_and_root_metadata(written: Any) -> None:
-    root, cache, info = written
-    step_meta = root / "exp_proj/GBS4_N2_in8_out16/5/zarr.json"
-    step_meta.write_text("not json")
+    keys, cache, info = written
+    keys.write("exp_proj/GBS4_N2_in8_out16/5/zarr.json", b"not json")
     assert len(cache.load(5)) == 12  # the summary is only a cache: the mini-batches decide
     assert [i.complete for i in cache.status()] == [True, True]
-    (root / "zarr.json").write_text("{{{")
+    keys.write("zarr.json", b"{{{")
     with pytest.raises(zs.MetadataError, match=r"zarr.json: not valid JSON"):
-        zs.open_cache(root)
+        zs.open_cache(cache.storage.store)
 
 
 @pytest.fixture

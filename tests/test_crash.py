@@ -13,6 +13,8 @@ from _workers import append_writer, check_complete_steps, crash_writer, expected
 
 import zarr_skip as zs
 
+pytestmark = pytest.mark.slow  # real processes killed with SIGKILL
+
 KILLS = 50
 STEPS = 40  # more than a writer finishes before its kill: kills land mid-step
 
@@ -35,7 +37,7 @@ def test_sigkill_at_random_points_never_yields_a_wrong_complete_step(
         run = f"run{kill:03d}"
         proc = ctx.Process(target=crash_writer, args=(location, fingerprint, run, STEPS, ready), daemon=True)
         proc.start()
-        assert ready.wait(60), "writer did not start"
+        assert ready.wait(60), "the writer stored nothing in 60 s"
         time.sleep(rng.uniform(0.0, 0.25))
         proc.kill()
         proc.join(10)

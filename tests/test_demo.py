@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import zarr_skip as zs
 from zarr_skip.views import tokenizer_for
 
@@ -22,6 +24,7 @@ def _first_screen() -> list[str]:
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_the_readme_commands_then_run(tmp_path: Path) -> None:
     first = _first_screen()
     assert first[0] == "make demo" and "source .venv/bin/activate" in first

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_equal, make_batch
+from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format.describe import ARRAY_ATTR

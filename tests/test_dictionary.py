@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import CountingStore, assert_equal, concat, make_batch
+from helpers import CountingStore, assert_equal, concat, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

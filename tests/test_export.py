@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_batch
+from helpers import make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_equal, make_batch
+from helpers import assert_equal, make_batch
 from zarr.storage import LocalStore
 
 import zarr_skip as zs

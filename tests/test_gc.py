@@ -1,4 +1,7 @@
-"""gc: dead data goes, live writers and complete steps (outside retention) stay."""
+"""gc: dead data goes, live writers and complete steps (outside retention) stay.
+
+Over the ``location`` fixture (memory, a directory, S3); the temp files of killed writers are
+a local directory's (``.partial`` files of its atomic writes), so those tests stay on one."""
 
 from __future__ import annotations
 
@@ -6,17 +9,19 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import make_batch
+from helpers import Keys, make_batch
 
 import zarr_skip as zs
 
 
-def age_records(root: Path, seconds: float) -> None:
+def age_records(location: Any, seconds: float) -> None:
     """Make every writer record look like another host's, silent for ``seconds``."""
-    for meta in root.rglob("zarr.json"):
-        doc = json.loads(meta.read_text())
+    keys = Keys(location)
+    for meta in [k for k in keys.list() if k.endswith("zarr.json")]:
+        doc = json.loads(keys.read(meta))
         attrs = doc.get("attributes", {})
         for key in ("zarr_skip.part", "zarr_skip.run"):
             if key in attrs:
@@ -30,27 +35,37 @@ def age_records(root: Path, seconds: float) -> None:
                     from zarr_skip.format.layout import doc_checksum
 
                     rec["checksum"] = doc_checksum(rec)
-        meta.write_text(json.dumps(doc))
+        keys.write(meta, json.dumps(doc).encode())
 
 
-@pytest.fixture
-def cache(tmp_path: Path, fingerprint: dict) -> zs.Cache:
-    c = zs.open_cache(tmp_path, fingerprint, lease=30)
+def _cache(location: Any, fingerprint: dict) -> zs.Cache:
+    c = zs.open_cache(location, fingerprint, lease=30)
     for step in (1, 2, 3, 4):
         c.write(step, make_batch(3, seed=step))
     c.write(5, make_batch(3), expected=3)  # left partial
     return c
 
 
-def test_abandoned_vs_writing(cache: zs.Cache, tmp_path: Path) -> None:
+@pytest.fixture
+def cache(location: Any, fingerprint: dict) -> zs.Cache:
+    return _cache(location, fingerprint)
+
+
+@pytest.fixture
+def on_disk(tmp_path: Path, fingerprint: dict) -> zs.Cache:
+    return _cache(tmp_path, fingerprint)
+
+
+def test_abandoned_vs_writing(cache: zs.Cache, location: Any) -> None:
     assert cache.status()[-1].state == "writing"  # this process is alive
-    age_records(tmp_path, 10)
+    age_records(location, 10)
     assert cache.status()[-1].state == "writing"  # heartbeat within the lease
-    age_records(tmp_path, 60)
+    age_records(location, 60)
     assert cache.status()[-1].state == "abandoned"
 
 
-def test_gc_dry_run_then_real(cache: zs.Cache, tmp_path: Path) -> None:
+def test_gc_dry_run_then_real(on_disk: zs.Cache, tmp_path: Path) -> None:
+    cache = on_disk
     age_records(tmp_path, 120)
     partial = tmp_path / cache.experiment / "2" / "zarr.0123abcd.partial"
     partial.write_bytes(b"x")
@@ -65,7 +80,8 @@ def test_gc_dry_run_then_real(cache: zs.Cache, tmp_path: Path) -> None:
     assert [i.step for i in cache.status()] == [1, 2, 3, 4]
 
 
-def test_gc_keeps_live_writers_and_fresh_temp_files(cache: zs.Cache, tmp_path: Path) -> None:
+def test_gc_keeps_live_writers_and_fresh_temp_files(on_disk: zs.Cache, tmp_path: Path) -> None:
+    cache = on_disk
     fresh = tmp_path / cache.experiment / "5" / "zarr.feedbeef.partial"
     fresh.write_bytes(b"x")
     report = cache.gc()
@@ -82,14 +98,16 @@ def test_retention_keep_last_and_pin(cache: zs.Cache) -> None:
         cache.gc(keep_last=-1)
 
 
-def test_gc_removes_displaced_runs_leftovers(tmp_path: Path, fingerprint: dict) -> None:
-    old = zs.open_cache(tmp_path, fingerprint)
-    new = zs.open_cache(tmp_path, fingerprint)
+def test_gc_removes_displaced_runs_leftovers(location: Any, fingerprint: dict) -> None:
+    old = zs.open_cache(location, fingerprint)
+    new = zs.open_cache(location, fingerprint)
     new.write(7, make_batch(2), expected=2)
     # a displaced writer that kept going leaves a mini-batch the owner does not count
-    run_dir = tmp_path / new.experiment / "7" / old.run_id
-    (run_dir / "0").mkdir(parents=True)
-    (run_dir / "zarr.json").write_text(
+    keys = Keys(location)
+    run_dir = f"{new.experiment}/7/{old.run_id}"
+    keys.write(f"{run_dir}/0/w-gone/scores/c.0", b"chunk")  # its mini-batch's data, no record yet
+    keys.write(
+        f"{run_dir}/zarr.json",
         json.dumps(
             {
                 "zarr_format": 3,
@@ -105,31 +123,33 @@ def test_gc_removes_displaced_runs_leftovers(tmp_path: Path, fingerprint: dict) 
                     }
                 },
             }
-        )
+        ).encode(),
     )
     info = new.status()[0]
     assert info.stale_runs == (old.run_id,) and info.run == new.run_id
     report = new.gc()
     assert [r.path.rsplit("/", 1)[-1] for r in report.removed] == [old.run_id]
-    assert not run_dir.exists()
+    assert keys.list(run_dir) == []
 
 
-def test_gc_needs_a_writable_handle(cache: zs.Cache, tmp_path: Path) -> None:
+def test_gc_needs_a_writable_handle(cache: zs.Cache, location: Any) -> None:
     with pytest.raises(zs.ReadOnlyCacheError):
-        zs.open_cache(tmp_path).gc()
-    assert zs.open_cache(tmp_path).gc(dry_run=True).dry_run
+        zs.open_cache(location).gc()
+    assert zs.open_cache(location).gc(dry_run=True).dry_run
 
 
 def test_gc_never_deletes_a_step_whose_records_it_cannot_read(
-    cache: zs.Cache, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    cache: zs.Cache, location: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Through a stale shared-filesystem mount a complete step can look damaged: keep it."""
-    age_records(tmp_path, 120)
-    record = next((tmp_path / cache.experiment / "2").glob("*/0/zarr.json"))
-    good = record.read_bytes()
-    record.write_bytes(good[: len(good) // 2])  # what a stale FUSE view returned
+    age_records(location, 120)
+    keys = Keys(location)
+    (run,) = keys.dirs(f"{cache.experiment}/2")
+    record = f"{run}/0/zarr.json"
+    good = keys.read(record)
+    keys.write(record, good[: len(good) // 2])  # what a stale FUSE view returned
     report = cache.gc()
     assert all(r.step != 2 for r in report.removed)
     assert "step 2 has unreadable records; nothing of it is removed" in caplog.text
-    record.write_bytes(good)
+    keys.write(record, good)
     assert 2 in cache.steps()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_equal, make_batch
+from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import layout
@@ -29,21 +29,24 @@ def _record(doc: bytes) -> dict[str, Any]:
 def test_a_slow_write_is_refreshed_while_it_lasts_and_its_completion_stays(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    encode = chunkjobs.encode_chunk
-
-    def slow_encode(*args: Any) -> bytes:
-        time.sleep(0.1)
-        return encode(*args)
-
+    # the write, once it holds its claim, waits for two refreshes (not for a time that a loaded
+    # machine may not honour): the property is that they come while it lasts
+    refreshed = threading.Event()
     records: list[dict[str, Any]] = []
-    set_ = Storage.set
+    set_, take = Storage.set, chunkjobs.ChunkJobs.take
 
     def traced_set(self: Storage, key: str, value: bytes) -> None:
         if key.endswith(layout.METADATA) and layout.PART_ATTR.encode() in value:
             records.append(_record(value))
+            if sum(r["state"] == "writing" for r in records) >= 2:
+                refreshed.set()
         set_(self, key, value)
 
-    monkeypatch.setattr(chunkjobs, "encode_chunk", slow_encode)
+    def slow_take(self: chunkjobs.ChunkJobs, *args: Any) -> Any:
+        assert refreshed.wait(30), "no two heartbeats while the write held its claim"
+        return take(self, *args)
+
+    monkeypatch.setattr(chunkjobs.ChunkJobs, "take", slow_take)
     monkeypatch.setattr(Storage, "set", traced_set)
     cache = zs.open_cache(str(tmp_path), fingerprint, lease=0.2)  # a heartbeat every 0.05 s
     batch = make_batch(64)
@@ -86,14 +89,17 @@ def test_a_heartbeat_stops_when_the_record_names_another_writer(
 ) -> None:
     storage = zs.open_cache(str(tmp_path), {"x": 1}).storage
     asked: list[float] = []
+    first = threading.Event()
 
     def someone_else(storage: Storage, key: str, doc: dict[str, Any]) -> bool:
         asked.append(time.monotonic())
+        first.set()
         return False
 
     with caplog.at_level(logging.WARNING, logger=heartbeats.__name__):
         with heartbeats.Heartbeat(storage, "k/zarr.json", {"writer": "w"}, 0.02, someone_else):
-            time.sleep(0.2)
+            assert first.wait(30)  # the first refresh comes, whenever the thread gets to run
+            time.sleep(0.2)  # ten more intervals
     assert len(asked) == 1  # asked once, then never refreshed again
     assert "names another writer" in caplog.text
     assert storage.get("k/zarr.json") is None  # nothing written for a record it does not hold
@@ -106,17 +112,17 @@ def test_leaving_waits_for_a_refresh_in_progress(tmp_path: Path) -> None:
 
     def slow_holds(storage: Storage, key: str, doc: dict[str, Any]) -> bool:
         inside.set()
-        release.wait(5)
+        release.wait(60)
         done.append("refresh")
         return True
 
     beat = heartbeats.Heartbeat(storage, "k/zarr.json", {"writer": "w"}, 0.01, slow_holds)
     beat.__enter__()
-    assert inside.wait(5)
+    assert inside.wait(60)
     leaving = threading.Thread(target=lambda: (beat.__exit__(None, None, None), done.append("left")))
     leaving.start()
     time.sleep(0.1)
     assert done == []  # still refreshing: leaving waits
     release.set()
-    leaving.join(5)
+    leaving.join(60)
     assert done == ["refresh", "left"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import assert_equal
+from helpers import assert_equal
 from numcodecs import blosc
 
 import zarr_skip as zs
@@ -112,7 +112,7 @@ def test_large_arrays_are_compressed_while_the_per_row_objects_are_encoded(
 
     def waiting_rows(rows: Any) -> Any:
         # the token ids were encoded before these objects: their chunks are compressed meanwhile
-        seen.append(compressed.wait(10))
+        seen.append(compressed.wait(60))
         return rows_of(rows)
 
     monkeypatch.setattr(chunkjobs, "encode_chunks", traced)
@@ -126,33 +126,38 @@ def test_large_arrays_are_compressed_while_the_per_row_objects_are_encoded(
 def test_one_thread_compresses_while_the_batch_is_encoded(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch, chunk_jobs: list
 ) -> None:
+    # Asserts the pool's decisions, not the OS schedule: which threads are put on the large
+    # arrays before and after spread(). The early thread's blosc call waits until spread() has
+    # run, so that what spread() finds left to share does not depend on how fast that thread was.
     made = chunk_jobs
-    busy, log = [0], []
-    lock = threading.Lock()
-    encode_many, encode_one = chunkjobs.encode_chunks, chunkjobs.encode_chunk
+    spread_done = threading.Event()
+    put_on_large: list[bool] = []  # per thread put on the large arrays: after spread()?
+    waited: list[bool] = []
+    encode_many, submit, spread = chunkjobs.encode_chunks, _localfs.submit, chunkjobs.ChunkJobs.spread
 
-    def counted(fn: Any) -> Any:
-        def run(*args: Any) -> Any:
-            with lock:
-                busy[0] += 1
-                log.append((made[-1]._spread, busy[0]))
-            try:
-                time.sleep(0.005)  # long enough to overlap another thread's work if any ran
-                return fn(*args)
-            finally:
-                with lock:
-                    busy[0] -= 1
+    def held(*args: Any) -> list[bytes]:
+        if not made[-1]._spread:
+            waited.append(spread_done.wait(30))
+        return encode_many(*args)
 
-        return run
+    def counted_submit(fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_compress_large":
+            put_on_large.append(made[-1]._spread)
+        return submit(fn, *args)
 
-    monkeypatch.setattr(chunkjobs, "encode_chunks", counted(encode_many))
-    monkeypatch.setattr(chunkjobs, "encode_chunk", counted(encode_one))
+    def spread_then_release(self: chunkjobs.ChunkJobs) -> None:
+        spread(self)
+        spread_done.set()
+
+    monkeypatch.setattr(chunkjobs, "encode_chunks", held)
+    monkeypatch.setattr(_localfs, "submit", counted_submit)
+    monkeypatch.setattr(chunkjobs.ChunkJobs, "spread", spread_then_release)
     batch = _batch()
     cache = zs.open_cache(str(tmp_path), fingerprint, chunk_bytes=64 << 10)
     cache.write(1, batch)
-    early = [n for spread_, n in log if not spread_]
-    assert early and max(early) == 1  # before spread(): one call at a time
-    assert max(n for _, n in log) >= min(2, _localfs.workers())  # after: every thread of the pool
+    assert put_on_large.count(False) == 1  # while the batch is encoded: one thread
+    assert put_on_large.count(True) == _localfs.workers() - 1  # then every thread of the pool
+    assert all(waited)  # the early call was released by spread(), not by the time-out
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
 
 
@@ -167,7 +172,7 @@ def test_a_batch_refused_while_encoding_leaves_no_compression_running(
         cache.write(2, bad)
     jobs = made[-1]
     assert not jobs._arrays and not jobs._large and not jobs._later and not jobs._tails
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while jobs._threads and time.monotonic() < deadline:  # the call in progress ends
         time.sleep(0.01)
     assert jobs._threads == 0

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_equal
+from helpers import assert_equal
 from tensordict import NonTensorStack, TensorDict
 
 from zarr_skip.errors import IncompleteStepError, UnsafePickleError, ZarrSkipError

@@ -334,6 +334,7 @@ def test_rollout_tq_missing_transfer_queue_is_clear(tmp_path: Path, monkeypatch:
         ft.V1Trainer(config, seed=1).fit(1, transfer_queue=None)
 
 
+@pytest.mark.slow
 def test_rollout_tq_killed_mid_step_regenerates_only_that_step(tmp_path: Path) -> None:
     dump, marker = tmp_path / "c", tmp_path / "marker"
     cmd = [

@@ -102,6 +102,7 @@ def test_find_titles_show_strings_as_typed(tmp_path: Path) -> None:
     assert view.find(text=r"\boxed\{", regex=True).title == 'step 1: rows with text="\\boxed\\{"'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_saves_its_figures(path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from zarr_skip import demo

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, make_batch
 from test_failures import FullStore
 
 import zarr_skip as zs

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import CountingStore, make_batch
+from helpers import CountingStore, make_batch
 
 import zarr_skip as zs
 from zarr_skip.notebook import plots

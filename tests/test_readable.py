@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CountingStore
+from helpers import CountingStore
 
 import zarr_skip as zs
 from zarr_skip.errors import MissingExtraError, TokenizerNotFoundError

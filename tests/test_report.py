@@ -151,6 +151,7 @@ def browser() -> Any:
         yield b
 
 
+@pytest.mark.slow
 def test_the_browser_sees_console_errors_and_failed_loads(browser: Browser, tmp_path: Path) -> None:
     page = tmp_path / "bad.html"
     page.write_text('<!DOCTYPE html><img src="missing.png"><script>console.error("boom")</script>')
@@ -212,6 +213,7 @@ def _check_figures(cache: zs.Cache, state: dict[str, Any]) -> None:
         assert f"ground truth: {truth}" in state["text"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
 def test_the_report_in_chromium(browser: Browser, cache: zs.Cache, tmp_path: Path, dark: bool) -> None:
     path = write_report(cache, tmp_path / "report.html", [1, 2], tokenizer=TOKENIZER_PATH)
@@ -353,6 +355,7 @@ JS_VIEW = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "body", "dark"),
     [

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import CountingStore
+from helpers import CountingStore
 from test_display import assert_balanced
 
 import zarr_skip as zs

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import make_batch
+from helpers import make_batch
 
 import zarr_skip as zs
 from zarr_skip.store._s3_errors import backend_error

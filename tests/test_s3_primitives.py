@@ -26,7 +26,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from zarr_skip.errors import ConfigError, ReadOnlyCacheError, StorageError
-from zarr_skip.store._s3 import Backend, ForkCheckedObjectStore, aclose_store, open_s3_store
+from zarr_skip.store._s3 import ForkCheckedObjectStore, open_s3_store
 from zarr_skip.store._s3_claims import create_if_absent, probe_conditional_put
 from zarr_skip.store._s3_config import parse_s3_url, s3_config_from_storage_options
 
@@ -38,8 +38,6 @@ except ImportError:  # tests/ imported as rootdir-less modules
     from _s3server import S3Server, seaweedfs_fixture_server  # type: ignore[no-redef]
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
-
-BACKENDS = ["obstore", "fsspec"]
 
 
 @pytest.fixture(scope="module")
@@ -58,27 +56,17 @@ Opener = Callable[..., Store]
 
 @pytest.fixture
 def open_store(s3: S3Server) -> Iterator[Opener]:
-    """``open_store(prefix, read_only=False, backend="obstore", **options)``; closes at teardown."""
+    """``open_store(prefix, read_only=False, **options)``; closes at teardown."""
     opened: list[Store] = []
 
-    def _open(
-        prefix: str = "",
-        read_only: bool = False,
-        backend: Backend = "obstore",
-        **options: Any,
-    ) -> Store:
-        store = open_s3_store(
-            s3.s3_url(prefix),
-            {**s3.storage_options, **options},
-            read_only,
-            backend=backend,
-        )
+    def _open(prefix: str = "", read_only: bool = False, **options: Any) -> Store:
+        store = open_s3_store(s3.s3_url(prefix), {**s3.storage_options, **options}, read_only)
         opened.append(store)
         return store
 
     yield _open
     for store in opened:
-        sync(aclose_store(store))
+        store.close()
 
 
 def _get(store: Store, key: str) -> bytes | None:
@@ -123,9 +111,8 @@ def test_storage_option_aliases() -> None:
 # --------------------------------------------------------------- against SeaweedFS
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_create_if_absent(open_store: Opener, prefix: str, backend: str) -> None:
-    store = open_store(prefix, backend=backend)
+def test_create_if_absent(open_store: Opener, prefix: str) -> None:
+    store = open_store(prefix)
     assert sync(create_if_absent(store, "locks/a", b"first")) is True
     assert sync(create_if_absent(store, "locks/a", b"second")) is False
     assert _get(store, "locks/a") == b"first"
@@ -133,13 +120,11 @@ def test_create_if_absent(open_store: Opener, prefix: str, backend: str) -> None
     assert _get(store, "locks/b") == b"other"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_probe_conditional_put(open_store: Opener, prefix: str, backend: str) -> None:
-    store = open_store(prefix, backend=backend)
+def test_probe_conditional_put(open_store: Opener, prefix: str) -> None:
+    store = open_store(prefix)
     assert sync(probe_conditional_put(store, "sub")) is True
     assert sync(probe_conditional_put(store, "")) is True
-    # the probe leaves no object behind (SeaweedFS may keep an empty "directory",
-    # which s3fs lists as the prefix itself)
+    # the probe leaves no object behind (SeaweedFS may keep an empty "directory")
     assert not [k for k in _list(store) if "probe" in k]
 
 
@@ -150,19 +135,17 @@ def _list(store: Store) -> list[str]:
     return sync(go())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_read_only_store_refuses(open_store: Opener, prefix: str, backend: str) -> None:
-    store = open_store(prefix, read_only=True, backend=backend)
+def test_read_only_store_refuses(open_store: Opener, prefix: str) -> None:
+    store = open_store(prefix, read_only=True)
     with pytest.raises(ReadOnlyCacheError):
         sync(create_if_absent(store, "x", b"1"))
-    store = open_store(prefix, backend=backend, secret="wrong-secret")
+    store = open_store(prefix, secret="wrong-secret")
     with pytest.raises(ReadOnlyCacheError):
         sync(create_if_absent(store, "x", b"1"))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_zarr_round_trip(open_store: Opener, prefix: str, backend: str) -> None:
-    store = open_store(prefix, backend=backend)
+def test_zarr_round_trip(open_store: Opener, prefix: str) -> None:
+    store = open_store(prefix)
     root = zarr.open_group(store, mode="w")
     root.attrs["hello"] = "world"
     sub = root.create_group("step/0")
@@ -172,7 +155,7 @@ def test_zarr_round_trip(open_store: Opener, prefix: str, backend: str) -> None:
     text = sub.create_array("text", shape=(3,), dtype=str)
     text[:] = np.array(["a", "bb", "ccc"])
 
-    ro = open_store(prefix, read_only=True, backend=backend)
+    ro = open_store(prefix, read_only=True)
     back = zarr.open_group(ro, mode="r")
     assert back.attrs["hello"] == "world"
     step = back["step"]
@@ -188,7 +171,7 @@ def test_zarr_round_trip(open_store: Opener, prefix: str, backend: str) -> None:
     keys = _list(ro)
     assert "zarr.json" in keys and "step/0/tokens/zarr.json" in keys
     # everything sits under the prefix in the bucket
-    other = open_store("", read_only=True, backend=backend)
+    other = open_store("", read_only=True)
     assert f"{prefix}/step/0/tokens/zarr.json" in _list(other)
     with pytest.raises(Exception):  # noqa: B017 - zarr's read-only error type varies
         tokens[0, 0] = 1
@@ -203,11 +186,10 @@ _RACE_WORKER = textwrap.dedent(
     pkg.__path__ = [os.environ["RACE_PKG"]]
     sys.modules["zarr_skip"] = pkg
     from zarr.core.sync import sync
-    from zarr_skip.store._s3 import aclose_store, open_s3_store
+    from zarr_skip.store._s3 import open_s3_store
     from zarr_skip.store._s3_claims import create_if_absent
 
-    store = open_s3_store(os.environ["RACE_URL"], json.loads(os.environ["RACE_OPTS"]),
-                          False, backend=os.environ["RACE_BACKEND"])
+    store = open_s3_store(os.environ["RACE_URL"], json.loads(os.environ["RACE_OPTS"]), False)
     sync(store.exists("warm-up"))          # connection and event loop ready before the race
     print("ready", flush=True)
     for line in sys.stdin:
@@ -216,13 +198,13 @@ _RACE_WORKER = textwrap.dedent(
             break
         won = sync(create_if_absent(store, key, os.environ["RACE_ID"].encode()))
         print(json.dumps({"key": key, "won": won}), flush=True)
-    sync(aclose_store(store))
+    store.close()
     """
 )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefix: str, backend: str) -> None:
+@pytest.mark.slow
+def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefix: str) -> None:
     """8 processes race create_if_absent on the same key, 2 rounds: one winner each.
 
     SeaweedFS serialises conditional PUTs of one key: losers wait on a server-side
@@ -235,7 +217,6 @@ def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefi
         os.environ,
         RACE_URL=s3.s3_url(prefix),
         RACE_OPTS=json.dumps(s3.storage_options),
-        RACE_BACKEND=backend,
         RACE_PKG=str(Path(zarr_skip.__file__).resolve().parent),
     )
     procs = [
@@ -287,10 +268,9 @@ def test_concurrent_processes_one_winner(s3: S3Server, open_store: Opener, prefi
                     stream.close()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_concurrent_tasks_one_winner(open_store: Opener, prefix: str, backend: str) -> None:
+def test_concurrent_tasks_one_winner(open_store: Opener, prefix: str) -> None:
     """8 coroutines of one process racing on one key: one winner."""
-    store = open_store(prefix, backend=backend)
+    store = open_store(prefix)
 
     async def race() -> list[bool]:
         return list(await asyncio.gather(*(create_if_absent(store, "claim", f"t{i}".encode()) for i in range(8))))
@@ -300,9 +280,14 @@ def test_concurrent_tasks_one_winner(open_store: Opener, prefix: str, backend: s
     assert _get(store, "claim") == f"t{results.index(True)}".encode()
 
 
-def _use_store_in_child(store: Store, queue: Any) -> None:
+def _use_store_in_child(store: Store, queue: Any, use: str) -> None:
     try:
-        sync(store.exists("k"))
+        if use == "exists":
+            sync(store.exists("k"))
+        elif use == "list_dir":
+            sync(_collect(store.list_dir("")))
+        else:
+            sync(create_if_absent(store, "k", b"child"))
     except StorageError as exc:
         queue.put(("StorageError", str(exc)))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent
@@ -311,9 +296,14 @@ def _use_store_in_child(store: Store, queue: Any) -> None:
         queue.put(("ok", ""))
 
 
+async def _collect(names: Any) -> list[str]:
+    return [n async for n in names]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork() start method")
-def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str) -> None:
-    """obstore hangs in a child forked after use; our store raises instead."""
+@pytest.mark.parametrize("use", ["exists", "list_dir", "create_if_absent"])
+def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str, use: str) -> None:
+    """obstore hangs in a child forked after use; our store raises instead, whatever the request."""
     import multiprocessing
 
     store = open_store(prefix)
@@ -321,7 +311,7 @@ def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str) ->
     assert sync(store.exists("k")) is False  # obstore now used in this process
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_use_store_in_child, args=(store, queue))
+    proc = ctx.Process(target=_use_store_in_child, args=(store, queue, use))
     proc.start()
     proc.join(30)
     if proc.exitcode is None:
@@ -335,6 +325,7 @@ def test_obstore_store_fails_fast_after_fork(open_store: Opener, prefix: str) ->
     assert "fork" in message
 
 
+@pytest.mark.slow
 def test_fuse_mounts_share_one_filer(s3: S3Server, open_store: Opener, prefix: str, tmp_path: Path) -> None:
     """Two ``weed mount`` processes show one bucket; S3 sees the files too."""
     with seaweedfs_mounts_fixture(s3, tmp_path / "fuse") as mounts:

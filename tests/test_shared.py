@@ -47,7 +47,7 @@ from _workers import expected_of, minibatch
 
 import zarr_skip as zs
 
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]  # real processes, FUSE
 
 WRITERS = 4
 STEPS, EXPECTED = 6, 5  # each writer appends to every step until it is full
@@ -143,7 +143,7 @@ def test_sigkill_at_random_points_on_s3(ctx: Any, s3_server: Any, fingerprint: d
             target=s3_crash_writer, args=(url, options, fingerprint, f"run{kill:03d}", KILL_STEPS, ready), daemon=True
         )
         proc.start()
-        assert ready.wait(60), "writer did not start"
+        assert ready.wait(60), "the writer stored nothing in 60 s"
         time.sleep(rng.uniform(0.1, 0.8))
         proc.kill()
         proc.join(10)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import CountingStore, assert_equal, concat, make_batch, write_sharded
+from helpers import CountingStore, assert_equal, concat, make_batch, write_sharded
 
 import zarr_skip as zs
 from zarr_skip.store.reads import read_range

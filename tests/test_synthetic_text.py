@@ -18,6 +18,7 @@ pytest.importorskip("tokenizers")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # trains the tokenizer again
 def test_the_shipped_tokenizer_is_small_has_chat_tokens_and_rebuilds_byte_for_byte(tmp_path: Path) -> None:
     assert TOKENIZER_PATH.stat().st_size < 64 * 1024
     tok = shipped_tokenizer()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import FINGERPRINT, CountingStore, make_batch
+from helpers import FINGERPRINT, CountingStore, make_batch
 
 import zarr_skip as zs
 from zarr_skip.store.storage import Storage
@@ -27,8 +27,8 @@ def _write(location: Any, steps: range = range(1, 4), parts: int = 2) -> zs.Cach
     return cache
 
 
-def test_table_matches_load() -> None:
-    cache = _write(CountingStore())
+def test_table_matches_load(location: Any) -> None:
+    cache = _write(location)
     table = cache.table()
     assert list(table.columns) == [
         "step", "minibatch", "row", "uid", "response_length", "truncated", "tags", "raw_prompt", "scores", "bf16_scalar"
@@ -54,8 +54,8 @@ def assert_frame_equal(a: Any, b: Any) -> None:
     pd.testing.assert_frame_equal(a, b)
 
 
-def test_columns_and_steps_choose_what_is_read() -> None:
-    cache = _write(CountingStore())
+def test_columns_and_steps_choose_what_is_read(location: Any) -> None:
+    cache = _write(location)
     table = cache.table(columns=["scores", "responses"], steps=[3, 1])
     assert list(table.columns) == ["step", "minibatch", "row", "response_length", "scores"]
     assert table["step"].unique().tolist() == [3, 1]  # in the order asked for
@@ -68,7 +68,7 @@ def test_columns_and_steps_choose_what_is_read() -> None:
 
 
 def test_jagged_columns_read_their_lengths_never_their_values() -> None:
-    store = CountingStore()
+    store = CountingStore()  # memory only: it counts the keys read
     cache = _write(store)
     cache = zs.open_cache(store)
     store.reads.clear()
@@ -84,8 +84,8 @@ def test_jagged_columns_read_their_lengths_never_their_values() -> None:
     assert {k.split("/w-")[1].split("/", 1)[1] for k in store.reads if "/w-" in k} == {"responses/lengths/c.0"}
 
 
-def test_steps_of_other_schemas_and_incomplete_steps() -> None:
-    cache = _write(CountingStore(), range(1, 3))
+def test_steps_of_other_schemas_and_incomplete_steps(location: Any) -> None:
+    cache = _write(location, range(1, 3))
     cache.write(3, {"scores": np.arange(4, dtype=np.float32), "extra": ["a", "b", "c", "d"]})
     cache.write(4, make_batch(3), expected=2)  # incomplete: left out
     table = cache.table(columns=["scores", "extra", "uid"])
@@ -99,8 +99,8 @@ def test_steps_of_other_schemas_and_incomplete_steps() -> None:
     assert len(zs.open_cache(CountingStore(), dict(FINGERPRINT)).table()) == 0
 
 
-def test_large_json_columns_are_left_out_unless_asked_for() -> None:
-    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+def test_large_json_columns_are_left_out_unless_asked_for(location: Any) -> None:
+    cache = zs.open_cache(location, dict(FINGERPRINT))
     cache.write(1, {"small": [{"a": i} for i in range(4)], "big": [{"text": "x" * 2000}] * 4})
     assert list(cache.table().columns) == ["step", "minibatch", "row", "small"]
     assert cache.table(columns=["big"])["big"].tolist() == [{"text": "x" * 2000}] * 4

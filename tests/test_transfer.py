@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_equal
+from helpers import assert_equal
 from test_legacy import (
     FAKE_VERL_PROTOCOL,
     assert_dp,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_equal, make_batch
+from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
@@ -30,7 +30,7 @@ def test_compression_starts_before_the_index_is_claimed(
 
     def waiting_claim(*args: Any, **kwargs: Any) -> Any:
         # the pool is already compressing this batch while the index is being claimed
-        assert encoding.wait(10), "no chunk was encoded before the claim"
+        assert encoding.wait(60), "no chunk was encoded before the claim"
         return claim(*args, **kwargs)
 
     monkeypatch.setattr(chunkjobs, "encode_chunk", traced_encode)
@@ -95,7 +95,7 @@ def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
     def waiting_encode(arr: Any, rows: slice, codec: Any) -> bytes:
         if arr.shape == values.shape and rows.stop >= len(values):
             shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not (shards and shards[0].stat().st_size > 0):
                 time.sleep(0.01)
                 shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]

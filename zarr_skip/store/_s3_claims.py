@@ -1,10 +1,9 @@
 """Exclusive key creation on S3: the one primitive the cache's claims need from object storage.
 
-On S3 it is a conditional ``PUT`` with ``If-None-Match: *`` (:func:`create_if_absent`). Some
-S3 look-alikes silently ignore that header; :func:`probe_conditional_put` checks a server once.
-zarr's own ``FsspecStore.set_if_not_exists`` is exists-then-set (racy) and
-``ObjectStore.set_if_not_exists`` swallows the "already exists" answer, so neither can tell a
-caller whether it won.
+On S3 it is a conditional ``PUT`` with ``If-None-Match: *`` (:func:`create_if_absent`), sent
+through obstore. Some S3 look-alikes silently ignore that header; :func:`probe_conditional_put`
+checks a server once. zarr's own ``ObjectStore.set_if_not_exists`` swallows the "already
+exists" answer, so it cannot tell a caller whether it won.
 """
 
 from __future__ import annotations
@@ -12,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from zarr.storage import ObjectStore
 
 from zarr_skip.errors import AtomicityError, ReadOnlyCacheError, StorageError
-from zarr_skip.store._s3 import _CREATE_ATTEMPTS, _CREATE_BACKOFF, _obstore_guard
 
 if TYPE_CHECKING:
     from zarr.abc.store import Store
@@ -26,6 +23,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["create_if_absent", "probe_conditional_put"]
+
+#: Attempts of one conditional PUT on errors that may be transient (5xx, 409
+#: ConditionalRequestConflict, connection resets). obstore retries connection failures
+#: itself (10 times), so this stays small.
+_CREATE_ATTEMPTS = 3
+_CREATE_BACKOFF = 0.2
 
 
 def _first_line(exc: BaseException | None) -> str:
@@ -56,19 +59,6 @@ def _check_writable(store: Store) -> None:
         raise ReadOnlyCacheError(f"store {store} is read-only")
 
 
-def _fsspec_s3_target(store: Store, key: str) -> tuple[Any, str, str] | None:
-    """(s3fs filesystem, bucket, full key) when ``store`` is an FsspecStore over s3fs."""
-    fs = getattr(store, "fs", None)
-    if fs is None or type(fs).__module__.split(".")[0] != "s3fs":
-        return None
-    path = str(getattr(store, "path", "")).strip("/")
-    full = f"{path}/{key}" if path else key
-    bucket, _, rest = full.partition("/")
-    if not rest:
-        raise ValueError(f"key {key!r} resolves to a bucket, not an object")
-    return fs, bucket, rest
-
-
 async def _stored_bytes(store: Store, key: str) -> bytes | None:
     from zarr.core.buffer import default_buffer_prototype
 
@@ -94,8 +84,8 @@ async def create_if_absent(store: Store, key: str, data: bytes) -> bool:
     Parameters
     ----------
     store : zarr.abc.store.Store
-        ``zarr.storage.ObjectStore`` (any obstore backend) or
-        ``zarr.storage.FsspecStore`` over s3fs, e.g. from :func:`open_s3_store`.
+        A ``zarr.storage.ObjectStore`` (any obstore backend), e.g. from
+        :func:`~zarr_skip.store._s3.open_s3_store`.
     key : str
         Key relative to the store root (``"a/b/zarr.json"``).
     data : bytes
@@ -118,14 +108,9 @@ async def create_if_absent(store: Store, key: str, data: bytes) -> bool:
         A store type without an atomic create.
     """
     _check_writable(store)
-    data = bytes(data)
-    if isinstance(store, ObjectStore):
-        _obstore_guard()
-        return await _create_obstore(store, key, data)
-    target = _fsspec_s3_target(store, key)
-    if target is not None:
-        return await _create_s3fs(store, *target, data, key=key)
-    raise TypeError(f"create_if_absent supports zarr ObjectStore and FsspecStore over s3fs, not {store!r}")
+    if not isinstance(store, ObjectStore):
+        raise TypeError(f"create_if_absent needs a zarr ObjectStore (obstore), not {store!r}")
+    return await _create_obstore(store, key, bytes(data))
 
 
 async def _resolve_after_exists(store: Store, key: str, data: bytes, ambiguous: bool) -> bool:
@@ -143,11 +128,11 @@ async def _resolve_after_exists(store: Store, key: str, data: bytes, ambiguous: 
     return False
 
 
-async def _create_obstore(store: Store, key: str, data: bytes) -> bool:
+async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes) -> bool:
     import obstore as obs
     from obstore import exceptions as oe
 
-    inner = store.store  # type: ignore[attr-defined]
+    inner = store.store  # through the fork check of ForkCheckedObjectStore
     ambiguous = False
     last: BaseException | None = None
     for attempt in range(_CREATE_ATTEMPTS):
@@ -183,80 +168,6 @@ async def _create_obstore(store: Store, key: str, data: bytes) -> bool:
             await _back_off(key, attempt, exc)
         else:
             return True
-    raise _gave_up(key, last) from last
-
-
-def _client_error_info(exc: BaseException) -> tuple[str, int, int] | None:
-    """(error code, HTTP status, botocore retry count) of a botocore ClientError."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, Mapping):
-        return None
-    err = response.get("Error") or {}
-    meta = response.get("ResponseMetadata") or {}
-    return (
-        str(err.get("Code", "")),
-        int(meta.get("HTTPStatusCode") or 0),
-        int(meta.get("RetryAttempts") or 0),
-    )
-
-
-async def _create_s3fs(store: Store, fs: Any, bucket: str, s3key: str, data: bytes, *, key: str) -> bool:
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:  # pragma: no cover - s3fs depends on botocore
-        raise TypeError("s3fs without botocore") from None
-    await fs.set_session()
-    client = await fs.get_s3(bucket)
-    ambiguous = False
-    last: BaseException | None = None
-    for attempt in range(_CREATE_ATTEMPTS):
-        try:
-            await client.put_object(Bucket=bucket, Key=s3key, Body=data, IfNoneMatch="*")
-        except ClientError as exc:
-            code, status, retries = _client_error_info(exc) or ("", 0, 0)
-            # botocore retries 5xx/connection errors by itself; a retried PUT that then
-            # sees 412 may be seeing its own first attempt.
-            ambiguous = ambiguous or retries > 0
-            if code in ("PreconditionFailed", "412") or status == 412:
-                fs.invalidate_cache(f"{bucket}/{s3key}")
-                return await _resolve_after_exists(store, key, data, ambiguous)
-            if (
-                code
-                in (
-                    "AccessDenied",
-                    "Forbidden",
-                    "InvalidAccessKeyId",
-                    "SignatureDoesNotMatch",
-                )
-                or status == 403
-            ):
-                raise ReadOnlyCacheError(f"server refused creating {key!r}: {_first_line(exc)}") from exc
-            if code == "NotImplemented" or status == 501:
-                raise AtomicityError(
-                    f"the object store does not support conditional PUT (creating {key!r}): {exc}"
-                ) from exc
-            if code == "NoSuchBucket":
-                raise StorageError(f"bucket {bucket!r} missing while creating {key!r}") from exc
-            if (
-                status
-                and status < 500
-                and status not in (409, 429)
-                and code
-                not in (
-                    "ConditionalRequestConflict",
-                    "SlowDown",
-                    "RequestTimeout",
-                )
-            ):
-                raise StorageError(f"conditional PUT of {key!r} failed: {exc}") from exc
-            last = exc
-        except (TimeoutError, BotoCoreError, OSError) as exc:
-            last = exc
-        else:
-            fs.invalidate_cache(f"{bucket}/{s3key}")
-            return True
-        ambiguous = True
-        await _back_off(key, attempt, last)
     raise _gave_up(key, last) from last
 
 

@@ -9,13 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from zarr_skip.errors import ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +70,16 @@ _ALIASES: dict[str, str] = {
     "aws_region": "region",
     "aws_default_region": "default_region",
     "requester_pays": "request_payer",
+    "username": "access_key_id",  # s3fs's other spelling of key / secret
+    "password": "secret_access_key",
+}
+
+#: ``s3_additional_kwargs`` (s3fs: extra arguments of every PUT) -> S3Config key
+_ADDITIONAL_KWARGS: dict[str, str] = {
+    "ServerSideEncryption": "server_side_encryption",
+    "SSEKMSKeyId": "sse_kms_key_id",
+    "BucketKeyEnabled": "sse_bucket_key_enabled",
+    "RequestPayer": "request_payer",
 }
 
 #: s3fs options with no obstore meaning that are dropped silently.
@@ -91,13 +98,18 @@ _IGNORED_FSSPEC_KEYS = frozenset(
         "cache_regions",
         "max_concurrency",
         "fixed_upload_size",
-        "s3_additional_kwargs",
-        "session",
-        "username",
-        "password",
-        "use_ssl",
-        "retries",
+        "retries",  # obstore retries by itself: retry_config tunes it
     }
+)
+
+#: boto3 client arguments in ``client_kwargs`` with no obstore meaning, dropped silently
+_IGNORED_CLIENT_KEYS = frozenset({"api_version", "service_name"})
+
+#: what an unknown option's error lists as understood
+_KNOWN = (
+    "key, secret, token, endpoint_url, region, anon, profile, requester_pays, use_ssl, "
+    "client_kwargs, config_kwargs, s3_additional_kwargs, client_options, retry_config or an "
+    "obstore S3Config key"
 )
 
 
@@ -188,12 +200,13 @@ def s3_config_from_storage_options(
     """Translate s3fs/boto-style storage options into obstore ``S3Store`` arguments.
 
     Accepted (besides every ``obstore.store.S3Config`` key, passed through):
-    ``key``/``aws_access_key_id``, ``secret``/``aws_secret_access_key``,
-    ``token``/``aws_session_token``, ``endpoint_url``, ``region``/``region_name``,
-    ``anon``, ``profile``, ``requester_pays``, ``client_kwargs`` (``endpoint_url``,
-    ``region_name``, ``aws_access_key_id``, ...), ``config_kwargs``
-    (``{"s3": {"addressing_style": "path"|"virtual"}}``), ``client_options`` and
-    ``retry_config`` (obstore's, passed through).
+    ``key``/``username``/``aws_access_key_id``, ``secret``/``password``/``aws_secret_access_key``,
+    ``token``/``aws_session_token``, ``endpoint_url``, ``region``/``region_name``, ``anon``,
+    ``profile``, ``requester_pays``, ``use_ssl`` (False needs an ``http://`` endpoint),
+    ``client_kwargs`` (``endpoint_url``, ``region_name``, ``aws_access_key_id``, ...,
+    ``verify=False``), ``config_kwargs`` (``{"s3": {"addressing_style": "path"|"virtual"}}``),
+    ``s3_additional_kwargs`` (server-side encryption, request payer), ``client_options`` and
+    ``retry_config`` (obstore's, passed through); s3fs's caching and tuning options are ignored.
 
     Parameters
     ----------
@@ -212,42 +225,74 @@ def s3_config_from_storage_options(
     Raises
     ------
     ConfigError
-        Conflicting values for one setting.
+        An option with no meaning here (named, with where it was given), or two values for
+        one setting.
     """
     opts = dict(storage_options or {})
-    config: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-
-    def put(name: str, value: Any, origin: str) -> None:
-        if value is None:
-            return
-        if name in config and config[name] != value:
-            raise ConfigError(f"storage_options give two values for {name!r} (second from {origin!r})")
-        config[name] = value
-
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     config_kwargs = dict(opts.pop("config_kwargs", None) or {})
-    profile = opts.pop("profile", None) or opts.pop("profile_name", None)
+    named = opts.pop("profile", None) or opts.pop("profile_name", None)
+    profile = None if named is None else str(named)
     anon = opts.pop("anon", None)
-    for name in ("client_options", "retry_config"):
-        if name in opts:
-            extra[name] = dict(opts.pop(name) or {})
-
-    for source, origin in ((opts, "storage_options"), (client_kwargs, "client_kwargs")):
+    extra: dict[str, Any] = {n: dict(opts.pop(n) or {}) for n in ("client_options", "retry_config") if n in opts}
+    config: dict[str, Any] = {}
+    _put_additional(config, opts.pop("s3_additional_kwargs", None))
+    for origin, source in (("storage_options", opts), ("client_kwargs", client_kwargs)):
         for raw_key, value in source.items():
-            key = raw_key.lower()
-            name = _ALIASES.get(key, key)
-            if name in _OBSTORE_S3_KEYS:
-                put(name, value, f"{origin}.{raw_key}")
-            elif raw_key in _IGNORED_FSSPEC_KEYS or origin == "client_kwargs":
-                logger.debug(
-                    "storage option %s.%s has no obstore meaning; ignored",
-                    origin,
-                    raw_key,
-                )
-            else:
-                logger.warning("unknown S3 storage option %r ignored", raw_key)
+            _put_option(config, extra, origin, raw_key, value)
+    _put_flags(config, anon, config_kwargs)
+    _endpoint_defaults(config, extra)
+    return config, extra, profile
 
+
+def _put(config: dict[str, Any], name: str, value: Any, origin: str) -> None:
+    """Set S3Config key ``name``, refusing a second, different value for it."""
+    if value is None:
+        return
+    if name in config and config[name] != value:
+        raise ConfigError(f"storage_options give two values for {name!r} (the second from {origin!r})")
+    config[name] = value
+
+
+def _put_option(config: dict[str, Any], extra: dict[str, Any], origin: str, raw_key: str, value: Any) -> None:
+    """One option of ``origin`` (``storage_options`` or ``client_kwargs``) into ``config``."""
+    where = f"{origin}.{raw_key}" if origin == "client_kwargs" else raw_key
+    name = _ALIASES.get(raw_key.lower(), raw_key.lower())
+    if name in _OBSTORE_S3_KEYS:
+        _put(config, name, value, where)
+    elif raw_key == "use_ssl":
+        if not _truthy(value):
+            _put(config, "_no_ssl", True, where)  # checked against the endpoint at the end
+    elif raw_key == "verify" and origin == "client_kwargs":
+        if isinstance(value, str):
+            raise ConfigError(
+                f"storage_options {where}={value!r}: a CA bundle path is not supported; install the "
+                "certificate in the system store (or SSL_CERT_FILE), or give verify=False"
+            )
+        if not _truthy(value):
+            extra.setdefault("client_options", {}).setdefault("allow_invalid_certificates", True)
+    elif raw_key in (_IGNORED_FSSPEC_KEYS if origin == "storage_options" else _IGNORED_CLIENT_KEYS):
+        logger.debug("storage option %s has no obstore meaning; ignored", where)
+    else:
+        raise ConfigError(f"storage_options: unknown S3 option {where!r}; understood: {_KNOWN}")
+
+
+def _put_additional(config: dict[str, Any], kwargs: Mapping[str, Any] | None) -> None:
+    """s3fs's ``s3_additional_kwargs``: the ones obstore applies to every write."""
+    for raw_key, value in (kwargs or {}).items():
+        name = _ADDITIONAL_KWARGS.get(raw_key)
+        if name is None:
+            raise ConfigError(
+                f"storage_options s3_additional_kwargs.{raw_key}: not supported; understood: "
+                f"{', '.join(_ADDITIONAL_KWARGS)}"
+            )
+        if name == "request_payer":
+            value = str(value).lower() == "requester"
+        _put(config, name, value, f"s3_additional_kwargs.{raw_key}")
+
+
+def _put_flags(config: dict[str, Any], anon: Any, config_kwargs: Mapping[str, Any]) -> None:
+    """``anon``, the addressing style of ``config_kwargs`` and the boolean keys given as text."""
     if anon is not None and _truthy(anon):
         config["skip_signature"] = True
     style = ((config_kwargs.get("s3") or {}).get("addressing_style") or "").lower()
@@ -259,13 +304,22 @@ def s3_config_from_storage_options(
         if key in config and isinstance(config[key], str):
             config[key] = _truthy(config[key])
 
+
+def _endpoint_defaults(config: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Plain HTTP for an ``http://`` endpoint, path-style addressing for a custom one."""
+    no_ssl = config.pop("_no_ssl", False)
     endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and str(endpoint).lower().startswith("http://"):
+    http = bool(endpoint) and str(endpoint).lower().startswith("http://")
+    if no_ssl and not http:
+        raise ConfigError(
+            f"storage_options use_ssl=False needs an http:// endpoint_url (got {endpoint!r}): give "
+            "endpoint_url='http://host:port'"
+        )
+    if http:
         extra.setdefault("client_options", {}).setdefault("allow_http", True)
     if "endpoint" in config and "virtual_hosted_style_request" not in config:
         # Custom endpoints (MinIO, SeaweedFS, Ceph, ...) are nearly always path-style.
         config["virtual_hosted_style_request"] = False
-    return config, extra, profile
 
 
 class _BotocoreCredentials:
@@ -304,9 +358,10 @@ class _BotocoreCredentials:
     def region(self) -> str | None:
         """Region configured for the profile, if any."""
         try:
-            return self._session().get_config_variable("region")
+            region = self._session().get_config_variable("region")
         except Exception:  # noqa: BLE001 - region is only a default
             return None
+        return None if region is None else str(region)
 
     def available(self) -> bool:
         """Whether botocore finds credentials for the profile."""

@@ -2,7 +2,7 @@
 
 obstore raises its own classes (``GenericError`` for an unreachable endpoint or a server gone
 mid-write, ``PermissionDeniedError`` / ``UnauthenticatedError`` for a refused secret,
-``UnknownConfigurationKeyError``), s3fs and botocore theirs; :func:`backend_error` turns each
+``UnknownConfigurationKeyError``), botocore (AWS profiles) its own; :func:`backend_error` turns each
 into :class:`~zarr_skip.errors.StorageAccessError`, :class:`~zarr_skip.errors.StorageConnectionError`
 or :class:`~zarr_skip.errors.StorageError`, with the cause and what to check.
 """
@@ -16,7 +16,7 @@ __all__ = ["MISSING_EXTRA", "backend_error"]
 #: what to install for s3:// locations
 MISSING_EXTRA = "pip install 'zarr-skip[s3]'"
 
-_CLIENTS = ("obstore", "botocore", "aiobotocore", "aiohttp", "s3fs", "urllib3")
+_CLIENTS = ("obstore", "botocore", "urllib3")
 _ACCESS = ("PermissionDenied", "Unauthenticated", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")
 _CONNECT = (
     "error sending request",

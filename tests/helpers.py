@@ -1,0 +1,226 @@
+"""Shared test helpers: batches, a counting store, bit-exact comparison (fixtures stay in conftest.py).
+
+Test modules import these as ``from helpers import make_batch`` (``tests/`` is on ``sys.path``
+under pytest's default import mode); conftest.py holds only fixtures and hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+from zarr.core.buffer import BufferPrototype
+from zarr.storage import MemoryStore
+
+import zarr_skip as zs
+
+__all__ = ["FINGERPRINT", "CountingStore", "Keys", "assert_equal", "concat", "make_batch", "write_sharded"]
+
+FINGERPRINT = {
+    "experiment_name": "exp",
+    "project_name": "proj",
+    "gen_batch_size": 4,
+    "n": 2,
+    "max_prompt_length": 8,
+    "max_response_length": 16,
+}
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts the keys read, to prove lazy reads touch only what they need."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads: Counter[str] = Counter()
+        self.bytes_read: Counter[str] = Counter()
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: Any = None) -> Any:
+        self.reads[key] += 1
+        buf = await super().get(key, prototype, byte_range)
+        self.bytes_read[key] += 0 if buf is None else len(buf)
+        return buf
+
+    def with_read_only(self, read_only: bool = False) -> CountingStore:
+        other = CountingStore(self._store_dict, read_only=read_only)
+        other.reads = self.reads
+        other.bytes_read = self.bytes_read
+        return other
+
+
+def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, Any]:
+    """A small rollout batch with every kind of column."""
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    lengths = torch.randint(0, 7, (rows,), generator=g)
+    offsets = torch.zeros(rows + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    values = torch.randint(0, 151936, (int(offsets[-1]),), generator=g)
+    return {
+        "input_ids": torch.randint(0, 151936, (rows, 5), generator=g),
+        "attention_mask": torch.randint(0, 2, (rows, 5), generator=g),
+        "old_log_probs": torch.randn(rows, 5, generator=g),
+        "bf16": torch.randn(rows, 3, generator=g).bfloat16(),
+        "responses": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
+        "uid": [f"uid-{offset + i // 2}" for i in range(rows)],
+        "tags": [{"global_steps": 1, "status": "finished", "seq_len": int(n)} for n in lengths],
+        "raw_prompt": np.array(
+            [[{"role": "user", "content": f"q{offset + i}é"}] for i in range(rows)] + [None], dtype=object
+        )[:rows],
+        "scores": rng.standard_normal(rows).astype(np.float32),
+    }
+
+
+def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """A cache whose step 3 stores ``responses`` values as a shard of many chunks: the cache,
+    the batch written and that array's :class:`zarr_skip.store.reads.ArrayPart`."""
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
+    batch = make_batch(12, seed=5)
+    cache.write(3, batch)
+    (part,) = cache.load(3).parts
+    array = part.arrays["responses"]["values"]
+    assert array.shard and len(array.sizes) > 4
+    return cache, batch, array
+
+
+def assert_equal(a: Any, b: Any, where: str = "") -> None:
+    """Bit-exact equality of restored values: same type, dtype, shape and bits."""
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.is_nested == b.is_nested, where
+        if a.is_nested:
+            la, lb = a.unbind(), b.unbind()
+            assert len(la) == len(lb), where
+            for i, (x, y) in enumerate(zip(la, lb, strict=True)):
+                assert_equal(x.contiguous(), y.contiguous(), f"{where}[{i}]")
+            return
+        assert a.shape == b.shape, f"{where}: {a.shape} vs {b.shape}"
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        if a.dtype.is_complex or a.dtype.itemsize not in width:
+            assert torch.equal(a, b), where
+        else:
+            assert torch.equal(
+                a.contiguous().view(width[a.dtype.itemsize]), b.contiguous().view(width[b.dtype.itemsize])
+            ), where
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        if a.dtype == object:
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                assert_equal(x, y, f"{where}[{i}]")
+        else:
+            assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
+    elif isinstance(a, float):
+        assert np.float64(a).tobytes() == np.float64(b).tobytes(), where
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def concat(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a step of several mini-batches loads as."""
+    out: dict[str, Any] = {}
+    for name, first in batches[0].items():
+        vals = [b[name] for b in batches]
+        if isinstance(first, torch.Tensor) and first.is_nested:
+            lengths = torch.cat([v.offsets().diff() for v in vals])
+            offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+            offsets[1:] = lengths.cumsum(0)
+            values = torch.cat([v.values() for v in vals])
+            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+        elif isinstance(first, torch.Tensor):
+            out[name] = torch.cat(vals)
+        elif isinstance(first, np.ndarray):
+            out[name] = np.concatenate(vals)
+        else:
+            out[name] = [x for v in vals for x in v]
+    return out
+
+
+class Keys:
+    """The raw keys of a cache wherever it lives (a MemoryStore, a directory, S3), to damage,
+    move or inspect what it stored the same way on every backend, as a disk, a copy tool or
+    another program would.
+
+    Parameters
+    ----------
+    location : what the test passed to ``zs.open_cache`` (a Store, a path).
+    """
+
+    def __init__(self, location: Any) -> None:
+        from zarr_skip.store.storage import Storage, open_store
+
+        self.storage = Storage(open_store(location))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key below ``prefix`` (a 'directory'; ``""``: the whole cache), sorted."""
+        prefix = prefix.rstrip("/")
+        keys = self.storage.list_prefix(prefix)
+        return sorted(k for k in keys if not prefix or k.startswith(prefix + "/"))
+
+    def read(self, key: str) -> bytes:
+        data = self.storage.get(key)
+        assert data is not None, f"no key {key!r}"
+        return data
+
+    def write(self, key: str, data: bytes) -> None:
+        self.storage.set(key, data)
+
+    def delete(self, key: str) -> None:
+        self.storage.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.storage.get(key) is not None
+
+    def path(self, key: str) -> str:
+        """``key`` as messages name it: a file path for a directory, ``store/key`` otherwise."""
+        return self.storage.key_path(key)
+
+    def swap(self, a: str, b: str) -> None:
+        """Exchange two keys, or everything below two prefixes ('directories')."""
+        if self.exists(a) and self.exists(b):
+            da, db = self.read(a), self.read(b)
+            self.write(a, db)
+            self.write(b, da)
+            return
+        moved = {k: self.read(k) for k in self.list(a) + self.list(b)}
+        for key in moved:
+            self.delete(key)
+        for key, data in moved.items():
+            target = b + key[len(a) :] if key.startswith(a + "/") else a + key[len(b) :]
+            self.write(target, data)
+
+    def edit(self, key: str, attr: str, fn: Any) -> None:
+        """Change attribute ``attr`` of the zarr.json at ``key`` with ``fn`` (in place) and
+        recompute its checksum, as a forger would."""
+        from zarr_skip.format import layout
+
+        doc = json.loads(self.read(key))
+        fn(doc["attributes"][attr])
+        doc["attributes"][attr]["checksum"] = layout.doc_checksum(doc["attributes"][attr])
+        self.write(key, json.dumps(doc).encode())
+
+    def dirs(self, prefix: str) -> list[str]:
+        """The 'directories' right below ``prefix`` (those holding keys)."""
+        depth = prefix.rstrip("/").count("/") + 1 if prefix else 0
+        return sorted({"/".join(k.split("/")[: depth + 1]) for k in self.list(prefix) if k.count("/") > depth})
+
+    def chunks(self, part_path: str, column: str) -> list[str]:
+        """The chunk (or shard) keys of ``column`` (``name`` or ``name/values``) of the
+        mini-batch at ``part_path``, in its writer's data group."""
+        (data,) = self.dirs(part_path)
+        array = f"{data}/{column}/"
+        found = [k for k in self.list(array) if re.fullmatch(r"c([./]\d+)*", k[len(array) :])]
+        assert found, f"no chunk of {column!r} below {data}"
+        return found
