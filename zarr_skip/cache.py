@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
 
+from zarr_skip import maintenance, tables
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
@@ -25,27 +26,29 @@ from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
-from zarr_skip.reading import CacheReading
+from zarr_skip.maintenance import GcReport, VerifyReport
 from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
     check_experiment,
+    experiment_info,
     group_doc,
     list_steps,
     scan_step,
     step_infos,
     summarized_parts,
     summarized_steps,
+    update_experiment_info,
 )
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import PartInfo, RunContext, write_part
+from zarr_skip.views import display
+from zarr_skip.views.export import ExportReport, export_rollouts
 
 if TYPE_CHECKING:
     import pandas
-
-    from zarr_skip.maintenance import GcReport, VerifyReport
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def open_cache(
     )
 
 
-class Cache(CacheReading):
+class Cache:
     """A rollout cache at one location, bound to one experiment. Use :func:`open_cache`."""
 
     def __init__(
@@ -145,6 +148,8 @@ class Cache(CacheReading):
         self._create_root = self._create_experiment = False
         #: experiment groups found damaged by :meth:`experiments`: path -> why
         self._damaged: dict[str, str] = {}
+        #: the experiment's recorded attributes, read on first use
+        self._attributes: dict[str, Any] | None = None
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -269,6 +274,22 @@ class Cache(CacheReading):
     @property
     def storage(self) -> Storage:
         return self._storage
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
+        ``model`` paths, ...), from its group's attributes: read once, on first use."""
+        if self._attributes is None:
+            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
+        return dict(self._attributes)
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
+        (writers recording the same values may race; of different values the last one wins)."""
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        self._create()  # opening wrote nothing: like a write, recording creates the experiment
+        self._attributes = update_experiment_info(self._storage, self.experiment, values)
 
     def _exp(self) -> str:
         if self.experiment is None:
@@ -426,12 +447,10 @@ class Cache(CacheReading):
         per-row lengths of jagged columns (or the ``columns`` named); see
         :mod:`zarr_skip.tables`. Reads the steps' records and those columns' chunks (for jagged
         ones: their lengths alone), each in one batch of requests across the steps."""
-        from zarr_skip.tables import gc_paused, pandas_module, views_table
-
-        pandas_module()  # before any I/O
+        tables.pandas_module()  # before any I/O
         exp = self._exp()
         wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
-        with gc_paused():
+        with tables.gc_paused():
             found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
             views = []
             for step, fast in zip(wanted, found, strict=True):
@@ -439,7 +458,7 @@ class Cache(CacheReading):
                     views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
                 elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
                     views.append(self.load(step))
-            return views_table(self._storage, views, columns)
+            return tables.views_table(self._storage, views, columns)
 
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)
@@ -464,13 +483,27 @@ class Cache(CacheReading):
             f"(complete steps: {near or 'none'})"
         )
 
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        steps: int | Iterable[int] | None = None,
+        *,
+        format: str | None = None,
+        tokenizer: Any = None,
+    ) -> ExportReport:
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
+        with decoded text when a tokenizer is known: see
+        :func:`zarr_skip.views.export.export_rollouts`."""
+        return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)
+
     # -- maintenance ------------------------------------------------------------------------
 
     def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> VerifyReport:
         """Read every chunk and check sizes and checksums: see :func:`zarr_skip.maintenance.verify`."""
-        from zarr_skip.maintenance import verify
-
-        return verify(self, step, progress=progress)
+        damaged = self.damaged_experiments()
+        exp = self._exp() if not damaged else self.experiment or ""
+        steps = None if step is None else ([step] if isinstance(step, int) else list(step))
+        return maintenance.verify(self._storage, exp, lease=self.lease, steps=steps, damaged=damaged, progress=progress)
 
     def gc(
         self,
@@ -480,17 +513,22 @@ class Cache(CacheReading):
         dry_run: bool = False,
         partial_age: float | None = None,
     ) -> GcReport:
-        """Remove abandoned mini-batches, temp files and steps past retention: see maintenance.gc."""
-        from zarr_skip.maintenance import gc
-
-        return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
+        """Remove abandoned mini-batches, temp files and steps past retention: see
+        :func:`zarr_skip.maintenance.gc` (its policy: :func:`zarr_skip.maintenance.plan_gc`)."""
+        if self.read_only and not dry_run:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; gc needs a writable handle")
+        return maintenance.gc(
+            self._storage,
+            self._exp(),
+            lease=self.lease,
+            keep_last=keep_last,
+            pin=pin,
+            dry_run=dry_run,
+            partial_age=partial_age,
+        )
 
     def __repr__(self) -> str:
-        from zarr_skip.views.display import cache_repr
-
-        return cache_repr(self)
+        return display.cache_repr(self)
 
     def _repr_html_(self) -> str:
-        from zarr_skip.views.display import cache_html
-
-        return cache_html(self)
+        return display.cache_html(self)
