@@ -49,6 +49,7 @@ from zarr_skip.views.export import ExportReport, export_rollouts
 
 if TYPE_CHECKING:
     import pandas
+    from IPython.lib.pretty import PrettyPrinter
 
 logger = logging.getLogger(__name__)
 
@@ -528,7 +529,10 @@ class Cache:
         )
 
     def __repr__(self) -> str:
-        return display.cache_repr(self)
+        return display.cache_head(self)  # no store request: the listing is _repr_pretty_'s
+
+    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+        p.text(display.cache_head(self) if cycle else display.cache_text(self))
 
     def _repr_html_(self) -> str:
         return display.cache_html(self)

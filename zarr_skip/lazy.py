@@ -29,6 +29,7 @@ from zarr_skip.views.text import Message, Rows, chat_rows, decode_column
 if TYPE_CHECKING:
     import pandas
     import torch
+    from IPython.lib.pretty import PrettyPrinter
 
     from zarr_skip.cache import Cache
     from zarr_skip.views.groups import GroupView
@@ -234,7 +235,10 @@ class StepView:
         return browse.page(self, k, size, tokenizer=tokenizer, max_length=max_length)
 
     def __repr__(self) -> str:
-        return display.step_repr(self)
+        return display.step_head(self)  # no store request: the listing is _repr_pretty_'s
+
+    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+        p.text(display.step_head(self) if cycle else display.step_text(self))
 
     def _repr_html_(self) -> str:
         return display.step_html(self)
@@ -540,7 +544,10 @@ class LazyColumn:
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 
     def __repr__(self) -> str:
-        return display.column_repr(self)
+        return display.column_head(self)  # no store request: the listing is _repr_pretty_'s
+
+    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+        p.text(display.column_head(self) if cycle else display.column_text(self))
 
     def _repr_html_(self) -> str:
         return display.column_html(self)

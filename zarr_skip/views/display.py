@@ -1,10 +1,14 @@
 """Text and HTML renderings of caches, steps and columns (for terminals and Jupyter).
 
-A rendering reads metadata only (``zarr.json`` documents and directory listings), except a
-column's, which also reads its first :data:`PREVIEW_ROWS` rows with ``col[:k]`` (only the
-chunks holding them). So showing a cache, a step or a column stays instant on large caches.
-A cache with more than :data:`MAX_STEPS` steps shows its first and last steps around an
-ellipsis row, and reads the status of those steps only.
+``repr()`` of a cache, a step or a column is one line from what the handle holds, with no
+store request (:func:`cache_head`, :func:`step_head`, :func:`column_head`), so a ``%r`` in a
+log line or a debugger pane reads nothing. The listings are for IPython's pretty printer and
+Jupyter (``_repr_pretty_``, ``_repr_html_``): they read metadata only (``zarr.json``
+documents and directory listings), except a column's, which also reads its first
+:data:`PREVIEW_ROWS` rows with ``col[:k]`` (only the chunks holding them). So showing a cache,
+a step or a column stays instant on large caches. A cache with more than :data:`MAX_STEPS`
+steps shows its first and last steps around an ellipsis row, and reads the status of those
+steps only.
 
 HTML uses inline styles only (no scripts, no external assets); every value is escaped.
 """
@@ -151,7 +155,8 @@ def _box(title: str, body: str) -> str:
 # -- the cache --------------------------------------------------------------------------------
 
 
-def _cache_head(cache: Cache) -> str:
+def cache_head(cache: Cache) -> str:
+    """``repr(cache)``: its location and experiment, from the handle alone (no store request)."""
     return f"<zarr_skip.Cache {str(cache.location)!r} experiment={cache.experiment!r}>"
 
 
@@ -196,9 +201,9 @@ def _totals(total: int, infos: Sequence[StepInfo], shown: bool) -> str:
     return f"{total} step{'s' if total != 1 else ''}" + (f": {states}; {rows} rows, {stored} stored" if total else "")
 
 
-def cache_repr(cache: Cache) -> str:
+def cache_text(cache: Cache) -> str:
     """A text table of the cache's steps (or of its experiments when none is chosen)."""
-    lines = [_cache_head(cache)]
+    lines = [cache_head(cache)]
     try:
         if cache.experiment is None:
             found = cache.experiments()
@@ -306,9 +311,14 @@ def _step_title(view: StepView) -> str:
     )
 
 
-def step_repr(view: StepView) -> str:
+def step_head(view: StepView) -> str:
+    """``repr(view)``: the step, its rows and mini-batches (no store request)."""
+    return f"<zarr_skip.StepView step={view.step} rows={len(view)} minibatches={len(view.parts)}>"
+
+
+def step_text(view: StepView) -> str:
     """The step's columns, mini-batches and meta_info as text (metadata only)."""
-    lines = [f"<zarr_skip.StepView step={view.step} rows={len(view)} minibatches={len(view.parts)}>", _step_title(view)]
+    lines = [step_head(view), _step_title(view)]
     lines += ["  " + s for s in _text_table(_COLUMN_HEADERS, _column_rows(view), left=(0, 1, 2, 3))]
     lines.append("mini-batches:")
     lines += ["  " + s for s in _text_table(["index", "run", "rows", "stored", "raw"], _part_rows(view), left=(1,))]
@@ -410,11 +420,16 @@ def _column_title(col: LazyColumn) -> str:
     )
 
 
-def column_repr(col: LazyColumn) -> str:
+def column_head(col: LazyColumn) -> str:
+    """``repr(col)``: the column's name, step, kind, dtype and rows (no store request)."""
+    s = col.spec
+    return f"<zarr_skip.LazyColumn {col.name!r} step={col.step} kind={s.kind} dtype={s.dtype} rows={len(col)}>"
+
+
+def column_text(col: LazyColumn) -> str:
     """The column's description and its first rows as text."""
     s = col.spec
-    head = f"<zarr_skip.LazyColumn {col.name!r} step={col.step} kind={s.kind} dtype={s.dtype} rows={len(col)}>"
-    lines = [head, _column_title(col)]
+    lines = [column_head(col), _column_title(col)]
     rows, note = preview(col)
     jagged = s.kind in ("nested", "rows", "str")
     for i, (n, text) in enumerate(rows):
