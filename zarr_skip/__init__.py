@@ -16,6 +16,7 @@ from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     AtomicityError,
+    CachedStepMissingError,
     CacheNotFoundError,
     ChecksumError,
     ConfigError,
@@ -27,26 +28,36 @@ from zarr_skip.errors import (
     FormatVersionError,
     GroupMismatchError,
     IncompleteStepError,
+    KeyFormatError,
     MetadataError,
     MissingDataError,
     MissingExtraError,
     OutsideCacheError,
     ReadOnlyCacheError,
+    RemapError,
+    SampleIdError,
     SchemaMismatchError,
     StepCompleteError,
     StepNotFoundError,
     StorageAccessError,
     StorageConnectionError,
     StorageError,
+    TokenizerNotFoundError,
     UnsafePickleError,
     UnsupportedColumnError,
+    VerlNotInstalledError,
     ZarrSkipError,
 )
 from zarr_skip.format.chunks import Compression
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike
 from zarr_skip.format.state import StepInfo
 from zarr_skip.lazy import LazyColumn, StepView
+from zarr_skip.maintenance import GcReport, VerifyReport
 from zarr_skip.store.writer import PartInfo
+from zarr_skip.views.export import ExportReport
+from zarr_skip.views.groups import GroupView
+from zarr_skip.views.rollouts import RolloutList, RolloutView
+from zarr_skip.views.text import Message
 
 if TYPE_CHECKING:
     from zarr_skip.trainer.manager import SkipManager
@@ -61,6 +72,7 @@ __all__ = [
     "AtomicityError",
     "Cache",
     "CacheNotFoundError",
+    "CachedStepMissingError",
     "ChecksumError",
     "ColumnSpec",
     "Compression",
@@ -70,17 +82,26 @@ __all__ = [
     "DataProtoLike",
     "DisplacedWriterError",
     "ExperimentNotFoundError",
+    "ExportReport",
     "FingerprintMismatchError",
     "FormatVersionError",
+    "GcReport",
     "GroupMismatchError",
+    "GroupView",
     "IncompleteStepError",
+    "KeyFormatError",
     "LazyColumn",
+    "Message",
     "MetadataError",
     "MissingDataError",
     "MissingExtraError",
     "OutsideCacheError",
     "PartInfo",
     "ReadOnlyCacheError",
+    "RemapError",
+    "RolloutList",
+    "RolloutView",
+    "SampleIdError",
     "SchemaMismatchError",
     "SkipManager",
     "StepCompleteError",
@@ -90,8 +111,11 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageError",
+    "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
+    "VerifyReport",
+    "VerlNotInstalledError",
     "ZarrSkipError",
     "__version__",
     "errors",

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarr_skip.errors import GroupMismatchError, ZarrSkipError
+from zarr_skip.errors import GroupMismatchError, KeyFormatError, RemapError, SampleIdError
 
 logger = logging.getLogger(__name__)
 
@@ -38,18 +38,6 @@ _SAMPLE_ID = re.compile(r"(?:uid_)?sample_([0-9]+)_([0-9]+)")
 _KEY = re.compile(r"(.+)_([0-9]+)_([0-9]+)", re.DOTALL)
 _STEP_TAGS = ("global_steps", "min_global_steps", "max_global_steps")
 POLICIES: tuple[str, ...] = ("cycle", "error")
-
-
-class SampleIdError(ZarrSkipError, ValueError):
-    """A uid that is not ``sample_{epoch}_{index}`` (optionally ``uid_``-prefixed)."""
-
-
-class RemapError(ZarrSkipError, ValueError):
-    """Cached trajectories cannot be mapped onto the new prompts."""
-
-
-class KeyFormatError(RemapError):
-    """A trajectory key that is not ``{uid}_{session}_{index}``."""
 
 
 @dataclass(frozen=True, slots=True)
