@@ -46,9 +46,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS_KNOWN = {
     "zarr_skip.cli.main.build_parser",  # helper "table" rewrites the CLI
     "zarr_skip.store._s3_config.s3_config_from_storage_options",  # helper "tests" merges the S3 stacks
-    "zarr_skip.legacy.transfer.import_legacy",  # split by helper "arch" (issue 23, item 3)
-    "zarr_skip.legacy.transfer.export_steps",  # split by helper "arch" (issue 23, item 3)
-    "zarr_skip.trainer.remap.remap",  # split by helper "arch" (issue 23, item 3)
 }
 
 

@@ -231,7 +231,6 @@ def import_legacy(
     ConfigError
         ``dump_dir`` is not a directory.
     """
-    from zarr_skip import open_cache
     from zarr_skip.legacy.dumps import scan_legacy
 
     root = Path(dump_dir).expanduser()
@@ -241,6 +240,62 @@ def import_legacy(
     exps = scan_legacy(
         root, experiment_name=experiment_name, project_name=project_name, expected_minibatches=expected_minibatches
     )
+    plan, warnings = _import_plan(exps, root, role, named=bool(experiment_name or project_name))
+    caches, results = _import_steps(
+        plan,
+        location,
+        storage_options,
+        progress,
+        trust_pickle=trust_pickle,
+        overwrite=overwrite,
+        allow_pickle=allow_pickle,
+        coerce=coerce_meta,
+    )
+    for r in results:
+        level = logging.WARNING if r.action == FAILED else logging.INFO
+        logger.log(
+            level, "import step %d -> %s: %s%s", r.step, r.experiment, r.action, f" ({r.reason})" if r.reason else ""
+        )
+    loc = caches[next(iter(caches))].location if caches else str(location)
+    return ImportReport(loc, tuple(caches), tuple(results), tuple(warnings))
+
+
+def _import_steps(
+    plan: Sequence[tuple[Any, Any, str, dict[str, Any]]],
+    location: Any,
+    storage_options: Mapping[str, Any] | None,
+    progress: Progress | None,
+    **options: bool,
+) -> tuple[dict[str, Cache], list[StepTransfer]]:
+    """Import the steps of ``plan`` (see :func:`_import_step` for ``options``): the caches
+    opened, one per experiment, and what became of each step."""
+    from zarr_skip import open_cache
+
+    total = sum(1 for _, step, _, _ in plan if step.complete)
+    caches: dict[str, Cache] = {}
+    states: dict[str, dict[int, Any]] = {}
+    results: list[StepTransfer] = []
+    done = 0
+    for _exp, step, name, fp in plan:
+        if not step.complete:
+            why = f"legacy step incomplete: {step.reason}"
+            results.append(StepTransfer(name, step.step, SKIPPED, why, path=str(step.path)))
+            continue
+        if name not in caches:
+            caches[name] = open_cache(location, fp, storage_options=storage_options)
+            states[name] = {i.step: i for i in caches[name].status()}
+        results.append(_import_step(caches[name], name, step, states[name].get(step.step), **options))
+        done += 1
+        if progress is not None:
+            progress(done, total)
+    return caches, results
+
+
+def _import_plan(
+    exps: Sequence[Any], root: Path, role: str | None, *, named: bool
+) -> tuple[list[tuple[Any, Any, str, dict[str, Any]]], list[str]]:
+    """(legacy experiment, legacy step, experiment name, fingerprint) of every legacy step in
+    ``exps``, and the warnings of the scan (``named``: the experiment or project name was given)."""
     warnings: list[str] = []
     if not exps:
         warnings.append(f"no legacy verl cache (a {{exp}}_{{proj}}/GBS.._N.._in.._out.. directory) under {root}")
@@ -248,7 +303,7 @@ def import_legacy(
     for exp in exps:
         if exp.minibatch_warning:
             warnings.append(exp.minibatch_warning)
-        if exp.name_split == "guess" and not (experiment_name or project_name):
+        if exp.name_split == "guess" and not named:
             warnings.append(
                 f"{exp.path}: split {exp.combined_name!r} as experiment {exp.experiment_name!r}, project "
                 f"{exp.project_name!r} (a guess; verl's names are part of the fingerprint: give the "
@@ -258,41 +313,7 @@ def import_legacy(
             step_role = role or ROLE_OF_KIND.get(step.kind or "", "rollout")
             fp = {**exp.fingerprint(), "role": step_role}
             plan.append((exp, step, _layout.experiment_name(fp), fp))
-    total = sum(1 for _, step, _, _ in plan if step.complete)
-    caches: dict[str, Cache] = {}
-    states: dict[str, dict[int, Any]] = {}
-    results: list[StepTransfer] = []
-    done = 0
-    for _exp, step, name, fp in plan:
-        where = str(step.path)
-        if not step.complete:
-            results.append(StepTransfer(name, step.step, SKIPPED, f"legacy step incomplete: {step.reason}", path=where))
-            continue
-        if name not in caches:
-            caches[name] = open_cache(location, fp, storage_options=storage_options)
-            states[name] = {i.step: i for i in caches[name].status()}
-        cache, info = caches[name], states[name].get(step.step)
-        outcome = _import_step(
-            cache,
-            name,
-            step,
-            info,
-            trust_pickle=trust_pickle,
-            overwrite=overwrite,
-            allow_pickle=allow_pickle,
-            coerce=coerce_meta,
-        )
-        results.append(outcome)
-        done += 1
-        if progress is not None:
-            progress(done, total)
-    for r in results:
-        level = logging.WARNING if r.action == FAILED else logging.INFO
-        logger.log(
-            level, "import step %d -> %s: %s%s", r.step, r.experiment, r.action, f" ({r.reason})" if r.reason else ""
-        )
-    loc = caches[next(iter(caches))].location if caches else str(location)
-    return ImportReport(loc, tuple(caches), tuple(results), tuple(warnings))
+    return plan, warnings
 
 
 def _import_step(
@@ -422,8 +443,24 @@ def export_steps(
     FileExistsError
         A step directory exists and ``overwrite`` is false.
     """
-    from zarr_skip.legacy.dumps import legacy_experiment_dir, write_legacy_dp, write_legacy_tq
+    from zarr_skip.legacy.dumps import legacy_experiment_dir
 
+    fp, wanted = _checked_export(cache, steps, layout)
+    exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
+    taken = [s for s in wanted if (exp_dir / str(s)).exists()]
+    if taken and not overwrite:
+        raise FileExistsError(f"{exp_dir}: step directories {taken} exist; pass overwrite to replace them")
+    results = []
+    for n, s in enumerate(wanted, 1):
+        results.append(_export_step(cache.load(s), exp_dir / str(s), layout, fp.get("role"), cache.experiment))
+        if progress is not None:
+            progress(n, len(wanted))
+    assert cache.experiment is not None  # _checked_export checked it
+    return ExportReport(str(Path(dest).expanduser()), cache.experiment, tuple(results))
+
+
+def _checked_export(cache: Cache, steps: Sequence[int], layout: str) -> tuple[dict[str, Any], list[int]]:
+    """The experiment's fingerprint and the steps to export, once all are known complete."""
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if cache.experiment is None or cache.fingerprint is None:
@@ -445,31 +482,24 @@ def export_steps(
             raise IncompleteStepError(
                 f"step {s} is {info.state} ({info.done}/{info.expected} mini-batches): not exported"
             )
-    exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
-    taken = [s for s in wanted if (exp_dir / str(s)).exists()]
-    if taken and not overwrite:
-        raise FileExistsError(f"{exp_dir}: step directories {taken} exist; pass overwrite to replace them")
-    role = fp.get("role")
-    results = []
-    for n, s in enumerate(wanted, 1):
-        view = cache.load(s)
-        kind = _kind_of(view, role)
-        lay = layout if layout != "auto" else ("flat" if kind == "dp" else "nested")
-        step_dir = exp_dir / str(s)
-        if step_dir.exists():
-            shutil.rmtree(step_dir)
-        parts = [view] if lay == "flat" else view.minibatches
-        for i, part in enumerate(parts):
-            index = None if lay == "flat" else i
-            if kind == "dp":
-                write_legacy_dp(step_dir, _dataproto_of(part), minibatch=index)
-            else:
-                write_legacy_tq(step_dir, _tq_payload(part, s), minibatch=index)
-        file = "gen_batch.dp" if kind == "dp" else "tq_batch.pt"
-        results.append(
-            StepTransfer(cache.experiment, s, EXPORTED, f"{lay} {file}", len(parts), len(view), str(step_dir))
-        )
-        logger.info("exported step %d to %s (%s %s, %d file(s))", s, step_dir, lay, file, len(parts))
-        if progress is not None:
-            progress(n, len(wanted))
-    return ExportReport(str(Path(dest).expanduser()), cache.experiment, tuple(results))
+    return fp, wanted
+
+
+def _export_step(view: StepView, step_dir: Path, layout: str, role: str | None, experiment: str | None) -> StepTransfer:
+    """Write one step in verl's layout at ``step_dir`` (replacing what is there)."""
+    from zarr_skip.legacy.dumps import write_legacy_dp, write_legacy_tq
+
+    kind = _kind_of(view, role)
+    lay = layout if layout != "auto" else ("flat" if kind == "dp" else "nested")
+    if step_dir.exists():
+        shutil.rmtree(step_dir)
+    parts = [view] if lay == "flat" else view.minibatches
+    for i, part in enumerate(parts):
+        index = None if lay == "flat" else i
+        if kind == "dp":
+            write_legacy_dp(step_dir, _dataproto_of(part), minibatch=index)
+        else:
+            write_legacy_tq(step_dir, _tq_payload(part, view.step), minibatch=index)
+    file = "gen_batch.dp" if kind == "dp" else "tq_batch.pt"
+    logger.info("exported step %d to %s (%s %s, %d file(s))", view.step, step_dir, lay, file, len(parts))
+    return StepTransfer(experiment or "", view.step, EXPORTED, f"{lay} {file}", len(parts), len(view), str(step_dir))
