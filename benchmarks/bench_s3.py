@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
                     if bad or not same(mapping["responses"], col):
                         raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
-                    extra.setdefault("step_nbytes", info.nbytes)
-                    extra.setdefault("step_raw_nbytes", info.raw_nbytes)
+                    extra.setdefault("step_nbytes", info.nbytes_stored)
+                    extra.setdefault("step_raw_nbytes", info.nbytes)
                     del got, col
                     if rep:
                         for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):

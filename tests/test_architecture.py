@@ -17,6 +17,7 @@ PKG_DIR = Path(zarr_skip.__file__).parent
 #: each wing may import its own modules and those of lower rank (docs: README "Layout of the code")
 RANKS: dict[str, int] = {
     "errors": 0,
+    "_deprecation": 0,
     "_humanize": 0,
     "format": 1,
     "store": 2,

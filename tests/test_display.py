@@ -63,7 +63,7 @@ def test_cache_repr_shows_states_counts_and_bytes(store: CountingStore) -> None:
     assert "2 steps: 1 complete, 1 writing; 36 rows" in text
     lines = text.splitlines()
     step1 = next(line for line in lines if line.split()[:2] == ["1", "complete"])
-    assert "2/2" in step1 and " 24 " in step1 and display.human_bytes(info[0].nbytes) in step1
+    assert "2/2" in step1 and " 24 " in step1 and display.human_bytes(info[0].nbytes_stored) in step1
     assert f"{info[0].ratio:.1f}x" in step1
     step2 = next(line for line in lines if line.split()[:2] == ["2", "writing"])
     assert "1/2" in step2 and " 12 " in step2
@@ -140,8 +140,8 @@ def test_step_rendering_reads_nothing_and_lists_columns_parts_meta(store: Counti
         assert f">{name}</td>" in page and name in text
         assert f">{display.row_shape(spec)}</td>" in page
     assert ">nested</td>" in page and ">bfloat16</td>" in page and ">(5,)</td>" in page and ">(*)</td>" in page
-    assert display.human_bytes(view["responses"].nbytes) in page
-    for p in view.parts:
+    assert display.human_bytes(view["responses"].nbytes_stored) in page
+    for p in view.minibatch_info:
         assert p.run in page and p.run in text
     assert "2 mini-batches" in page and "24 rows" in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

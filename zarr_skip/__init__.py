@@ -12,6 +12,7 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip import errors
+from zarr_skip._deprecation import warn_renamed as _warn_renamed
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import (
     AmbiguousExperimentError,
@@ -53,7 +54,7 @@ from zarr_skip.format.specs import ColumnSpec, DataProtoLike
 from zarr_skip.format.state import StepInfo
 from zarr_skip.lazy import LazyColumn, StepView
 from zarr_skip.maintenance import GcReport, VerifyReport
-from zarr_skip.store.writer import PartInfo
+from zarr_skip.store.writer import MinibatchInfo
 from zarr_skip.views.export import ExportReport
 from zarr_skip.views.groups import GroupView
 from zarr_skip.views.rollouts import RolloutList, RolloutView
@@ -93,10 +94,10 @@ __all__ = [
     "LazyColumn",
     "Message",
     "MetadataError",
+    "MinibatchInfo",
     "MissingDataError",
     "MissingExtraError",
     "OutsideCacheError",
-    "PartInfo",
     "ReadOnlyCacheError",
     "RemapError",
     "RolloutList",
@@ -129,4 +130,7 @@ def __getattr__(name: str) -> Any:
         from zarr_skip.trainer.manager import SkipManager
 
         return SkipManager
+    if name == "PartInfo":
+        _warn_renamed("zarr_skip.PartInfo", "zarr_skip.MinibatchInfo")
+        return MinibatchInfo
     raise AttributeError(f"module 'zarr_skip' has no attribute {name!r}")

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
 
 from zarr_skip import maintenance, tables
+from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
+    ConfigError,
     ExperimentNotFoundError,
     FormatVersionError,
     IncompleteStepError,
@@ -43,13 +45,12 @@ from zarr_skip.store.catalog import (
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
-from zarr_skip.store.writer import PartInfo, RunContext, write_part
+from zarr_skip.store.writer import MinibatchInfo, RunContext, write_part
 from zarr_skip.views import display
 from zarr_skip.views.export import ExportReport, export_rollouts
 
 if TYPE_CHECKING:
     import pandas
-    from IPython.lib.pretty import PrettyPrinter
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ class Cache:
         overwrite: bool = False,
         meta_info: Mapping[str, Any] | None = None,
         allow_pickle: bool = False,
-    ) -> PartInfo:
+    ) -> MinibatchInfo:
         """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
 
         Raises
@@ -387,7 +388,8 @@ class Cache:
         """Complete steps, ascending."""
         return [i.step for i in self.status() if i.complete]
 
-    def resolve(self, step: int, action: str = "cache") -> int | None:
+    @keyword_only
+    def resolve(self, step: int, *, action: str = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
         layout.step_name(step)
         if action == "cache":
@@ -441,7 +443,8 @@ class Cache:
         )
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
 
-    def table(self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None) -> pandas.DataFrame:
+    @keyword_only
+    def table(self, columns: Sequence[str] | None = None, *, steps: Iterable[int] | None = None) -> pandas.DataFrame:
         """One row per rollout of every complete step (or of ``steps``, each of which must be
         complete), as a pandas DataFrame (``pip install 'zarr-skip[pandas]'``): ``step``,
         ``minibatch``, ``row``, then per-row scalars, strings and small JSON objects, and the
@@ -484,11 +487,12 @@ class Cache:
             f"(complete steps: {near or 'none'})"
         )
 
+    @keyword_only
     def export(
         self,
         path: str | os.PathLike[str],
-        steps: int | Iterable[int] | None = None,
         *,
+        steps: int | Iterable[int] | None = None,
         format: str | None = None,
         tokenizer: Any = None,
     ) -> ExportReport:
@@ -499,12 +503,27 @@ class Cache:
 
     # -- maintenance ------------------------------------------------------------------------
 
-    def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> VerifyReport:
-        """Read every chunk and check sizes and checksums: see :func:`zarr_skip.maintenance.verify`."""
+    def verify(
+        self,
+        steps: int | Iterable[int] | None = None,
+        *,
+        progress: Callable[[int, int], Any] | None = None,
+        step: int | Iterable[int] | None = None,
+    ) -> VerifyReport:
+        """Read every chunk of ``steps`` (one, several, or None: every complete step) and check
+        sizes, checksums and places: see :func:`zarr_skip.maintenance.verify`. ``step=`` is the
+        deprecated name of ``steps``."""
+        if step is not None:
+            warn_renamed("Cache.verify(step=...)", "Cache.verify(steps=...)")
+            if steps is not None:
+                raise ConfigError("verify: pass steps= only (step= is its deprecated name)")
+            steps = step
         damaged = self.damaged_experiments()
         exp = self._exp() if not damaged else self.experiment or ""
-        steps = None if step is None else ([step] if isinstance(step, int) else list(step))
-        return maintenance.verify(self._storage, exp, lease=self.lease, steps=steps, damaged=damaged, progress=progress)
+        wanted = None if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+        return maintenance.verify(
+            self._storage, exp, lease=self.lease, steps=wanted, damaged=damaged, progress=progress
+        )
 
     def gc(
         self,
@@ -531,7 +550,7 @@ class Cache:
     def __repr__(self) -> str:
         return display.cache_head(self)  # no store request: the listing is _repr_pretty_'s
 
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
         p.text(display.cache_head(self) if cycle else display.cache_text(self))
 
     def _repr_html_(self) -> str:

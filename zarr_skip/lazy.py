@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip import tables
+from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import MetadataError
 from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
@@ -23,13 +24,13 @@ from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
+from zarr_skip.store.writer import MinibatchInfo
 from zarr_skip.views import browse, display
 from zarr_skip.views.text import Message, Rows, chat_rows, decode_column
 
 if TYPE_CHECKING:
     import pandas
     import torch
-    from IPython.lib.pretty import PrettyPrinter
 
     from zarr_skip.cache import Cache
     from zarr_skip.views.groups import GroupView
@@ -75,62 +76,84 @@ class StepView:
             )
         self._storage = storage
         self.step = step
-        self.parts = list(parts)
+        self._parts = list(parts)
         self._allow_pickle = allow_pickle
         self._cols: dict[str, LazyColumn] = {}
         self.cache = cache
 
     @property
     def columns(self) -> list[str]:
-        return list(self.parts[0].specs)
+        return list(self._parts[0].specs)
 
     @property
     def schema(self) -> dict[str, ColumnSpec]:
-        return dict(self.parts[0].specs)
+        return dict(self._parts[0].specs)
 
     @property
     def meta_info(self) -> dict[str, Any]:
-        return dict(self.parts[0].meta_info)
+        return dict(self._parts[0].meta_info)
 
     @property
     def batch_type(self) -> str:
-        return self.parts[0].batch_type
+        return self._parts[0].batch_type
 
     @property
     def minibatches(self) -> list[StepView]:
         return [
             StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle, cache=self.cache)
-            for p in self.parts
+            for p in self._parts
         ]
 
     @property
+    def minibatch_info(self) -> tuple[MinibatchInfo, ...]:
+        """Each mini-batch's index, run, rows and sizes, in index order (from the metadata)."""
+        return tuple(
+            MinibatchInfo(self.step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, True, p.path) for p in self._parts
+        )
+
+    @property
+    def parts(self) -> list[Part]:
+        """Deprecated: :attr:`minibatch_info` (each mini-batch's numbers) or :attr:`minibatches`
+        (a view of each)."""
+        warn_renamed("StepView.parts", "StepView.minibatch_info (or StepView.minibatches for views)")
+        return list(self._parts)
+
+    @property
     def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        """Logical (decoded) bytes of every column, as numpy's and zarr's ``nbytes``."""
+        return sum(p.raw_nbytes for p in self._parts)
+
+    @property
+    def nbytes_stored(self) -> int:
+        """Stored (compressed) bytes of every column."""
+        return sum(p.nbytes for p in self._parts)
 
     @property
     def raw_nbytes(self) -> int:
-        return sum(p.raw_nbytes for p in self.parts)
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("StepView.raw_nbytes", "StepView.nbytes (the logical size; nbytes_stored is the stored one)")
+        return self.nbytes
 
     def __len__(self) -> int:
-        return sum(p.rows for p in self.parts)
+        return sum(p.rows for p in self._parts)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.parts[0].specs
+        return name in self._parts[0].specs
 
     def __iter__(self) -> Iterator[str]:  # column names, like a mapping
         return iter(self.columns)
 
     def __getitem__(self, name: str) -> LazyColumn:
-        if name not in self.parts[0].specs:
+        if name not in self._parts[0].specs:
             raise KeyError(f"step {self.step}: no column {name!r} (columns: {', '.join(self.columns)})")
         if name not in self._cols:
-            self._cols[name] = LazyColumn(self._storage, self.step, self.parts, name, self._allow_pickle)
+            self._cols[name] = LazyColumn(self._storage, self.step, self._parts, name, self._allow_pickle)
         return self._cols[name]
 
     # -- a mapping of columns (``len()`` stays the row count, as in pandas) ------------------
 
     def keys(self) -> KeysView[str]:
-        return self.parts[0].specs.keys()
+        return self._parts[0].specs.keys()
 
     def values(self) -> ValuesView[LazyColumn]:
         return {name: self[name] for name in self.columns}.values()
@@ -187,9 +210,11 @@ class StepView:
 
     # -- decoded text and readable views (zarr_skip.views); each view reads nothing until shown
 
+    @keyword_only
     def text(
         self,
         column: str = "responses",
+        *,
         rows: Rows = None,
         tokenizer: Any = None,
         skip_special_tokens: bool = True,
@@ -230,14 +255,15 @@ class StepView:
         ``best`` / ``worst``: see :func:`zarr_skip.views.finding.find_rows`."""
         return browse.find(self, tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
 
-    def page(self, k: int = 0, size: int = 20, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
+    @keyword_only
+    def page(self, k: int = 0, *, size: int = 20, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
         """Page ``k`` of the step's rollouts, ``size`` rows a page."""
         return browse.page(self, k, size, tokenizer=tokenizer, max_length=max_length)
 
     def __repr__(self) -> str:
         return display.step_head(self)  # no store request: the listing is _repr_pretty_'s
 
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
         p.text(display.step_head(self) if cycle else display.step_text(self))
 
     def _repr_html_(self) -> str:
@@ -283,11 +309,19 @@ class LazyColumn:
 
     @property
     def nbytes(self) -> int:
+        """Logical (decoded) bytes of the column's arrays, as numpy's and zarr's ``nbytes``."""
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+
+    @property
+    def nbytes_stored(self) -> int:
+        """Stored (compressed) bytes of the column's chunks."""
         return sum(sum(a.sizes) for arrs in self._parts for a in arrs.values())
 
     @property
     def raw_nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("LazyColumn.raw_nbytes", "LazyColumn.nbytes (the logical size; nbytes_stored is the stored one)")
+        return self.nbytes
 
     def read(self) -> Any:
         return self[:]
@@ -546,7 +580,7 @@ class LazyColumn:
     def __repr__(self) -> str:
         return display.column_head(self)  # no store request: the listing is _repr_pretty_'s
 
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
         p.text(display.column_head(self) if cycle else display.column_text(self))
 
     def _repr_html_(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from zarr.storage import LocalStore
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError, ReadOnlyCacheError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
@@ -48,7 +49,8 @@ class VerifyReport:
 
     steps: tuple[int, ...]
     chunks: int
-    nbytes: int
+    #: stored bytes read and checked
+    nbytes_stored: int
     problems: tuple[Problem, ...]
     #: steps holding records of older writers, which do not name their place: a chunk or
     #: record of theirs moved or swapped could not be told apart (not a problem by itself)
@@ -57,6 +59,12 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def nbytes(self) -> int:
+        """Deprecated: :attr:`nbytes_stored` (the stored bytes checked)."""
+        warn_renamed("VerifyReport.nbytes", "VerifyReport.nbytes_stored (the stored bytes checked)")
+        return self.nbytes_stored
 
 
 @dataclass(frozen=True, slots=True)

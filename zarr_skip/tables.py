@@ -78,9 +78,10 @@ def views_table(storage: Storage, views: Sequence[StepView], columns: Sequence[s
     frames: dict[tuple[str, ...], list[dict[str, np.ndarray]]] = {}
     for view, cols in zip(views, chosen, strict=True):
         rows = len(view)
+        minibatches = view.minibatch_info
         frame = {
             "step": np.full(rows, view.step, dtype=np.int64),
-            "minibatch": np.repeat([p.index for p in view.parts], [p.rows for p in view.parts]).astype(np.int64),
+            "minibatch": np.repeat([p.index for p in minibatches], [p.rows for p in minibatches]).astype(np.int64),
             "row": np.arange(rows, dtype=np.int64),
         }
         for col, whole in cols:

@@ -90,7 +90,9 @@ def cmd_rm(ctx: Context) -> int:
     ctx.say(f"{name}: removing {len(steps)} step(s)")
     for s in steps:
         i = infos[s]
-        ctx.say(f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes)}")
+        ctx.say(
+            f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes_stored)}"
+        )
     live = [s for s in steps if infos[s].state == "writing"]
     if live:
         ctx.warn(f"step(s) {live} are being written by a live run; its writes will fail")
@@ -117,14 +119,13 @@ def cmd_import(ctx: Context) -> int:
         report = import_legacy(
             a.legacy_dir,
             a.location,
-            trust_pickle=a.trust_pickle,
             role=a.role,
             overwrite=a.overwrite,
             progress=bar.callback(),
             experiment_name=a.experiment_name,
             project_name=a.project_name,
             expected_minibatches=a.parameter_sync_step,
-            allow_pickle=a.allow_pickle,
+            allow_pickle=a.allow_pickle or a.trust_pickle,
             coerce_meta=a.coerce_meta,
             storage_options=a.storage_options,
         )

@@ -121,7 +121,7 @@ class LegacySource:
 
     def _import(self, cache: Any, lstep: LegacyStep, store: Store) -> bool:
         try:
-            minibatches = read_step(lstep, trust_pickle=False, as_verl=True)
+            minibatches = read_step(lstep, allow_pickle=False, as_verl=True)
         except UnsafePickleError as exc:
             logger.error("import_legacy: refusing legacy step %d at %s: %s", lstep.step, lstep.path, exc)
             return False

@@ -56,7 +56,8 @@ def unsafe_pickle_error(path: str | os.PathLike, refused: str, detail: str = "")
     """
     msg = (
         f"{os.fspath(path)}: refused to unpickle global {refused!r}; it is not on the "
-        "allow-list of data-only types. Pass trust_pickle=True only if you trust this file."
+        "allow-list of data-only types. Pass allow_pickle=True (zarr-skip import --allow-pickle) "
+        "only if you trust this file."
     )
     if detail:
         msg += f" ({detail})"

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     ConfigError,
@@ -188,16 +189,16 @@ def import_legacy(
     dump_dir: str | os.PathLike[str],
     location_or_cache: str | os.PathLike[str] | Store | Cache,
     *,
-    trust_pickle: bool = False,
+    allow_pickle: bool = False,
     role: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
     experiment_name: str | None = None,
     project_name: str | None = None,
     expected_minibatches: int | None = None,
-    allow_pickle: bool = False,
     coerce_meta: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    trust_pickle: bool | None = None,
 ) -> ImportReport:
     """Import every complete step of the legacy verl caches under ``dump_dir``.
 
@@ -211,7 +212,10 @@ def import_legacy(
     dump_dir : verl's ``skip.*.dump_dir``, or an experiment or ``GBS..`` directory in it.
     location_or_cache : the cache: a location :func:`zarr_skip.open_cache` accepts, or an
         open :class:`~zarr_skip.Cache` (its store is used; any experiment).
-    trust_pickle : let the legacy files run code (only for files you trust).
+    allow_pickle : let the legacy files' pickles run code (only for files you trust; else
+        they may hold data types alone), and store columns the codec cannot store exactly as
+        pickles (to be read with ``load(step, allow_pickle=True)``). ``trust_pickle`` is its
+        deprecated name.
     role : the role of every imported experiment, instead of the per-kind default.
     overwrite : replace steps the cache already holds complete (or being written).
     progress : called with ``(steps done, steps to import)`` after each step.
@@ -221,7 +225,6 @@ def import_legacy(
         count of mini-batches are skipped as incomplete. Without it, the count is inferred per
         experiment (the most common one among its other steps): steps with fewer are skipped,
         and the report warns where it cannot be inferred.
-    allow_pickle : store columns the codec cannot store exactly as pickles.
     coerce_meta : store a JSON-able copy of DataProto ``meta_info`` that is not JSON-able
         (see :func:`coerce_meta_info`) instead of failing the step.
     storage_options : for URL locations.
@@ -232,6 +235,10 @@ def import_legacy(
         ``dump_dir`` is not a directory.
     """
     from zarr_skip.legacy.dumps import scan_legacy
+
+    if trust_pickle is not None:
+        warn_renamed("import_legacy(trust_pickle=...)", "import_legacy(allow_pickle=...)")
+        allow_pickle = allow_pickle or trust_pickle
 
     root = Path(dump_dir).expanduser()
     if not root.is_dir():
@@ -246,9 +253,8 @@ def import_legacy(
         location,
         storage_options,
         progress,
-        trust_pickle=trust_pickle,
-        overwrite=overwrite,
         allow_pickle=allow_pickle,
+        overwrite=overwrite,
         coerce=coerce_meta,
     )
     for r in results:
@@ -322,7 +328,6 @@ def _import_step(
     step: Any,
     info: Any,
     *,
-    trust_pickle: bool,
     overwrite: bool,
     allow_pickle: bool,
     coerce: bool,
@@ -334,7 +339,7 @@ def _import_step(
         why = "already complete in the cache" if info.complete else f"being written by run {info.run}"
         return StepTransfer(name, step.step, SKIPPED, f"{why} (overwrite to replace it)", path=where)
     try:
-        minibatches = read_step(step, trust_pickle)
+        minibatches = read_step(step, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - a damaged or refused file fails this step only
         return StepTransfer(name, step.step, FAILED, f"{type(exc).__name__}: {exc}", path=where)
     written = rows = 0

@@ -113,8 +113,8 @@ def _step_table(infos: Sequence[StepInfo], shown: set[int]) -> Markup:
                 badge(i.state, _STATE_KIND.get(i.state, "")),
                 f"{i.done}/{i.expected}",
                 i.rows,
-                human_bytes(i.nbytes),
-                ratio_text(i.raw_nbytes, i.nbytes),
+                human_bytes(i.nbytes_stored),
+                ratio_text(i.nbytes, i.nbytes_stored),
                 human_age(now - i.updated) if i.updated else "-",
             ]
         )
@@ -152,7 +152,7 @@ def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int, t
     rollouts = {r.row: r for r in reader.read(every, tokens=tokens and dec is not None)}  # a read per column
     shown = len(every)
     what = f"{len(groups)} group{'s' if len(groups) != 1 else ''}" if groups and groups[0][0] is not None else "rows"
-    parts = f"{len(view.parts)} mini-batch{'es' if len(view.parts) != 1 else ''}"
+    parts = f"{len(view.minibatch_info)} mini-batch{'es' if len(view.minibatch_info) != 1 else ''}"
     head = f"{len(view)} rows in {parts}; showing {shown} ({what})"
     scores = [r.score for r in rollouts.values() if r.score is not None]
     if scores:
