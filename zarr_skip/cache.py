@@ -26,7 +26,7 @@ from zarr_skip.errors import (
 )
 from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
-from zarr_skip.format.state import PartRecord, StepInfo, resolve
+from zarr_skip.format.state import PartRecord, ResolveAction, StepInfo, resolve
 from zarr_skip.lazy import StepView
 from zarr_skip.maintenance import GcReport, VerifyReport
 from zarr_skip.store import experiments as exps
@@ -47,7 +47,7 @@ from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import MinibatchInfo, RunContext, write_part
 from zarr_skip.views import display
-from zarr_skip.views.export import ExportReport, export_rollouts
+from zarr_skip.views.export import ExportFormat, ExportReport, export_rollouts
 
 if TYPE_CHECKING:
     import pandas
@@ -389,7 +389,7 @@ class Cache:
         return [i.step for i in self.status() if i.complete]
 
     @keyword_only
-    def resolve(self, step: int, *, action: str = "cache") -> int | None:
+    def resolve(self, step: int, *, action: ResolveAction = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
         layout.step_name(step)
         if action == "cache":
@@ -493,7 +493,7 @@ class Cache:
         path: str | os.PathLike[str],
         *,
         steps: int | Iterable[int] | None = None,
-        format: str | None = None,
+        format: ExportFormat | None = None,
         tokenizer: Any = None,
     ) -> ExportReport:
         """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,

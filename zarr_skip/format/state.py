@@ -13,12 +13,18 @@ import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, TypeGuard, get_args
 
 from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError
 
-COMPLETE, WRITING, ABANDONED = "complete", "writing", "abandoned"
+#: the states of a step
+StepState = Literal["complete", "writing", "abandoned"]
+COMPLETE: Final = "complete"
+WRITING: Final = "writing"
+ABANDONED: Final = "abandoned"
+#: what :func:`resolve` does with a step that is not complete
+ResolveAction = Literal["cache", "repeat"]
 HOST = socket.gethostname()
 
 
@@ -101,7 +107,7 @@ class StepInfo:
     """
 
     step: int
-    state: str
+    state: StepState
     complete: bool
     expected: int
     done: int
@@ -167,6 +173,7 @@ def step_info(
     raw = sum(p.raw_nbytes for p in complete.values())
     updated = max([own.created, *(p.heartbeat for p in mine)])
     stale = tuple(sorted(r.run for r in runs if r.run != own.run))
+    state: StepState
     if len(complete) == own.expected:
         state = COMPLETE
     else:
@@ -207,17 +214,28 @@ def summary_info(step: int, summary: Mapping[str, Any]) -> StepInfo:
     )
 
 
-ACTIONS = ("cache", "repeat")
+ACTIONS: tuple[ResolveAction, ...] = get_args(ResolveAction)
 
 
-def resolve(step: int, action: str, complete_steps: Iterable[int]) -> int | None:
+def is_action(action: object) -> TypeGuard[ResolveAction]:
+    """Whether ``action`` is one of :data:`ACTIONS`."""
+    return isinstance(action, str) and action in ACTIONS
+
+
+def check_action(action: object) -> ResolveAction:
+    """``action`` if it is one of :data:`ACTIONS`, else :class:`ConfigError`."""
+    if not is_action(action):
+        raise ConfigError(f"action: expected 'cache' or 'repeat', got {action!r}")
+    return action
+
+
+def resolve(step: int, action: ResolveAction, complete_steps: Iterable[int]) -> int | None:
     """The step to load for ``step`` under ``action`` (verl's semantics).
 
     ``cache``: the step itself if complete, else None. ``repeat``: the step if complete, else
     the largest complete smaller step, else the smallest complete larger one, else None.
     """
-    if action not in ACTIONS:
-        raise ConfigError(f"action: expected 'cache' or 'repeat', got {action!r}")
+    check_action(action)  # also at run time: callers may pass any string
     done = set(complete_steps)
     if step in done:
         return step

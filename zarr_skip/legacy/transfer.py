@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import (
@@ -44,7 +44,10 @@ logger = logging.getLogger(__name__)
 
 #: the Zarr role of each legacy kind (verl's skip roles)
 ROLE_OF_KIND = {"dp": "rollout", "tq": "rollout_tq"}
-LAYOUTS = ("auto", "flat", "nested")
+#: how exported steps are laid out: one file per step (``flat``), one per mini-batch
+#: (``nested``), or what verl writes for the step's kind (``auto``)
+ExportLayout = Literal["auto", "flat", "nested"]
+LAYOUTS: tuple[ExportLayout, ...] = get_args(ExportLayout)
 IMPORTED, SKIPPED, FAILED, EXPORTED = "imported", "skipped", "failed", "exported"
 
 Progress = Callable[[int, int], Any]
@@ -155,7 +158,8 @@ def coerce_meta_info(meta: Mapping[str, Any]) -> dict[str, Any]:
             return [keys(v) for v in value]
         return value
 
-    return json.loads(json.dumps(keys(dict(meta)), default=default, allow_nan=True))
+    coerced: dict[str, Any] = json.loads(json.dumps(keys(dict(meta)), default=default, allow_nan=True))
+    return coerced
 
 
 def _zarr_batch(kind: str, minibatch: Any, step: int, coerce: bool) -> tuple[Any, dict[str, Any]]:
@@ -417,7 +421,7 @@ def export_steps(
     steps: Sequence[int],
     dest: str | os.PathLike[str],
     *,
-    layout: str = "auto",
+    layout: ExportLayout = "auto",
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> ExportReport:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
 
 from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
 from zarr_skip.views.records import rollout_columns
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "ExportReport", "export_rollouts"]
+__all__ = ["FORMATS", "ExportFormat", "ExportReport", "export_rollouts"]
 
-FORMATS = ("parquet", "jsonl")
+#: the formats rollouts export to
+ExportFormat = Literal["parquet", "jsonl"]
+FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
 #: columns whose values keep their nested type in parquet (others holding dicts or lists, whose
 #: shape may change from row to row, are stored as JSON text)
 _NESTED = {"messages", "prompt_ids", "response_ids"}
@@ -38,7 +40,7 @@ class ExportReport:
     """What an export wrote."""
 
     path: str
-    format: str
+    format: ExportFormat
     steps: tuple[int, ...]
     rows: int
     columns: tuple[str, ...]
@@ -55,13 +57,17 @@ class ExportReport:
         }
 
 
-def _format_of(path: Path, fmt: str | None) -> str:
+def _is_format(fmt: object) -> TypeGuard[ExportFormat]:
+    return isinstance(fmt, str) and fmt in FORMATS
+
+
+def _format_of(path: Path, fmt: str | None) -> ExportFormat:
     if fmt is None:
         suffix = path.suffix.lower().lstrip(".")
         fmt = {"parquet": "parquet", "pq": "parquet", "jsonl": "jsonl", "ndjson": "jsonl"}.get(suffix)
         if fmt is None:
             raise ConfigError(f"{path}: cannot tell the format from the name; pass format='parquet' or 'jsonl'")
-    if fmt not in FORMATS:
+    if not _is_format(fmt):
         raise ConfigError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     return fmt
 
@@ -71,7 +77,7 @@ def export_rollouts(
     path: str | os.PathLike[str],
     steps: int | Iterable[int] | None = None,
     *,
-    format: str | None = None,
+    format: ExportFormat | None = None,
     tokenizer: Any = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
