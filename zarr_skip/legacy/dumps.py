@@ -93,8 +93,8 @@ class LegacyDataProto:
     """
 
     batch: Any = None
-    non_tensor_batch: dict = None  # type: ignore[assignment]
-    meta_info: dict = None  # type: ignore[assignment]
+    non_tensor_batch: dict[str, Any] = None  # type: ignore[assignment]
+    meta_info: dict[str, Any] = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self.non_tensor_batch = {} if self.non_tensor_batch is None else self.non_tensor_batch
@@ -270,7 +270,7 @@ def _scan_step(step_dir: Path, step: int, expected: int | None) -> LegacyStep:
     return LegacyStep(step, step_dir, kind, "nested", mbs, reason is None, reason)
 
 
-def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match]]:
+def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match[str]]]:
     if (m := _FP_DIR.match(root.name)) and root.is_dir():
         return [(root, m)]
     children = sorted(c for c in root.iterdir() if c.is_dir())
@@ -281,7 +281,7 @@ def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match]]:
 
 
 def scan_legacy(
-    dump_dir: str | os.PathLike,
+    dump_dir: str | os.PathLike[str],
     *,
     experiment_name: str | None = None,
     project_name: str | None = None,
