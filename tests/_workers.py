@@ -99,7 +99,7 @@ def check_complete_steps(location: str, fingerprint: dict) -> tuple[int, int]:
             continue
         complete += 1
         view = cache.load(info.step)
-        assert len(view.parts) == expected_of(info.step) == info.expected
+        assert len(view._parts) == expected_of(info.step) == info.expected
         for mb in view.minibatches:
             runs = set(mb["run"][:])
             assert runs == {info.run}, f"step {info.step}: mixed runs {runs}"

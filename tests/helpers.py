@@ -80,7 +80,7 @@ def write_sharded(location: Any, fingerprint: dict[str, Any]) -> tuple[Any, dict
     cache = zs.open_cache(location, fingerprint, chunk_bytes=16)
     batch = make_batch(12, seed=5)
     cache.write(3, batch)
-    (part,) = cache.load(3).parts
+    (part,) = cache.load(3)._parts
     array = part.arrays["responses"]["values"]
     assert array.shard and len(array.sizes) > 4
     return cache, batch, array

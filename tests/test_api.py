@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ PUBLIC = [
     "AtomicityError",
     "Cache",
     "CacheNotFoundError",
+    "CachedStepMissingError",
     "ChecksumError",
     "ColumnSpec",
     "Compression",
@@ -24,17 +26,26 @@ PUBLIC = [
     "DataProtoLike",
     "DisplacedWriterError",
     "ExperimentNotFoundError",
+    "ExportReport",
     "FingerprintMismatchError",
     "FormatVersionError",
+    "GcReport",
     "GroupMismatchError",
+    "GroupView",
     "IncompleteStepError",
+    "KeyFormatError",
     "LazyColumn",
+    "Message",
     "MetadataError",
+    "MinibatchInfo",
     "MissingDataError",
     "MissingExtraError",
     "OutsideCacheError",
-    "PartInfo",
     "ReadOnlyCacheError",
+    "RemapError",
+    "RolloutList",
+    "RolloutView",
+    "SampleIdError",
     "SchemaMismatchError",
     "SkipManager",
     "StepCompleteError",
@@ -44,12 +55,51 @@ PUBLIC = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageError",
+    "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
+    "VerifyReport",
+    "VerlNotInstalledError",
     "ZarrSkipError",
     "__version__",
     "errors",
     "open_cache",
+]
+
+ERRORS = [
+    "AmbiguousExperimentError",
+    "AtomicityError",
+    "CacheNotFoundError",
+    "CachedStepMissingError",
+    "ChecksumError",
+    "ConfigError",
+    "ConfigTypeError",
+    "CorruptCacheError",
+    "DisplacedWriterError",
+    "ExperimentNotFoundError",
+    "FingerprintMismatchError",
+    "FormatVersionError",
+    "GroupMismatchError",
+    "IncompleteStepError",
+    "KeyFormatError",
+    "MetadataError",
+    "MissingDataError",
+    "MissingExtraError",
+    "OutsideCacheError",
+    "ReadOnlyCacheError",
+    "RemapError",
+    "SampleIdError",
+    "SchemaMismatchError",
+    "StepCompleteError",
+    "StepNotFoundError",
+    "StorageAccessError",
+    "StorageConnectionError",
+    "StorageError",
+    "TokenizerNotFoundError",
+    "UnsafePickleError",
+    "UnsupportedColumnError",
+    "VerlNotInstalledError",
+    "ZarrSkipError",
 ]
 
 
@@ -58,6 +108,43 @@ def test_all_is_sorted_and_pinned() -> None:
     assert zarr_skip.__all__ == PUBLIC
     for name in zarr_skip.__all__:
         assert hasattr(zarr_skip, name)
+
+
+def test_errors_all_is_sorted_pinned_and_holds_every_error_class() -> None:
+    assert errors.__all__ == sorted(errors.__all__) == ERRORS
+    defined = {
+        name
+        for name, obj in vars(errors).items()
+        if isinstance(obj, type) and issubclass(obj, errors.ZarrSkipError) and obj.__module__ == errors.__name__
+    }
+    assert defined == set(ERRORS)
+    assert set(ERRORS) <= set(zarr_skip.__all__)  # every error is also at the public door
+    for name in ERRORS:
+        assert getattr(zarr_skip, name) is getattr(errors, name)
+
+
+def _drawn_tree() -> dict[str, str | None]:
+    """The exception tree drawn in ``errors``' docstring: class -> its parent there."""
+    parents: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []
+    for line in (errors.__doc__ or "").splitlines():
+        found = re.match(r"^    [\s│├└─]*([A-Z][A-Za-z]+Error)\b", line)
+        if not found:
+            continue
+        depth = found.start(1)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        parents[found.group(1)] = stack[-1][1] if stack else None
+        stack.append((depth, found.group(1)))
+    return parents
+
+
+def test_the_drawn_tree_has_every_error_under_its_parent() -> None:
+    tree = _drawn_tree()
+    assert set(tree) == set(ERRORS)
+    for name, parent in tree.items():
+        ours = [b.__name__ for b in getattr(errors, name).__bases__ if issubclass(b, errors.ZarrSkipError)]
+        assert ours == ([parent] if parent else []), name
 
 
 def test_every_error_is_a_zarr_skip_error_and_its_builtin() -> None:

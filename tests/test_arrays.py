@@ -126,7 +126,7 @@ def test_iteration_reads_each_chunk_once(name: str, monkeypatch: Any) -> None:
     for i in range(3):
         cache.write(2, _batch(9, seed=i), expected=3)
     view = cache.load(2)
-    arrays = [a for p in view.parts for a in p.arrays[name].values()]
+    arrays = [a for p in view._parts for a in p.arrays[name].values()]
     chunks = sum(len(a.sizes) for a in arrays)
     assert any(len(a.sizes) > 2 for a in arrays), "the test needs arrays of several chunks"
     monkeypatch.setattr(lazy, "ITER_CHUNKS", 2)  # many blocks, rows straddling them

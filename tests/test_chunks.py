@@ -119,7 +119,7 @@ def test_a_cache_in_the_0_1_layout_still_loads(tmp_path: Path, fingerprint: dict
     report = reopened.verify()
     assert report.chunks > 10 and report.problems == ()
     # and zarr itself reads the old keys
-    (part,) = [p for p in reopened.load(2).parts if p.index == 1]
+    (part,) = [p for p in reopened.load(2)._parts if p.index == 1]
     array = zarr.open_group(str(tmp_path), mode="r")[part.arrays["input_ids"]["data"].path]
     assert np.array_equal(array[:], parts[1]["input_ids"].numpy())
     # reading leaves the format version alone; the first write of the new layout raises it
@@ -144,7 +144,7 @@ def test_auto_compression_by_width(tmp_path: Path, fingerprint: dict) -> None:
     cache = zs.open_cache(str(tmp_path), fingerprint)
     batch = make_batch(6)
     cache.write(1, batch)
-    (part,) = cache.load(1).parts
+    (part,) = cache.load(1)._parts
     arrays = part.arrays
     assert arrays["old_log_probs"]["data"].compression == wide
     assert arrays["attention_mask"]["data"].compression == Compression("zstd", 1)  # narrowed to u1
@@ -176,7 +176,7 @@ def test_explicit_blosc_zstd_round_trips(tmp_path: Path, fingerprint: dict) -> N
     cache = zs.open_cache(str(tmp_path), fingerprint, compression="blosc-zstd:3", chunk_bytes=32)
     cache.write(1, batch)
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
-    (part,) = cache.load(1).parts
+    (part,) = cache.load(1)._parts
     assert part.arrays["input_ids"]["data"].compression == Compression("blosc-zstd", 3)
 
 

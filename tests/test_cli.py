@@ -190,7 +190,10 @@ def test_show_columns_and_rows(loc: str, capsys: pytest.CaptureFixture[str]) -> 
     assert doc["step"] == 1 and doc["rows"] == 12 and doc["minibatches"] == 2
     cols = {c["name"]: c for c in doc["columns"]}
     assert set(cols) == set(make_batch())
-    assert all(c["nbytes"] > 0 and c["raw_nbytes"] > 0 and len(c["head"]) == 1 for c in cols.values())
+    assert all(
+        c["nbytes"] > 0 and c["nbytes_stored"] > 0 and c["raw_nbytes"] == c["nbytes"] and len(c["head"]) == 1
+        for c in cols.values()
+    )
     assert cols["uid"]["head"] == ['"uid-0"'] and cols["input_ids"]["shape"] == [5]
 
 
@@ -367,7 +370,7 @@ def test_import_refuses_hostile_pickles(tmp_path: Path, capsys: pytest.CaptureFi
     assert "FAILED" in out and "UnsafePickleError" in err and "posix.system" in err
     with pytest.raises(zs.CacheNotFoundError):  # the refused import wrote nothing
         zs.open_cache(loc)
-    code, out, err = run(capsys, "import", str(tmp_path / "dumps"), loc, "--trust-pickle")
+    code, out, err = run(capsys, "import", str(tmp_path / "dumps"), loc, "--allow-pickle")
     assert code == 0 and marker.exists()  # explicit opt-in: the payload ran
     cache = zs.open_cache(loc, experiment="e_p/GBS1_N2_in4_out4/rollout_tq")
     assert cache.steps() == [3] and cache.load(3)["tags"][0]["evil"] == 0

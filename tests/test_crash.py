@@ -78,7 +78,7 @@ def test_concurrent_writers_of_one_run_fill_each_step_exactly(
     assert len(written) == steps * expected
     for step in range(steps):
         view = cache.load(step)
-        stored = [(step, mb.parts[0].index, mb["token"][0]) for mb in view.minibatches]
+        stored = [(step, mb.minibatch_info[0].index, mb["token"][0]) for mb in view.minibatches]
         assert sorted(stored) == sorted(w for w in written if w[0] == step)
         assert [s[1] for s in stored] == list(range(expected))
     assert len({(w[0], w[2]) for w in written}) == len(written)  # no mini-batch written twice
@@ -99,7 +99,7 @@ def test_interrupted_run_then_new_run_holds_only_the_new_runs_data(ctx: Any, tmp
     for _ in range(4):
         cache.write(3, minibatch("second", 3, "x"), expected=4)
     view = cache.load(3)
-    assert {p.run for p in view.parts} == {"second"} and len(view.parts) == 4
+    assert {p.run for p in view._parts} == {"second"} and len(view._parts) == 4
     assert set(view["run"][:]) == {"second"}
 
 

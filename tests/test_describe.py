@@ -34,7 +34,7 @@ def written(tmp_path: Path, fingerprint: dict[str, Any]) -> tuple[Path, dict[str
     batch["uid"] = [f"uid-{i // 4}" for i in range(8)]  # repeats: dictionary-encoded
     cache = zs.open_cache(tmp_path / "c", fingerprint, chunk_bytes=64)
     cache.write(1, batch)
-    assert "codes" in cache.load(1).parts[0].arrays["uid"]
+    assert "codes" in cache.load(1)._parts[0].arrays["uid"]
     return tmp_path / "c", batch
 
 

@@ -144,7 +144,7 @@ def test_a_step_mixing_plain_and_dictionary_minibatches_reads_exactly(
 ) -> None:
     cache, batches = _step(tmp_path / "c", fingerprint, plain_first, monkeypatch)
     view = zs.open_cache(tmp_path / "c").load(1)
-    kinds = [("codes" in p.arrays["raw_prompt"]) for p in view.parts]
+    kinds = [("codes" in p.arrays["raw_prompt"]) for p in view._parts]
     assert kinds == [not plain_first, plain_first]
     want = concat(batches)
     assert_equal(view.to_dict(), want)
@@ -188,7 +188,7 @@ def test_repeated_rows_come_back_as_one_object_each_and_cost_less(tmp_path: Any,
     for got in (np.asarray(col), np.asarray(cache.load(1)["uid"])):  # so does np.asarray
         assert got.dtype == object and got[0] is got[7] and got[0] is not got[8]
     assert np.asarray(cache.load(1)["uid"], dtype=str).tolist() == batch["uid"]
-    entry = cache.load(1).parts[0].arrays["extra_info"]
+    entry = cache.load(1)._parts[0].arrays["extra_info"]
     assert entry["values"].rows < sum(len(str(r)) for r in batch["extra_info"]) / 4
 
 
@@ -199,12 +199,12 @@ def test_a_row_read_of_a_dictionary_column_reads_its_minibatch_only(fingerprint:
     cache.write(1, _grpo_rows(8, 4), expected=2)
     view = zs.open_cache(store).load(1)
     col = view["raw_prompt"]
-    values = view.parts[1].arrays["raw_prompt"]["values"]
+    values = view._parts[1].arrays["raw_prompt"]["values"]
     assert values.shard and len(values.sizes) > 3
     store.reads.clear()
     assert_equal(col[33], _grpo_rows(8, 4)["raw_prompt"][1])
     read = {k for k in store.reads if "/c." in k}
-    assert all(f"/{view.parts[1].index}/" in k for k in read)  # nothing of mini-batch 0
+    assert all(f"/{view._parts[1].index}/" in k for k in read)  # nothing of mini-batch 0
     assert {k for k in read if "/values/" in k} == {values.key(0)}  # one shard file, a ranged read
     assert len([k for k in read if "/values/" not in k]) == 2  # its codes and lengths
 
@@ -216,7 +216,7 @@ def test_old_caches_without_dictionaries_read_and_the_version_is_3(
     batch = make_batch(8)
     cache = zs.open_cache(tmp_path / "c", fingerprint)
     cache.write(1, batch)
-    assert all("codes" not in a for a in cache.load(1).parts[0].arrays.values())
+    assert all("codes" not in a for a in cache.load(1)._parts[0].arrays.values())
     monkeypatch.undo()
     assert_equal(zs.open_cache(tmp_path / "c").load(1).to_dict(), batch)
     from zarr_skip.format import layout

@@ -1,4 +1,7 @@
-"""Text and HTML renderings: the right states and numbers, escaped, and reading almost nothing."""
+"""Text and HTML renderings: the right states and numbers, escaped, and reading almost nothing.
+
+The listings are what IPython's pretty printer (``pretty(obj)``, a terminal's ``obj``) and
+Jupyter show; ``repr(obj)`` is one line that reads nothing (tests/test_reprs.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import CountingStore, make_batch
+from IPython.lib.pretty import pretty
 
 import zarr_skip as zs
 from zarr_skip.views import display
@@ -53,19 +57,19 @@ def store(fingerprint: dict[str, Any]) -> CountingStore:
 
 def test_cache_repr_shows_states_counts_and_bytes(store: CountingStore) -> None:
     cache = zs.open_cache(store)
-    text = repr(cache)
+    text = pretty(cache)
     info = cache.status()
     assert [i.state for i in info] == ["complete", "writing"]
     assert "2 steps: 1 complete, 1 writing; 36 rows" in text
     lines = text.splitlines()
     step1 = next(line for line in lines if line.split()[:2] == ["1", "complete"])
-    assert "2/2" in step1 and " 24 " in step1 and display.human_bytes(info[0].nbytes) in step1
+    assert "2/2" in step1 and " 24 " in step1 and display.human_bytes(info[0].nbytes_stored) in step1
     assert f"{info[0].ratio:.1f}x" in step1
     step2 = next(line for line in lines if line.split()[:2] == ["2", "writing"])
     assert "1/2" in step2 and " 12 " in step2
     # a writer that stopped sending heartbeats: with no lease left its step reads as abandoned
     time.sleep(0.01)
-    assert "2  abandoned" in repr(zs.open_cache(store, lease=0.0))
+    assert "2  abandoned" in pretty(zs.open_cache(store, lease=0.0))
 
 
 def test_cache_html_has_a_badge_per_state_and_reads_only_metadata(store: CountingStore) -> None:
@@ -101,7 +105,7 @@ def test_large_cache_shows_first_and_last_steps_and_reads_only_those(
         read = any(f"/{step}/" in k for k in store.reads)
         assert read == (step in shown), (step, sorted(store.reads))
     assert page.count(">complete</span>") == 6 and "3 more steps" in page and "9 steps" in page
-    text = repr(reader)
+    text = pretty(reader)
     assert "9 steps" in text and "…" in text and len([line for line in text.splitlines() if "complete" in line]) == 6
 
 
@@ -111,7 +115,7 @@ def test_several_experiments_are_listed_with_their_fingerprints(fingerprint: dic
     zs.open_cache(store, {"name": "<b>other</b>", "n": 4}).write(1, {"x": torch.arange(2)})
     cache = zs.open_cache(store)
     assert cache.experiment is None
-    page, text = cache._repr_html_(), repr(cache)
+    page, text = cache._repr_html_(), pretty(cache)
     names = list(cache.experiments())
     assert len(names) == 2 and all(n in page and n in text for n in names)
     assert "<b>other</b>" not in page and "&lt;b&gt;other&lt;/b&gt;" in page
@@ -124,20 +128,20 @@ def test_a_cache_without_experiments_says_so(fingerprint: dict[str, Any]) -> Non
     for key in [k for k in store._store_dict if k != "zarr.json"]:  # keep the root group only
         del store._store_dict[key]
     cache = zs.open_cache(store)
-    assert "no experiments" in repr(cache) and "no experiments" in cache._repr_html_()
+    assert "no experiments" in pretty(cache) and "no experiments" in cache._repr_html_()
 
 
 def test_step_rendering_reads_nothing_and_lists_columns_parts_meta(store: CountingStore) -> None:
     view = zs.open_cache(store).load(1)
     store.reads.clear()
-    page, text = view._repr_html_(), repr(view)
+    page, text = view._repr_html_(), pretty(view)
     assert not store.reads, sorted(store.reads)
     for name, spec in view.schema.items():
         assert f">{name}</td>" in page and name in text
         assert f">{display.row_shape(spec)}</td>" in page
     assert ">nested</td>" in page and ">bfloat16</td>" in page and ">(5,)</td>" in page and ">(*)</td>" in page
-    assert display.human_bytes(view["responses"].nbytes) in page
-    for p in view.parts:
+    assert display.human_bytes(view["responses"].nbytes_stored) in page
+    for p in view.minibatch_info:
         assert p.run in page and p.run in text
     assert "2 mini-batches" in page and "24 rows" in page
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -180,16 +184,16 @@ def test_column_preview_formats_rows_compactly_and_escaped(fingerprint: dict[str
     cache = zs.open_cache(CountingStore(), fingerprint)
     cache.write(1, batch, allow_pickle=True)
     view = cache.load(1)
-    text = repr(view["responses"])
+    text = pretty(view["responses"])
     assert "len    20  [0, 1, 2, 3, 4, 5, 6, 7, …]" in text and "len     0  []" in text
     page = view["text"]._repr_html_()
     assert "x" * 500 not in page and "…" in page and "&lt;i&gt;" in page and "a &amp; b" in page
-    tags = repr(view["tags"])
+    tags = pretty(view["tags"])
     assert '{"k":"<v>","n":[1,2]}' in tags and "null" in tags
     assert "&lt;v&gt;" in view["tags"]._repr_html_()
-    assert "-1.25" in repr(view["bf16"])
-    assert "allow_pickle=True" in repr(view["obj"])
-    assert "{1, 2}" in repr(cache.load(1, allow_pickle=True)["obj"])
+    assert "-1.25" in pretty(view["bf16"])
+    assert "allow_pickle=True" in pretty(view["obj"])
+    assert "{1, 2}" in pretty(cache.load(1, allow_pickle=True)["obj"])
 
 
 def test_human_units() -> None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-HEAVY = ("torch", "tensordict", "pandas", "matplotlib")
+HEAVY = ("torch", "tensordict", "pandas", "matplotlib", "tokenizers", "pyarrow", "transformers")
 
 
 def _run(code: str) -> str:

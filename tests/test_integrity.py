@@ -245,7 +245,7 @@ def test_lengths_that_do_not_add_to_the_stored_values_are_refused(
 def test_dictionary_codes_outside_the_entries_are_refused(location: Any, fingerprint: dict) -> None:
     cache = zs.open_cache(location, fingerprint)
     cache.write(1, make_batch(6, seed=3))
-    assert "codes" in cache.load(1).parts[0].arrays["uid"]
+    assert "codes" in cache.load(1)._parts[0].arrays["uid"]
     _forge(Keys(location), 1, 0, "uid", "codes", lambda n: [0, 1, 2, 3, 0, 1])  # 3 entries stored
     view = zs.open_cache(location).load(1)
     for read in (lambda: view["uid"][:], lambda: view["uid"][2], lambda: view["uid"].lengths(), view.to_dict):

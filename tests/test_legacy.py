@@ -484,8 +484,8 @@ def test_hostile_dp_refused_and_payload_not_run(tmp_path: Path, verl_src: Path) 
         assert not marker.exists()
     with pytest.raises(UnsafePickleError, match="fractions.Fraction"):
         read_minibatch(tmp_path / "3")
-    assert read_minibatch(tmp_path / "3", trust_pickle=True).non_tensor_batch["f"][0] == Fraction(1, 3)
-    assert read_minibatch(evil_meta, trust_pickle=True, as_verl=False).meta_info["x"] == 0
+    assert read_minibatch(tmp_path / "3", allow_pickle=True).non_tensor_batch["f"][0] == Fraction(1, 3)
+    assert read_minibatch(evil_meta, allow_pickle=True, as_verl=False).meta_info["x"] == 0
     assert marker.exists()  # the refused payload was real
 
 
@@ -499,13 +499,13 @@ def test_hostile_pt_refused_and_trust_lifts_it(tmp_path: Path) -> None:
             read_minibatch(evil)
         _refused(exc, evil, name)
         assert not marker.exists()
-    read_minibatch(evil, trust_pickle=True)  # explicit opt-in: the payload runs
+    read_minibatch(evil, allow_pickle=True)  # explicit opt-in: the payload runs
     assert marker.exists()
     marker.unlink()
     evil_dp = tmp_path / "evil.dp"
     evil_dp.write_bytes(pickle.dumps(_Touch(marker)))
     with pytest.raises(ValueError, match="not a pickled verl DataProto"):
-        read_minibatch(evil_dp, trust_pickle=True)
+        read_minibatch(evil_dp, allow_pickle=True)
     assert marker.exists()
 
 

@@ -365,7 +365,7 @@ def test_a_page_of_a_big_step_reads_only_its_rows() -> None:
             expected=4,
         )
     view = zs.open_cache(store).load(1)
-    (values,) = [view.parts[2].arrays["responses"]["values"]]
+    (values,) = [view._parts[2].arrays["responses"]["values"]]
     assert values.shard and len(values.sizes) > 40  # many chunks, one shard per array
     stored = sum(len(v) for k, v in store._store_dict.items() if not k.endswith("zarr.json"))
     store.reads.clear()

@@ -119,7 +119,7 @@ def _assert_each_step_filled_exactly(cache: zs.Cache, written: list[tuple[int, i
     assert len(written) == STEPS * EXPECTED, events
     for step in range(STEPS):
         view = cache.load(step)
-        stored = [(step, mb.parts[0].index, mb["token"][0]) for mb in view.minibatches]
+        stored = [(step, mb.minibatch_info[0].index, mb["token"][0]) for mb in view.minibatches]
         assert sorted(stored) == sorted(w for w in written if w[0] == step), (step, events)
         assert [s[1] for s in stored] == list(range(EXPECTED))
     assert len({(w[0], w[2]) for w in written}) == len(written)  # no mini-batch written twice
@@ -199,5 +199,5 @@ def _assert_loadable_steps_exact(cache: zs.Cache, written: list[tuple[int, int, 
             view = cache.load(info.step)
         except (zs.IncompleteStepError, zs.MissingDataError, zs.StepNotFoundError):
             continue  # a stale or torn view through the mount: a miss, not wrong data
-        stored = sorted((info.step, mb.parts[0].index, mb["token"][0]) for mb in view.minibatches)
+        stored = sorted((info.step, mb.minibatch_info[0].index, mb["token"][0]) for mb in view.minibatches)
         assert stored == sorted(w for w in written if w[0] == info.step), info.step

@@ -44,7 +44,7 @@ def test_resolve_rejects_unknown_action() -> None:
 def test_complete_needs_every_index_of_the_owner() -> None:
     runs = [run("a", 1.0)]
     info = step_info(1, runs, [part("a", 0), part("a", 1)], now=NOW, lease=60)
-    assert info.complete and (info.done, info.rows, info.nbytes, info.ratio) == (2, 6, 20, 3.0)
+    assert info.complete and (info.done, info.rows, info.nbytes_stored, info.nbytes, info.ratio) == (2, 6, 20, 60, 3.0)
     info = step_info(1, runs, [part("a", 1)], now=NOW, lease=60)
     assert not info.complete and info.done == 1
 

@@ -142,7 +142,7 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
     )
     local = cache._storage.root is not None
     view = cache.load(2)
-    assert all(p.arrays["responses"]["values"].first_rows is not None for p in view.parts)
+    assert all(p.arrays["responses"]["values"].first_rows is not None for p in view._parts)
     for name in ("responses", "uid", "tags"):
         want = merged[name]
         lengths = view[name].lengths()
@@ -239,7 +239,7 @@ def test_status_reads_metadata_only(fingerprint: dict) -> None:
         (2, True, 2, 2, 8),
     ]
     assert all(k.endswith("zarr.json") for k in store.reads)
-    assert infos[0].nbytes > 0 and infos[0].raw_nbytes > 0 and infos[0].ratio > 0
+    assert infos[0].nbytes_stored > 0 and infos[0].nbytes > 0 and infos[0].ratio > 0
 
 
 def test_partial_step_is_detected(location: Any, fingerprint: dict, batch: dict) -> None:
@@ -250,7 +250,7 @@ def test_partial_step_is_detected(location: Any, fingerprint: dict, batch: dict)
     (info,) = reader.status()
     assert info.state == "writing" and not info.complete and (info.done, info.expected) == (2, 3)
     assert reader.steps() == []
-    assert reader.resolve(4, "cache") is None
+    assert reader.resolve(4, action="cache") is None
     with pytest.raises(zs.IncompleteStepError, match=r"step 4 is writing: 2 of 3"):
         reader.load(4)
 
@@ -357,7 +357,7 @@ def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, chunk_byte
     batch = make_batch(11, seed=3)  # 11 rows: chunks of 40 bytes leave a partial last chunk
     cache = zs.open_cache(tmp_path, fingerprint, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
     info = cache.write(1, batch)
-    (stored,) = cache.load(1).parts
+    (stored,) = cache.load(1)._parts
     for column, arrays in stored.arrays.items():  # every array, as zarr reads it, is what we read
         for name, array in arrays.items():
             if chunk_bytes and name in ("data", "values") and array.rows > array.chunk:
@@ -425,10 +425,10 @@ def test_resolve_through_the_store(location: Any, fingerprint: dict, batch: dict
     for s in (2, 5):
         cache.write(s, batch)
     cache.write(4, batch, expected=2)  # partial
-    assert [cache.resolve(s, "cache") for s in (2, 4, 5)] == [2, None, 5]
-    assert [cache.resolve(s, "repeat") for s in (1, 2, 3, 4, 5, 9)] == [2, 2, 2, 2, 5, 5]
+    assert [cache.resolve(s, action="cache") for s in (2, 4, 5)] == [2, None, 5]
+    assert [cache.resolve(s, action="repeat") for s in (1, 2, 3, 4, 5, 9)] == [2, 2, 2, 2, 5, 5]
     with pytest.raises(zs.ConfigError, match="action"):
-        cache.resolve(2, "random")
+        cache.resolve(2, action="random")
 
 
 def test_new_run_replaces_an_interrupted_runs_leftovers(location: Any, fingerprint: dict, caplog: Any) -> None:
@@ -442,7 +442,7 @@ def test_new_run_replaces_an_interrupted_runs_leftovers(location: Any, fingerpri
     assert "discarding 2 mini-batch(es) left by run " + old.run_id in caplog.text
     new.write(3, fresh[1], expected=2)
     view = new.load(3)
-    assert {p.run for p in view.parts} == {new.run_id}
+    assert {p.run for p in view._parts} == {new.run_id}
     assert_equal(view.to_dict(), concat(fresh))
     with pytest.raises(zs.DisplacedWriterError, match="started after this run"):
         old.write(3, make_batch(4, seed=3), expected=4)
@@ -470,8 +470,8 @@ def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint:
         cache.write(4, p, expected=3)
     store.reads.clear()
     view = cache.load(4)
-    step_path = view.parts[0].path.rsplit("/", 2)[0]
-    run = view.parts[0].run
+    step_path = view._parts[0].path.rsplit("/", 2)[0]
+    run = view._parts[0].run
     assert sorted(store.reads) == sorted(
         [f"{step_path}/zarr.json"] + [f"{step_path}/{run}/{i}/zarr.json" for i in range(3)]
     )

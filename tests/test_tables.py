@@ -38,7 +38,7 @@ def test_table_matches_load(location: Any) -> None:
         view = cache.load(step)
         mine = table[table["step"] == step]
         assert mine["row"].tolist() == list(range(len(view)))
-        assert mine["minibatch"].tolist() == [p.index for p in view.parts for _ in range(p.rows)]
+        assert mine["minibatch"].tolist() == [p.index for p in view._parts for _ in range(p.rows)]
         assert mine["response_length"].tolist() == view["responses"].lengths().tolist()
         assert mine["truncated"].tolist() == [n >= FINGERPRINT["max_response_length"] for n in mine["response_length"]]
         assert mine["uid"].tolist() == list(view["uid"][:])

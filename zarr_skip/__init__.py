@@ -12,10 +12,12 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip import errors
+from zarr_skip._deprecation import warn_renamed as _warn_renamed
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     AtomicityError,
+    CachedStepMissingError,
     CacheNotFoundError,
     ChecksumError,
     ConfigError,
@@ -27,26 +29,36 @@ from zarr_skip.errors import (
     FormatVersionError,
     GroupMismatchError,
     IncompleteStepError,
+    KeyFormatError,
     MetadataError,
     MissingDataError,
     MissingExtraError,
     OutsideCacheError,
     ReadOnlyCacheError,
+    RemapError,
+    SampleIdError,
     SchemaMismatchError,
     StepCompleteError,
     StepNotFoundError,
     StorageAccessError,
     StorageConnectionError,
     StorageError,
+    TokenizerNotFoundError,
     UnsafePickleError,
     UnsupportedColumnError,
+    VerlNotInstalledError,
     ZarrSkipError,
 )
 from zarr_skip.format.chunks import Compression
 from zarr_skip.format.specs import ColumnSpec, DataProtoLike
 from zarr_skip.format.state import StepInfo
 from zarr_skip.lazy import LazyColumn, StepView
-from zarr_skip.store.writer import PartInfo
+from zarr_skip.maintenance import GcReport, VerifyReport
+from zarr_skip.store.writer import MinibatchInfo
+from zarr_skip.views.export import ExportReport
+from zarr_skip.views.groups import GroupView
+from zarr_skip.views.rollouts import RolloutList, RolloutView
+from zarr_skip.views.text import Message
 
 if TYPE_CHECKING:
     from zarr_skip.trainer.manager import SkipManager
@@ -61,6 +73,7 @@ __all__ = [
     "AtomicityError",
     "Cache",
     "CacheNotFoundError",
+    "CachedStepMissingError",
     "ChecksumError",
     "ColumnSpec",
     "Compression",
@@ -70,17 +83,26 @@ __all__ = [
     "DataProtoLike",
     "DisplacedWriterError",
     "ExperimentNotFoundError",
+    "ExportReport",
     "FingerprintMismatchError",
     "FormatVersionError",
+    "GcReport",
     "GroupMismatchError",
+    "GroupView",
     "IncompleteStepError",
+    "KeyFormatError",
     "LazyColumn",
+    "Message",
     "MetadataError",
+    "MinibatchInfo",
     "MissingDataError",
     "MissingExtraError",
     "OutsideCacheError",
-    "PartInfo",
     "ReadOnlyCacheError",
+    "RemapError",
+    "RolloutList",
+    "RolloutView",
+    "SampleIdError",
     "SchemaMismatchError",
     "SkipManager",
     "StepCompleteError",
@@ -90,8 +112,11 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageError",
+    "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
+    "VerifyReport",
+    "VerlNotInstalledError",
     "ZarrSkipError",
     "__version__",
     "errors",
@@ -105,4 +130,7 @@ def __getattr__(name: str) -> Any:
         from zarr_skip.trainer.manager import SkipManager
 
         return SkipManager
+    if name == "PartInfo":
+        _warn_renamed("zarr_skip.PartInfo", "zarr_skip.MinibatchInfo")
+        return MinibatchInfo
     raise AttributeError(f"module 'zarr_skip' has no attribute {name!r}")

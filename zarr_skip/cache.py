@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
 
+from zarr_skip import maintenance, tables
+from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
+    ConfigError,
     ExperimentNotFoundError,
     FormatVersionError,
     IncompleteStepError,
@@ -23,30 +26,33 @@ from zarr_skip.errors import (
 )
 from zarr_skip.format import checks, chunks, layout
 from zarr_skip.format.columns import encode_batch
-from zarr_skip.format.state import PartRecord, StepInfo, resolve
+from zarr_skip.format.state import PartRecord, ResolveAction, StepInfo, resolve
 from zarr_skip.lazy import StepView
-from zarr_skip.reading import CacheReading
+from zarr_skip.maintenance import GcReport, VerifyReport
 from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
     check_experiment,
+    experiment_info,
     group_doc,
     list_steps,
     scan_step,
     step_infos,
     summarized_parts,
     summarized_steps,
+    update_experiment_info,
 )
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
-from zarr_skip.store.writer import PartInfo, RunContext, write_part
+from zarr_skip.store.writer import MinibatchInfo, RunContext, write_part
+from zarr_skip.views import display, schema
+from zarr_skip.views.export import ExportFormat, ExportReport, export_rollouts
+from zarr_skip.views.schema import Reduce
 
 if TYPE_CHECKING:
     import pandas
 
-    from zarr_skip.maintenance import GcReport, VerifyReport
-    from zarr_skip.views.schema import Reduce
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +121,7 @@ def open_cache(
     )
 
 
-class Cache(CacheReading):
+class Cache:
     """A rollout cache at one location, bound to one experiment. Use :func:`open_cache`."""
 
     def __init__(
@@ -146,6 +152,8 @@ class Cache(CacheReading):
         self._create_root = self._create_experiment = False
         #: experiment groups found damaged by :meth:`experiments`: path -> why
         self._damaged: dict[str, str] = {}
+        #: the experiment's recorded attributes, read on first use
+        self._attributes: dict[str, Any] | None = None
         if fingerprint is not None:
             fp = layout.normalize_fingerprint(fingerprint)
             name = layout.check_experiment_name(experiment) if experiment else layout.experiment_name(fp)
@@ -270,6 +278,22 @@ class Cache(CacheReading):
     def storage(self) -> Storage:
         return self._storage
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """What the experiment records beyond its fingerprint (the trainer's ``tokenizer`` and
+        ``model`` paths, ...), from its group's attributes: read once, on first use."""
+        if self._attributes is None:
+            self._attributes = experiment_info(self._storage, self.experiment) if self.experiment else {}
+        return dict(self._attributes)
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
+        (writers recording the same values may race; of different values the last one wins)."""
+        if self.read_only or self.experiment is None:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        self._create()  # opening wrote nothing: like a write, recording creates the experiment
+        self._attributes = update_experiment_info(self._storage, self.experiment, values)
+
     def _exp(self) -> str:
         if self.experiment is None:
             names = list(self.experiments())
@@ -294,7 +318,7 @@ class Cache(CacheReading):
         overwrite: bool = False,
         meta_info: Mapping[str, Any] | None = None,
         allow_pickle: bool = False,
-    ) -> PartInfo:
+    ) -> MinibatchInfo:
         """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
 
         Raises
@@ -365,7 +389,8 @@ class Cache(CacheReading):
         """Complete steps, ascending."""
         return [i.step for i in self.status() if i.complete]
 
-    def resolve(self, step: int, action: str = "cache") -> int | None:
+    @keyword_only
+    def resolve(self, step: int, *, action: ResolveAction = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
         layout.step_name(step)
         if action == "cache":
@@ -419,8 +444,9 @@ class Cache(CacheReading):
         )
         return self._view(step, path, info.run, parts, allow_pickle=allow_pickle)
 
+    @keyword_only
     def table(
-        self, columns: Sequence[str] | None = None, steps: Iterable[int] | None = None, *, reduce: Reduce = None
+        self, columns: Sequence[str] | None = None, *, steps: Iterable[int] | None = None, reduce: Reduce = None
     ) -> pandas.DataFrame:
         """One row per rollout of every complete step (or of ``steps``, each of which must be
         complete) as a pandas DataFrame (``zarr-skip[pandas]``), named as the exports name them
@@ -428,14 +454,11 @@ class Cache(CacheReading):
         of a token column as ``advantages_mean``. See :mod:`zarr_skip.tables`. Reads the steps'
         records and those columns' chunks (jagged ones shown as ``{column}_len``: their lengths
         alone), each in one batch of requests across the steps."""
-        from zarr_skip.tables import gc_paused, pandas_module, views_table
-        from zarr_skip.views.schema import check_reduce
-
-        pandas_module()  # before any I/O
-        check_reduce(reduce)
+        tables.pandas_module()  # before any I/O
+        schema.check_reduce(reduce)
         exp = self._exp()
         wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
-        with gc_paused():
+        with tables.gc_paused():
             found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
             views = []
             for step, fast in zip(wanted, found, strict=True):
@@ -443,7 +466,7 @@ class Cache(CacheReading):
                     views.append(self._view(step, layout.join(exp, layout.step_name(step)), *fast, allow_pickle=False))
                 elif steps is not None or self.info(step).complete:  # else: skip the steps not complete
                     views.append(self.load(step))
-            return views_table(self._storage, views, columns, reduce)
+            return tables.views_table(self._storage, views, columns, reduce)
 
     def _view(self, step: int, path: str, run: str, parts: list[PartRecord], *, allow_pickle: bool) -> StepView:
         run_path = layout.join(path, run)
@@ -468,13 +491,43 @@ class Cache(CacheReading):
             f"(complete steps: {near or 'none'})"
         )
 
+    @keyword_only
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        steps: int | Iterable[int] | None = None,
+        format: ExportFormat | None = None,
+        tokenizer: Any = None,
+    ) -> ExportReport:
+        """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
+        with decoded text when a tokenizer is known: see
+        :func:`zarr_skip.views.export.export_rollouts`."""
+        return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)
+
     # -- maintenance ------------------------------------------------------------------------
 
-    def verify(self, step: int | Sequence[int] | None = None, *, progress: Any = None) -> VerifyReport:
-        """Read every chunk and check sizes and checksums: see :func:`zarr_skip.maintenance.verify`."""
-        from zarr_skip.maintenance import verify
-
-        return verify(self, step, progress=progress)
+    def verify(
+        self,
+        steps: int | Iterable[int] | None = None,
+        *,
+        progress: Callable[[int, int], Any] | None = None,
+        step: int | Iterable[int] | None = None,
+    ) -> VerifyReport:
+        """Read every chunk of ``steps`` (one, several, or None: every complete step) and check
+        sizes, checksums and places: see :func:`zarr_skip.maintenance.verify`. ``step=`` is the
+        deprecated name of ``steps``."""
+        if step is not None:
+            warn_renamed("Cache.verify(step=...)", "Cache.verify(steps=...)")
+            if steps is not None:
+                raise ConfigError("verify: pass steps= only (step= is its deprecated name)")
+            steps = step
+        damaged = self.damaged_experiments()
+        exp = self._exp() if not damaged else self.experiment or ""
+        wanted = None if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+        return maintenance.verify(
+            self._storage, exp, lease=self.lease, steps=wanted, damaged=damaged, progress=progress
+        )
 
     def gc(
         self,
@@ -484,17 +537,25 @@ class Cache(CacheReading):
         dry_run: bool = False,
         partial_age: float | None = None,
     ) -> GcReport:
-        """Remove abandoned mini-batches, temp files and steps past retention: see maintenance.gc."""
-        from zarr_skip.maintenance import gc
-
-        return gc(self, keep_last=keep_last, pin=pin, dry_run=dry_run, partial_age=partial_age)
+        """Remove abandoned mini-batches, temp files and steps past retention: see
+        :func:`zarr_skip.maintenance.gc` (its policy: :func:`zarr_skip.maintenance.plan_gc`)."""
+        if self.read_only and not dry_run:
+            raise ReadOnlyCacheError(f"{self.location}: opened read-only; gc needs a writable handle")
+        return maintenance.gc(
+            self._storage,
+            self._exp(),
+            lease=self.lease,
+            keep_last=keep_last,
+            pin=pin,
+            dry_run=dry_run,
+            partial_age=partial_age,
+        )
 
     def __repr__(self) -> str:
-        from zarr_skip.views.display import cache_repr
+        return display.cache_head(self)  # no store request: the listing is _repr_pretty_'s
 
-        return cache_repr(self)
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
+        p.text(display.cache_head(self) if cycle else display.cache_text(self))
 
     def _repr_html_(self) -> str:
-        from zarr_skip.views.display import cache_html
-
-        return cache_html(self)
+        return display.cache_html(self)

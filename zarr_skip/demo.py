@@ -149,7 +149,7 @@ def status_table(location: Path) -> str:
     for i in cache.status():
         lines.append(
             f"{i.step:>5} {i.state:<10} {f'{i.done}/{i.expected}':>11} {i.rows:>6} "
-            f"{human_bytes(i.nbytes):>10} {i.ratio:>5.1f}x"
+            f"{human_bytes(i.nbytes_stored):>10} {i.ratio:>5.1f}x"
         )
     return "\n".join(lines)
 
@@ -161,12 +161,12 @@ def _main_experiment(location: Path) -> Any:
 def step_summary(location: Path, step: int) -> str:
     view = _main_experiment(location).load(step)
     lines = [
-        f"step {step}: {len(view)} rows in {len(view.parts)} mini-batches, "
-        f"{human_bytes(view.nbytes)} stored ({human_bytes(view.raw_nbytes)} raw)"
+        f"step {step}: {len(view)} rows in {len(view.minibatch_info)} mini-batches, "
+        f"{human_bytes(view.nbytes_stored)} stored ({human_bytes(view.nbytes)} raw)"
     ]
     for name, spec in view.schema.items():
         col = view[name]
-        lines.append(f"  {name:<15} {spec.kind:<7} {spec.dtype:<8} {human_bytes(col.nbytes):>10}")
+        lines.append(f"  {name:<15} {spec.kind:<7} {spec.dtype:<8} {human_bytes(col.nbytes_stored):>10}")
     lengths = view["responses"].lengths()
     lines.append(
         f"  response length: median {int(np.median(lengths))}, max {int(lengths.max())}, "
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     want = minibatches(3)[1]
     got = cache.load(3).minibatches[1]
     assert got["keys"][:] == want["keys"] and (got["responses"][5] == want["responses"].unbind()[5]).all()
-    print(f"cache.resolve(6, 'repeat') -> {cache.resolve(6, 'repeat')}  (step 6 is partial)")
+    print(f"cache.resolve(6, action='repeat') -> {cache.resolve(6, action='repeat')}  (step 6 is partial)")
     print(f"ok: {bench} holds 5 complete steps and one abandoned step\n")
     experiment = write_text_steps(args.out, TEXT_STEPS)
     print(readable(args.out, experiment, 1), "\n")

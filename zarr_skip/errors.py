@@ -23,9 +23,14 @@ subclasses the builtin exception it refines, so callers may catch either::
     ├── SchemaMismatchError (ValueError)         mini-batches of one step disagree
     ├── UnsupportedColumnError (TypeError)       a column the codec cannot store exactly
     ├── GroupMismatchError (ValueError)          cached and new prompt groups disagree
+    ├── RemapError (ValueError)                  cached trajectories cannot map onto new prompts
+    │   └── KeyFormatError                       a trajectory key not ``{uid}_{session}_{index}``
+    ├── SampleIdError (ValueError)               a uid not ``sample_{epoch}_{index}``
     ├── UnsafePickleError (pickle.UnpicklingError)  a legacy pickle asked for a refused global
     ├── TokenizerNotFoundError (FileNotFoundError)  no local tokenizer at that path, or none known
     ├── MissingExtraError (ImportError)          an optional dependency is not installed
+    ├── VerlNotInstalledError (ImportError)      verl cannot be imported (the verl integration)
+    ├── CachedStepMissingError (RuntimeError, FileNotFoundError)  a cached step to load is gone
     └── CorruptCacheError (ValueError)           stored data is damaged
         ├── ChecksumError                        a chunk's crc32c does not match
         ├── MissingDataError (FileNotFoundError) a chunk or metadata document is missing
@@ -41,6 +46,7 @@ __all__ = [
     "AmbiguousExperimentError",
     "AtomicityError",
     "CacheNotFoundError",
+    "CachedStepMissingError",
     "ChecksumError",
     "ConfigError",
     "ConfigTypeError",
@@ -51,11 +57,14 @@ __all__ = [
     "FormatVersionError",
     "GroupMismatchError",
     "IncompleteStepError",
+    "KeyFormatError",
     "MetadataError",
     "MissingDataError",
     "MissingExtraError",
     "OutsideCacheError",
     "ReadOnlyCacheError",
+    "RemapError",
+    "SampleIdError",
     "SchemaMismatchError",
     "StepCompleteError",
     "StepNotFoundError",
@@ -65,6 +74,7 @@ __all__ = [
     "TokenizerNotFoundError",
     "UnsafePickleError",
     "UnsupportedColumnError",
+    "VerlNotInstalledError",
     "ZarrSkipError",
 ]
 
@@ -152,6 +162,18 @@ class UnsupportedColumnError(ZarrSkipError, TypeError):
 
 class GroupMismatchError(ZarrSkipError, ValueError):
     """Cached prompt groups cannot be mapped onto the new prompts under the chosen policy."""
+
+
+class RemapError(ZarrSkipError, ValueError):
+    """Cached trajectories cannot be mapped onto the new prompts."""
+
+
+class KeyFormatError(RemapError):
+    """A trajectory key that is not ``{uid}_{session}_{index}``."""
+
+
+class SampleIdError(ZarrSkipError, ValueError):
+    """A uid that is not ``sample_{epoch}_{index}`` (optionally ``uid_``-prefixed)."""
 
 
 class UnsafePickleError(ZarrSkipError, pickle.UnpicklingError):

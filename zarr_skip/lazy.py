@@ -13,21 +13,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip import tables
+from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import MetadataError
 from zarr_skip.format import arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
-from zarr_skip.reading import StepReading
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
 from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
 from zarr_skip.store.storage import Storage
+from zarr_skip.store.writer import MinibatchInfo
+from zarr_skip.views import browse, display
 from zarr_skip.views.schema import Reduce
+from zarr_skip.views.text import Message, Rows, chat_rows, decode_column
 
 if TYPE_CHECKING:
     import pandas
     import torch
+
+    from zarr_skip.cache import Cache
+    from zarr_skip.views.groups import GroupView
+    from zarr_skip.views.rollouts import RolloutList, RolloutView
 
 _INT64 = np.dtype(np.int64)
 
@@ -36,7 +44,7 @@ PREFETCH_CHUNKS = 8
 ITER_CHUNKS = 32  #: iterating a column reads this many chunks (16 MiB) at a time, the next ahead
 
 
-class StepView(StepReading):
+class StepView:
     """A complete step, lazily: ``view[name]`` is a :class:`LazyColumn` merged across mini-batches.
 
     Attributes
@@ -45,12 +53,19 @@ class StepView(StepReading):
     columns : column names, in stored order.
     meta_info : the first mini-batch's batch-level metadata.
     minibatches : one view per mini-batch, in index order.
-    cache : the Cache the view was loaded from (None when made directly): see StepReading.
+    cache : the Cache the view was loaded from (None when made directly): its attributes name
+        the tokenizer that :meth:`text` decodes with by default.
     """
 
     def __init__(
-        self, storage: Storage, step: int, parts: Sequence[Part], *, allow_pickle: bool = False, cache: Any = None
-    ):
+        self,
+        storage: Storage,
+        step: int,
+        parts: Sequence[Part],
+        *,
+        allow_pickle: bool = False,
+        cache: Cache | None = None,
+    ) -> None:
         if not parts:
             raise MetadataError(f"step {step}: a step view needs at least one mini-batch")
         first = parts[0]
@@ -62,62 +77,84 @@ class StepView(StepReading):
             )
         self._storage = storage
         self.step = step
-        self.parts = list(parts)
+        self._parts = list(parts)
         self._allow_pickle = allow_pickle
         self._cols: dict[str, LazyColumn] = {}
         self.cache = cache
 
     @property
     def columns(self) -> list[str]:
-        return list(self.parts[0].specs)
+        return list(self._parts[0].specs)
 
     @property
     def schema(self) -> dict[str, ColumnSpec]:
-        return dict(self.parts[0].specs)
+        return dict(self._parts[0].specs)
 
     @property
     def meta_info(self) -> dict[str, Any]:
-        return dict(self.parts[0].meta_info)
+        return dict(self._parts[0].meta_info)
 
     @property
     def batch_type(self) -> str:
-        return self.parts[0].batch_type
+        return self._parts[0].batch_type
 
     @property
     def minibatches(self) -> list[StepView]:
         return [
             StepView(self._storage, self.step, [p], allow_pickle=self._allow_pickle, cache=self.cache)
-            for p in self.parts
+            for p in self._parts
         ]
 
     @property
+    def minibatch_info(self) -> tuple[MinibatchInfo, ...]:
+        """Each mini-batch's index, run, rows and sizes, in index order (from the metadata)."""
+        return tuple(
+            MinibatchInfo(self.step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, True, p.path) for p in self._parts
+        )
+
+    @property
+    def parts(self) -> list[Part]:
+        """Deprecated: :attr:`minibatch_info` (each mini-batch's numbers) or :attr:`minibatches`
+        (a view of each)."""
+        warn_renamed("StepView.parts", "StepView.minibatch_info (or StepView.minibatches for views)")
+        return list(self._parts)
+
+    @property
     def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        """Logical (decoded) bytes of every column, as numpy's and zarr's ``nbytes``."""
+        return sum(p.raw_nbytes for p in self._parts)
+
+    @property
+    def nbytes_stored(self) -> int:
+        """Stored (compressed) bytes of every column."""
+        return sum(p.nbytes for p in self._parts)
 
     @property
     def raw_nbytes(self) -> int:
-        return sum(p.raw_nbytes for p in self.parts)
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("StepView.raw_nbytes", "StepView.nbytes (the logical size; nbytes_stored is the stored one)")
+        return self.nbytes
 
     def __len__(self) -> int:
-        return sum(p.rows for p in self.parts)
+        return sum(p.rows for p in self._parts)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.parts[0].specs
+        return name in self._parts[0].specs
 
-    def __iter__(self):  # noqa: ANN204 - iterates column names like a mapping
+    def __iter__(self) -> Iterator[str]:  # column names, like a mapping
         return iter(self.columns)
 
     def __getitem__(self, name: str) -> LazyColumn:
-        if name not in self.parts[0].specs:
+        if name not in self._parts[0].specs:
             raise KeyError(f"step {self.step}: no column {name!r} (columns: {', '.join(self.columns)})")
         if name not in self._cols:
-            self._cols[name] = LazyColumn(self._storage, self.step, self.parts, name, self._allow_pickle)
+            self._cols[name] = LazyColumn(self._storage, self.step, self._parts, name, self._allow_pickle)
         return self._cols[name]
 
     # -- a mapping of columns (``len()`` stays the row count, as in pandas) ------------------
 
     def keys(self) -> KeysView[str]:
-        return self.parts[0].specs.keys()
+        return self._parts[0].specs.keys()
 
     def values(self) -> ValuesView[LazyColumn]:
         return {name: self[name] for name in self.columns}.values()
@@ -130,9 +167,7 @@ class StepView(StepReading):
 
     def to_pandas(self, columns: Sequence[str] | None = None, *, reduce: Reduce = None) -> pandas.DataFrame:
         """This step as a table: see :meth:`zarr_skip.Cache.table` (needs ``zarr-skip[pandas]``)."""
-        from zarr_skip.tables import views_table
-
-        return views_table(self._storage, [self], columns, reduce)
+        return tables.views_table(self._storage, [self], columns, reduce)
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Every column (or those named) read in full, as the types that were written; the
@@ -172,15 +207,66 @@ class StepView(StepReading):
             return DataProtoLike(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
         return DataProto(batch=batch, non_tensor_batch=others, meta_info=self.meta_info)
 
-    def __repr__(self) -> str:
-        from zarr_skip.views.display import step_repr
+    # -- decoded text and readable views (zarr_skip.views); each view reads nothing until shown
 
-        return step_repr(self)
+    @keyword_only
+    def text(
+        self,
+        column: str = "responses",
+        *,
+        rows: Rows = None,
+        tokenizer: Any = None,
+        skip_special_tokens: bool = True,
+    ) -> list[str]:
+        """Token ids of ``column`` (``"responses"``, ``"prompts"``) decoded, one string per row.
+
+        Only the rows asked for are read: ``rows`` is one row (an int), a slice, a sequence of
+        row numbers, or None (all). ``tokenizer`` is a path, a ``tokenizers.Tokenizer``, a
+        ``transformers`` tokenizer or a Decoder; by default the one the experiment recorded
+        (:func:`zarr_skip.views.tokenizers.tokenizer_for`). Padding is dropped.
+
+        Raises
+        ------
+        TokenizerNotFoundError
+            No tokenizer given and none recorded (or the recorded path is not on this machine).
+        """
+        return decode_column(self, column, rows, tokenizer, skip_special_tokens=skip_special_tokens)
+
+    def messages(self, rows: Rows = None) -> list[list[Message]]:
+        """The chat prompt of each row (its ``raw_prompt``) as ``Message(role, content)`` pairs."""
+        return chat_rows(self, rows)
+
+    def rollout(self, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
+        """Row ``row`` drawn in full: the prompt (chat messages), the response, badges and its
+        tokens coloured by log-prob."""
+        return browse.rollout(self, row, tokenizer=tokenizer, max_length=max_length)
+
+    def group(
+        self, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
+    ) -> GroupView:
+        """The GRPO group ``uid`` (or that of row ``row``): its responses side by side."""
+        return browse.group(self, uid, row=row, tokenizer=tokenizer, max_length=max_length)
+
+    def find(
+        self, *, tokenizer: Any = None, max_length: int | None = None, limit: int | None = 20, **criteria: Any
+    ) -> RolloutList:
+        """Rows by ``uid``, ``score``, ``truncated``, ``text``, ``longest`` / ``shortest`` /
+        ``best`` / ``worst``: see :func:`zarr_skip.views.finding.find_rows`."""
+        return browse.find(self, tokenizer=tokenizer, max_length=max_length, limit=limit, **criteria)
+
+    @keyword_only
+    def page(self, k: int = 0, *, size: int = 20, tokenizer: Any = None, max_length: int | None = None) -> RolloutList:
+        """Page ``k`` of the step's rollouts, ``size`` rows a page."""
+        return browse.page(self, k, size, tokenizer=tokenizer, max_length=max_length)
+
+    def __repr__(self) -> str:
+        return display.step_head(self)  # no store request: the listing is _repr_pretty_'s
+
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
+        p.text(display.step_head(self) if cycle else display.step_text(self))
 
     def _repr_html_(self) -> str:
-        from zarr_skip.views.display import step_html
-
-        return step_html(self)
+        return display.step_html(self)
 
 
 def _section(spec: ColumnSpec) -> str:
@@ -222,11 +308,19 @@ class LazyColumn:
 
     @property
     def nbytes(self) -> int:
+        """Logical (decoded) bytes of the column's arrays, as numpy's and zarr's ``nbytes``."""
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+
+    @property
+    def nbytes_stored(self) -> int:
+        """Stored (compressed) bytes of the column's chunks."""
         return sum(sum(a.sizes) for arrs in self._parts for a in arrs.values())
 
     @property
     def raw_nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("LazyColumn.raw_nbytes", "LazyColumn.nbytes (the logical size; nbytes_stored is the stored one)")
+        return self.nbytes
 
     def read(self) -> Any:
         return self[:]
@@ -483,14 +577,13 @@ class LazyColumn:
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 
     def __repr__(self) -> str:
-        from zarr_skip.views.display import column_repr
+        return display.column_head(self)  # no store request: the listing is _repr_pretty_'s
 
-        return column_repr(self)
+    def _repr_pretty_(self, p: display.PrettyPrinter, cycle: bool) -> None:
+        p.text(display.column_head(self) if cycle else display.column_text(self))
 
     def _repr_html_(self) -> str:
-        from zarr_skip.views.display import column_html
-
-        return column_html(self)
+        return display.column_html(self)
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

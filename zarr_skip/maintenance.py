@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from zarr.storage import LocalStore
 
-from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError
+from zarr_skip._deprecation import warn_renamed
+from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError, ReadOnlyCacheError
 from zarr_skip.format import chunks, layout, records
-from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
-from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
+from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
+from zarr_skip.store.catalog import StepScan, list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part, checked_entries
 from zarr_skip.store.storage import Storage, parse_json
-
-if TYPE_CHECKING:
-    from zarr_skip.cache import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class VerifyReport:
 
     steps: tuple[int, ...]
     chunks: int
-    nbytes: int
+    #: stored bytes read and checked
+    nbytes_stored: int
     problems: tuple[Problem, ...]
     #: steps holding records of older writers, which do not name their place: a chunk or
     #: record of theirs moved or swapped could not be told apart (not a problem by itself)
@@ -58,6 +59,12 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def nbytes(self) -> int:
+        """Deprecated: :attr:`nbytes_stored` (the stored bytes checked)."""
+        warn_renamed("VerifyReport.nbytes", "VerifyReport.nbytes_stored (the stored bytes checked)")
+        return self.nbytes_stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +84,13 @@ class GcReport:
 
 
 def verify(
-    cache: Cache, step: int | Sequence[int] | None = None, *, progress: Callable[[int, int], Any] | None = None
+    storage: Storage,
+    experiment: str,
+    *,
+    lease: float,
+    steps: Sequence[int] | None = None,
+    damaged: Mapping[str, str] | None = None,
+    progress: Callable[[int, int], Any] | None = None,
 ) -> VerifyReport:
     """Read every chunk of complete steps and check presence, size, crc32c and place.
 
@@ -89,59 +102,70 @@ def verify(
 
     Parameters
     ----------
-    step : one step, several, or None for every complete step.
+    storage, experiment : where the experiment's steps are (``""``: none to check).
+    lease : seconds without a heartbeat after which a writer counts as gone.
+    steps : the steps to check (each must be complete), or None for every complete step.
+    damaged : experiment records found damaged beforehand (path -> why), reported first.
     progress : called as ``progress(checked, total)`` with the number of chunks checked after
         each mini-batch and the number to check (for bars).
     """
-    storage = cache.storage
-    problems: list[Problem] = [
-        Problem(-1, None, None, path, why, "experiment") for path, why in cache.damaged_experiments().items()
-    ]
-    exp = cache._exp() if not problems else cache.experiment or ""  # noqa: SLF001 - same package
-    all_steps = list_steps(storage, exp) if exp else []
-    wanted = all_steps if step is None else ([step] if isinstance(step, int) else list(step))
+    problems = [Problem(-1, None, None, path, why, "experiment") for path, why in (damaged or {}).items()]
+    all_steps = list_steps(storage, experiment) if experiment else []
+    wanted = all_steps if steps is None else list(steps)
     checked: list[int] = []
     unbound: list[int] = []
     todo: list[tuple[int, PartRecord, Part]] = []
-    for scan in scan_steps(storage, exp, wanted) if exp else []:
-        info = scan.info(time.time(), cache.lease)
+    now = time.time()
+    for scan in scan_steps(storage, experiment, wanted) if experiment else []:
         if scan.step not in all_steps:
-            problems.append(Problem(scan.step, None, None, exp, "no such step", "missing"))
+            problems.append(Problem(scan.step, None, None, experiment, "no such step", "missing"))
             continue
-        problems += [Problem(scan.step, None, None, path, why, "misplaced") for path, why in scan.misplaced]
-        lost = scan.missing if scan.summary is not None and not info.complete else []
-        for run, name in scan.broken + lost:
-            if run == info.run:
-                path = storage.key_path(layout.meta_key(layout.join(scan.path, run, name)))
-                problems.append(
-                    Problem(scan.step, _int(name), None, path, "metadata missing or unreadable", "metadata")
-                )
-        summary_path = storage.key_path(layout.meta_key(scan.path))
-        if not info.complete:
-            if step is not None or (scan.summary is not None and not lost):
-                problems.append(
-                    Problem(scan.step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete")
-                )
+        found = _check_scan(storage, experiment, scan, scan.info(now, lease), steps is not None, problems)
+        if found is None:
             continue
-        why = summary_problem(scan, info.run)
-        if why is not None:
-            problems.append(Problem(scan.step, None, None, summary_path, why, "summary"))
         checked.append(scan.step)
-        for rec in sorted((p for p in scan.parts if p.run == info.run and p.complete), key=lambda p: p.index):
-            path = layout.join(scan.path, rec.run, str(rec.index))
-            try:
-                part = Part.from_doc(scan.step, path, rec.doc, exp)
-                part.check_columns()  # a reader checks a column when it first uses it
-            except MetadataError as exc:
-                problems.append(Problem(scan.step, rec.index, None, storage.key_path(path), str(exc), "metadata"))
-                continue
-            if not records.bound(rec.doc) and scan.step not in unbound:
-                unbound.append(scan.step)
-            todo.append((scan.step, rec, part))
+        if any(not records.bound(rec.doc) for _, rec, _ in found):
+            unbound.append(scan.step)
+        todo += found
     n_chunks, n_bytes = _check_chunks(storage, todo, problems, progress)
     for p in problems:
         logger.warning("verify: %s", p)
     return VerifyReport(tuple(checked), n_chunks, n_bytes, tuple(problems), tuple(unbound))
+
+
+def _check_scan(
+    storage: Storage, exp: str, scan: StepScan, info: StepInfo, asked: bool, problems: list[Problem]
+) -> list[tuple[int, PartRecord, Part]] | None:
+    """The records of one step checked (problems appended): its complete mini-batches whose
+    chunks are to be read, or None when the step is not complete (an incomplete step is a
+    problem when it was ``asked`` for, or when its summary said it was complete)."""
+    step = scan.step
+    problems += [Problem(step, None, None, path, why, "misplaced") for path, why in scan.misplaced]
+    lost = scan.missing if scan.summary is not None and not info.complete else []
+    for run, name in scan.broken + lost:
+        if run == info.run:
+            path = storage.key_path(layout.meta_key(layout.join(scan.path, run, name)))
+            problems.append(Problem(step, _int(name), None, path, "metadata missing or unreadable", "metadata"))
+    if not info.complete:
+        if asked or (scan.summary is not None and not lost):
+            problems.append(
+                Problem(step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete")
+            )
+        return None
+    why = summary_problem(scan, info.run)
+    if why is not None:
+        problems.append(Problem(step, None, None, storage.key_path(layout.meta_key(scan.path)), why, "summary"))
+    out = []
+    for rec in sorted((p for p in scan.parts if p.run == info.run and p.complete), key=lambda p: p.index):
+        path = layout.join(scan.path, rec.run, str(rec.index))
+        try:
+            part = Part.from_doc(step, path, rec.doc, exp)
+            part.check_columns()  # a reader checks a column when it first uses it
+        except MetadataError as exc:
+            problems.append(Problem(step, rec.index, None, storage.key_path(path), str(exc), "metadata"))
+            continue
+        out.append((step, rec, part))
+    return out
 
 
 def _check_chunks(
@@ -166,64 +190,85 @@ def _check_chunks(
     for step, rec, part in todo:
         for name, arrays in part.arrays.items():
             try:
-                decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
-                docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
-                for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
-                    why = _zarr_metadata_problem(arr, doc, storage.key_path(layout.meta_key(arr.path)))
-                    if why is not None:
-                        path = storage.key_path(layout.meta_key(arr.path))
-                        problems.append(Problem(step, rec.index, name, path, why, "zarr metadata"))
-                    keys = [arr.key(i) for i in range(len(arr.sizes))]
-                    if arr.shard:
-                        shard = storage.get(keys[0])
-                        spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
-                        blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
-                        if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
-                            problems.append(
-                                Problem(
-                                    step,
-                                    rec.index,
-                                    name,
-                                    storage.key_path(keys[0]),
-                                    f"{arr.where}: the shard's index does not match its chunks "
-                                    "(zarr would misread them)",
-                                    "ChecksumError",
-                                )
-                            )
-                    else:
-                        blobs = storage.get_many(keys)
-                    for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
-                        n = min(arr.chunk, arr.rows - i * arr.chunk)
-                        where = f"{arr.where}, chunk {i}"
-                        try:
-                            rows = _decode(arr, i, n, blob, where)
-                            got = decoded.get(aname)
-                            if got is not None:
-                                got.append(rows)
-                        except CorruptCacheError as exc:
-                            error = str(exc)
-                            if blob is not None and len(blob) >= 4:
-                                found = owners.get((chunks.trailer(blob), len(blob)))
-                                if found is not None and found != where:
-                                    error += f"; it is {found}"
-                            problems.append(
-                                Problem(step, rec.index, name, storage.key_path(key), error, type(exc).__name__)
-                            )
-                            decoded[aname] = None
-                        n_chunks += 1
-                        n_bytes += len(blob or b"")
-                lengths, codes = decoded["lengths"], decoded["codes"]
-                if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
-                    try:
-                        checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
-                    except MetadataError as exc:
-                        path = storage.key_path(arrays["lengths"].path)
-                        problems.append(Problem(step, rec.index, name, path, str(exc), "MetadataError"))
+                got = _check_column(storage, _Where(step, rec.index, name), arrays, owners, problems)
             except OutsideCacheError as exc:  # a link or a key that leads out of the cache
                 problems.append(Problem(step, rec.index, name, part.path, str(exc), "OutsideCacheError"))
+                continue
+            n_chunks, n_bytes = n_chunks + got[0], n_bytes + got[1]
         if progress is not None:
             progress(n_chunks, max(total, n_chunks))
     return n_chunks, n_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """The column a check is about (what its problems name)."""
+
+    step: int
+    minibatch: int
+    column: str
+
+    def problem(self, path: str, error: str, kind: str) -> Problem:
+        return Problem(self.step, self.minibatch, self.column, path, error, kind)
+
+
+def _check_column(
+    storage: Storage,
+    at: _Where,
+    arrays: Mapping[str, ArrayPart],
+    owners: Mapping[tuple[int, int], str],
+    problems: list[Problem],
+) -> tuple[int, int]:
+    """Read and check every chunk of one column of one mini-batch (and that a jagged column's
+    lengths add up to its values); returns chunks and bytes read."""
+    decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
+    n_chunks = n_bytes = 0
+    docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
+    for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
+        meta_path = storage.key_path(layout.meta_key(arr.path))
+        why = _zarr_metadata_problem(arr, doc, meta_path)
+        if why is not None:
+            problems.append(at.problem(meta_path, why, "zarr metadata"))
+        keys, blobs = _array_blobs(storage, at, arr, problems)
+        for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+            where = f"{arr.where}, chunk {i}"
+            try:
+                rows = _decode(arr, i, min(arr.chunk, arr.rows - i * arr.chunk), blob, where)
+                got = decoded.get(aname)
+                if got is not None:
+                    got.append(rows)
+            except CorruptCacheError as exc:
+                error = str(exc)
+                if blob is not None and len(blob) >= 4:
+                    found = owners.get((chunks.trailer(blob), len(blob)))
+                    if found is not None and found != where:
+                        error += f"; it is {found}"
+                problems.append(at.problem(storage.key_path(key), error, type(exc).__name__))
+                decoded[aname] = None
+            n_chunks += 1
+            n_bytes += len(blob or b"")
+    lengths, codes = decoded["lengths"], decoded["codes"]
+    if "lengths" in arrays and "values" in arrays and lengths is not None and codes is not None:
+        try:
+            checked_entries(arrays, _cat(codes) if "codes" in arrays else None, _cat(lengths))
+        except MetadataError as exc:
+            problems.append(at.problem(storage.key_path(arrays["lengths"].path), str(exc), "MetadataError"))
+    return n_chunks, n_bytes
+
+
+def _array_blobs(
+    storage: Storage, at: _Where, arr: ArrayPart, problems: list[Problem]
+) -> tuple[list[str], list[bytes | None]]:
+    """The keys of an array's chunks and their bytes (cut from its shard, whose index is checked)."""
+    keys = [arr.key(i) for i in range(len(arr.sizes))]
+    if not arr.shard:
+        return keys, storage.get_many(keys)
+    shard = storage.get(keys[0])
+    spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
+    if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
+        why = f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)"
+        problems.append(at.problem(storage.key_path(keys[0]), why, "ChecksumError"))
+    return keys, [None if shard is None else shard[a : a + n] for a, n in spans]
 
 
 def _cat(pieces: list[np.ndarray]) -> np.ndarray:
@@ -268,9 +313,94 @@ def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> n
     return chunks.decode_into(blob, out, arr.compression, stored_size=size, where=where, crc=crc)
 
 
-def gc(
-    cache: Cache,
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    """What :func:`plan_gc` decided: what to remove, and what to remove once old enough."""
+
+    removals: tuple[Removal, ...]
+    #: steps some live writer is still writing (kept)
+    writing: tuple[int, ...]
+    #: names below a step without a run record: a crashed creation, or a brand-new run whose
+    #: record is not visible yet, so removed only once older than the temp-file age
+    strays: tuple[Removal, ...]
+
+
+def plan_gc(
+    scans: Sequence[StepScan],
     *,
+    now: float,
+    lease: float,
+    keep_last: int | None = None,
+    pins: Iterable[int] = (),
+) -> GcPlan:
+    """The retention policy of :func:`gc` (pure: no I/O): what of ``scans`` to remove at ``now``.
+
+    Removes (1) mini-batches and run records of runs that no longer own their step and have
+    no live writer, (2) abandoned steps (no live writer, not complete), (3) surplus and
+    unfinished mini-batches of a complete step's owner without a live writer, and (4) with
+    ``keep_last=K``, complete steps older than the K newest, except those in ``pins``. A step
+    with unreadable records is kept whole (unless retention retires it).
+    """
+    pinned = set(pins)
+    complete = [s.step for s in scans if s.info(now, lease).complete]
+    retired = set() if keep_last is None else set(complete[: len(complete) - keep_last]) - pinned
+    removals: list[Removal] = []
+    strays: list[Removal] = []
+    writing: list[int] = []
+    for scan in scans:
+        info = scan.info(now, lease)
+        if scan.step in retired:
+            removals.append(Removal(scan.path, f"retention: keep_last={keep_last}", scan.step))
+        elif scan.damaged:
+            # an unreadable record may be a stale view through a shared mount of a complete
+            # step: keep everything and let verify() tell what is wrong
+            logger.warning("gc: step %d has unreadable records; nothing of it is removed", scan.step)
+        elif info.state == ABANDONED and scan.step not in pinned:
+            removals.append(Removal(scan.path, "abandoned: incomplete and no live writer", scan.step))
+        else:
+            if info.state == WRITING:
+                writing.append(scan.step)
+            removals += _dead_runs(scan, info, now, lease)
+            strays += [
+                Removal(layout.join(scan.path, s), "not a recorded run (crashed creation)", scan.step)
+                for s in scan.strays
+            ]
+    return GcPlan(tuple(removals), tuple(writing), tuple(strays))
+
+
+def _dead_runs(scan: StepScan, info: StepInfo, now: float, lease: float) -> list[Removal]:
+    """A kept step's dead leftovers: runs displaced by its owner without a live writer, and the
+    owner's surplus or unfinished mini-batches once the step is complete."""
+    own = owner(scan.runs)
+    if own is None:
+        return []
+    out = []
+    for rec in scan.runs:
+        if rec.run != own.run and not any(
+            p.run == rec.run and not p.complete and writer_alive(p.host, p.pid, p.heartbeat, now, lease)
+            for p in scan.parts
+        ):
+            out.append(
+                Removal(
+                    layout.join(scan.path, rec.run), f"leftovers of run {rec.run}, displaced by {own.run}", scan.step
+                )
+            )
+    if info.state == COMPLETE:
+        out += [
+            Removal(layout.join(scan.path, p.run, str(p.index)), "surplus mini-batch", scan.step)
+            for p in scan.parts
+            if p.run == own.run
+            and (p.index >= info.expected or not p.complete)
+            and not writer_alive(p.host, p.pid, p.heartbeat, now, lease)
+        ]
+    return out
+
+
+def gc(
+    storage: Storage,
+    experiment: str,
+    *,
+    lease: float,
     keep_last: int | None = None,
     pin: Iterable[int] = (),
     dry_run: bool = False,
@@ -278,78 +408,24 @@ def gc(
 ) -> GcReport:
     """Remove dead data: never a live writer's, never a complete step outside retention.
 
-    Removes (1) mini-batches and run records of runs that no longer own their step, (2)
-    abandoned steps (no live writer, not complete), (3) temp files (``*.partial``) older than
-    ``partial_age`` seconds (default: the lease), and (4) with ``keep_last=K``, complete steps
-    older than the K newest, except ``pin``-ned ones.
+    Applies :func:`plan_gc` to the experiment's steps, with the records of runs that never
+    recorded themselves and the temp files (``*.partial``) of killed writers older than
+    ``partial_age`` seconds (default: the lease); with ``dry_run`` only reports.
     """
-    if cache.read_only and not dry_run:
-        from zarr_skip.errors import ReadOnlyCacheError
-
-        raise ReadOnlyCacheError(f"{cache.location}: opened read-only; gc needs a writable handle")
+    if storage.read_only and not dry_run:
+        raise ReadOnlyCacheError(f"{storage.where}: opened read-only; gc needs a writable handle")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
         raise ConfigError(f"keep_last: expected a non-negative int, got {keep_last!r}")
-    storage = cache.storage
-    exp = cache._exp()  # noqa: SLF001
-    pinned = set(pin)
     now = time.time()
-    age = cache.lease if partial_age is None else partial_age
-    removals: list[Removal] = []
-    writing: list[int] = []
-    steps = list_steps(storage, exp) if exp else []
-    scans = scan_steps(storage, exp, steps) if exp else []
-    complete = [s.step for s in scans if s.info(now, cache.lease).complete]
-    retired: set[int] = set()
-    if keep_last is not None:
-        retired = set(complete[: len(complete) - keep_last]) - pinned
-    for scan in scans:
-        info = scan.info(now, cache.lease)
-        if scan.damaged and scan.step not in retired:
-            # an unreadable record may be a stale view through a shared mount of a complete
-            # step: keep everything and let verify() tell what is wrong
-            logger.warning("gc: step %d has unreadable records; nothing of it is removed", scan.step)
-            continue
-        if scan.step in retired:
-            removals.append(Removal(scan.path, f"retention: keep_last={keep_last}", scan.step))
-            continue
-        if info.state == ABANDONED and scan.step not in pinned:
-            removals.append(Removal(scan.path, "abandoned: incomplete and no live writer", scan.step))
-            continue
-        if info.state == WRITING:
-            writing.append(scan.step)
-        own = owner(scan.runs)
-        for rec in scan.runs:
-            if own is not None and rec.run != own.run:
-                live = [
-                    p
-                    for p in scan.parts
-                    if p.run == rec.run
-                    and not p.complete
-                    and writer_alive(p.host, p.pid, p.heartbeat, now, cache.lease)
-                ]
-                if not live:
-                    removals.append(
-                        Removal(
-                            layout.join(scan.path, rec.run),
-                            f"leftovers of run {rec.run}, displaced by {own.run}",
-                            scan.step,
-                        )
-                    )
-        for stray in scan.strays:
-            path = layout.join(scan.path, stray)
-            if _mtime_age(cache, path, now) >= age:  # a brand-new run's record may not be visible yet
-                removals.append(Removal(path, "not a recorded run (crashed creation)", scan.step))
-        if info.state == COMPLETE and own is not None:
-            for p in scan.parts:
-                if p.run == own.run and (p.index >= info.expected or not p.complete):
-                    if not writer_alive(p.host, p.pid, p.heartbeat, now, cache.lease):
-                        removals.append(
-                            Removal(layout.join(scan.path, p.run, str(p.index)), "surplus mini-batch", scan.step)
-                        )
+    age = lease if partial_age is None else partial_age
+    scans = scan_steps(storage, experiment, list_steps(storage, experiment)) if experiment else []
+    plan = plan_gc(scans, now=now, lease=lease, keep_last=keep_last, pins=pin)
+    # a brand-new run's record may not be visible yet: strays only once old
+    removals = [*plan.removals, *(r for r in plan.strays if _mtime_age(storage, r.path, now) >= age)]
     removing = {r.path for r in removals}
-    for key in storage.list_prefix(exp) if exp else []:
+    for key in storage.list_prefix(experiment) if experiment else []:
         if key.endswith(".partial") and not any(key.startswith(p + "/") for p in removing):
-            if _mtime_age(cache, key, now) >= age:
+            if _mtime_age(storage, key, now) >= age:
                 removals.append(Removal(key, "temp file of a killed writer"))
     for r in removals:
         logger.info("gc%s: %s (%s)", " (dry run)" if dry_run else "", storage.key_path(r.path), r.reason)
@@ -358,16 +434,12 @@ def gc(
                 storage.delete(r.path)
             else:
                 storage.delete_prefix(r.path)
-    return GcReport(tuple(removals), dry_run, tuple(writing))
+    return GcReport(tuple(removals), dry_run, plan.writing)
 
 
-def _mtime_age(cache: Cache, key: str, now: float) -> float:
+def _mtime_age(storage: Storage, key: str, now: float) -> float:
     """Seconds since a temp file was last written (local stores; elsewhere: treat as old)."""
-    import os
-
-    from zarr.storage import LocalStore
-
-    store = cache.storage.store
+    store = storage.store
     if isinstance(store, LocalStore):
         try:
             return now - os.stat(os.path.join(str(store.root), key)).st_mtime

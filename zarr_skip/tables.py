@@ -230,7 +230,7 @@ def _frame(plan: _Plan, arrays: dict[tuple[str, str], list[np.ndarray]]) -> dict
     stored = {name: _values(view[name], arrays[(name, "whole")]) for name in plan.shown}
     computed: dict[str, np.ndarray] = {
         "step": np.full(rows, view.step, dtype=np.int64),
-        "minibatch": np.repeat([p.index for p in view.parts], [p.rows for p in view.parts]).astype(np.int64),
+        "minibatch": schema.minibatch_of_rows(view).astype(np.int64),
         "row": np.arange(rows, dtype=np.int64),
     }
     tokens = _Tokens(view, arrays)

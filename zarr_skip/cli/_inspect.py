@@ -24,7 +24,8 @@ def step_doc(info: StepInfo, now: float) -> dict[str, Any]:
         "expected": info.expected,
         "rows": info.rows,
         "nbytes": info.nbytes,
-        "raw_nbytes": info.raw_nbytes,
+        "nbytes_stored": info.nbytes_stored,
+        "raw_nbytes": info.nbytes,  # deprecated: nbytes (docs/deprecations.md)
         "ratio": round(info.ratio, 3),
         "run": info.run,
         "updated": info.updated,
@@ -50,7 +51,7 @@ def cmd_ls(ctx: Context) -> int:
     for name, fp in found.items():
         infos = ctx.open(name).status()
         docs.append({"name": name, "fingerprint": fp, "steps": [step_doc(i, now) for i in infos]})
-        stored = sum(i.nbytes for i in infos)
+        stored = sum(i.nbytes_stored for i in infos)
         ctx.say(
             f"{name}: {len(infos)} step(s){' (' + _states(infos) + ')' if infos else ''}, {human_bytes(stored)} stored"
         )
@@ -61,8 +62,8 @@ def cmd_ls(ctx: Context) -> int:
                 i.state,
                 f"{i.done}/{i.expected}",
                 i.rows,
-                human_bytes(i.nbytes),
-                ratio(i.raw_nbytes, i.nbytes),
+                human_bytes(i.nbytes_stored),
+                ratio(i.nbytes, i.nbytes_stored),
                 age(i.updated, now),
             )
             for i in infos
@@ -107,7 +108,8 @@ def cmd_show(ctx: Context) -> int:
                 "container": spec.container,
                 "section": spec.section,
                 "nbytes": col.nbytes,
-                "raw_nbytes": col.raw_nbytes,
+                "nbytes_stored": col.nbytes_stored,
+                "raw_nbytes": col.nbytes,  # deprecated: nbytes
                 "head": render_rows(col, n),
             }
         )
@@ -118,20 +120,21 @@ def cmd_show(ctx: Context) -> int:
                 "step": step,
                 "state": info.state,
                 "rows": len(view),
-                "minibatches": len(view.parts),
+                "minibatches": len(view.minibatch_info),
                 "run": info.run,
                 "batch_type": view.batch_type,
                 "nbytes": view.nbytes,
-                "raw_nbytes": view.raw_nbytes,
+                "nbytes_stored": view.nbytes_stored,
+                "raw_nbytes": view.nbytes,  # deprecated: nbytes
                 "meta_info": view.meta_info,
                 "columns": columns,
             }
         )
         return 0
     ctx.say(
-        f"step {step} of {name}: {info.state}, {len(view.parts)} mini-batch(es), {len(view)} rows, "
-        f"{human_bytes(view.nbytes)} stored (raw {human_bytes(view.raw_nbytes)}, "
-        f"{ratio(view.raw_nbytes, view.nbytes)}), run {info.run}, batch type {view.batch_type}"
+        f"step {step} of {name}: {info.state}, {len(view.minibatch_info)} mini-batch(es), {len(view)} rows, "
+        f"{human_bytes(view.nbytes_stored)} stored (raw {human_bytes(view.nbytes)}, "
+        f"{ratio(view.nbytes, view.nbytes_stored)}), run {info.run}, batch type {view.batch_type}"
     )
     ctx.say(f"meta_info: {clip(json.dumps(view.meta_info, ensure_ascii=False, default=repr), 200)}")
     ctx.say()
@@ -142,8 +145,8 @@ def cmd_show(ctx: Context) -> int:
             c["dtype"],
             c["shape"],
             c["section"] or "-",
+            human_bytes(c["nbytes_stored"]),
             human_bytes(c["nbytes"]),
-            human_bytes(c["raw_nbytes"]),
         )
         for c in columns
     ]
@@ -201,7 +204,7 @@ def cmd_verify(ctx: Context) -> int:
                     "ok": report.ok,
                     "steps": list(report.steps),
                     "chunks": report.chunks,
-                    "nbytes": report.nbytes,
+                    "nbytes_stored": report.nbytes_stored,
                     "problems": [
                         {
                             "step": p.step,
@@ -218,7 +221,7 @@ def cmd_verify(ctx: Context) -> int:
             status = "ok" if report.ok else f"{len(report.problems)} problem(s)"
             ctx.say(
                 f"{name}: {len(report.steps)} step(s), {report.chunks} chunk(s), "
-                f"{human_bytes(report.nbytes)} checked: {status}"
+                f"{human_bytes(report.nbytes_stored)} checked: {status}"
             )
             for p in report.problems:
                 ctx.say(f"  BROKEN {p}")

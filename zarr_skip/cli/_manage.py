@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from zarr_skip.cli._format import clip, human_bytes, table
 from zarr_skip.errors import StepNotFoundError
 
 if TYPE_CHECKING:
     from zarr_skip.cli._context import Context
+    from zarr_skip.views.export import ExportFormat
 
 __all__ = ["cmd_export", "cmd_gc", "cmd_import", "cmd_rm"]
 
@@ -90,7 +91,9 @@ def cmd_rm(ctx: Context) -> int:
     ctx.say(f"{name}: removing {len(steps)} step(s)")
     for s in steps:
         i = infos[s]
-        ctx.say(f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes)}")
+        ctx.say(
+            f"  step {s}: {i.state}, {i.done}/{i.expected} mini-batches, {i.rows} rows, {human_bytes(i.nbytes_stored)}"
+        )
     live = [s for s in steps if infos[s].state == "writing"]
     if live:
         ctx.warn(f"step(s) {live} are being written by a live run; its writes will fail")
@@ -117,14 +120,13 @@ def cmd_import(ctx: Context) -> int:
         report = import_legacy(
             a.legacy_dir,
             a.location,
-            trust_pickle=a.trust_pickle,
             role=a.role,
             overwrite=a.overwrite,
             progress=bar.callback(),
             experiment_name=a.experiment_name,
             project_name=a.project_name,
             expected_minibatches=a.parameter_sync_step,
-            allow_pickle=a.allow_pickle,
+            allow_pickle=a.allow_pickle or a.trust_pickle,
             coerce_meta=a.coerce_meta,
             storage_options=a.storage_options,
         )
@@ -174,7 +176,9 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
     if out.exists() and not a.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     with ctx.bar("export", "step", total=len(steps)) as bar:
-        report = export_rollouts(cache, out, steps, format=fmt, tokenizer=a.tokenizer, progress=bar.callback())
+        report = export_rollouts(
+            cache, out, steps, format=cast("ExportFormat", fmt), tokenizer=a.tokenizer, progress=bar.callback()
+        )
     text = "decoded text" if report.tokenizer else "token ids (no tokenizer: pass --tokenizer PATH for text)"
     ctx.say(f"{report.rows} rollouts of {len(report.steps)} step(s) -> {report.path} ({report.format}, {text})")
     if ctx.json:

@@ -253,21 +253,24 @@ def _add_import(sub: Any) -> None:
         "cache. gen_batch.dp steps go to role 'rollout', tq_batch.pt steps to 'rollout_tq'.\n"
         "Complete steps are copied exactly; incomplete ones are reported and skipped, steps the\n"
         "cache already holds are skipped unless --overwrite. Pickled legacy files may only\n"
-        "hold data types unless --trust-pickle.\n\nexamples:\n"
+        "hold data types unless --allow-pickle.\n\nexamples:\n"
         "  zarr-skip import ~/verl_dumps runs/cache\n"
         "  zarr-skip import ~/verl_dumps runs/cache --experiment-name my_exp --project-name my_proj",
         [_common(experiment=False)],
     )
     p.add_argument("legacy_dir", metavar="LEGACY_DIR")
     p.add_argument("location", metavar="LOCATION")
-    p.add_argument("--trust-pickle", action="store_true", help="let legacy pickles run code (trusted files only)")
+    p.add_argument("--trust-pickle", action="store_true", help="deprecated: --allow-pickle")
     p.add_argument("--role", help="role of every imported experiment (default: by file kind)")
     p.add_argument("--overwrite", action="store_true", help="replace steps the cache already holds")
     p.add_argument("--experiment-name", help="verl's trainer.experiment_name (splits {exp}_{proj} dir names)")
     p.add_argument("--project-name", help="verl's trainer.project_name")
     p.add_argument("--parameter-sync-step", type=int, metavar="K", help="mini-batches a nested step must have")
     p.add_argument(
-        "--allow-pickle", action="store_true", help="store columns the codec cannot store exactly as pickles"
+        "--allow-pickle",
+        action="store_true",
+        help="let legacy pickles run code (trusted files only) and store columns the codec cannot store exactly "
+        "as pickles",
     )
     p.add_argument("--coerce-meta", action="store_true", help="store a JSON-able copy of non-JSON meta_info (lossy)")
 

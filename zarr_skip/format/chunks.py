@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeGuard, get_args
 
 import google_crc32c
 import numcodecs
@@ -31,9 +31,18 @@ DEFAULT_CHUNK_BYTES = 512 << 10
 AUTO_BLOCK_BYTES = 1 << 20
 
 
-_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+#: the compressions a cache may be written with (``auto`` picks per array)
+CompressionName = Literal["auto", "zstd", "blosc-zstd", "lz4", "none"]
+#: blosc's byte shuffling
+Shuffle = Literal["noshuffle", "shuffle", "bitshuffle"]
+_SHUFFLES: dict[str, int] = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 _BLOSC = {"blosc-zstd": "zstd", "lz4": "lz4"}  # our name -> blosc's cname
-_NAMES = ("auto", "zstd", "blosc-zstd", "lz4", "none")
+_NAMES: tuple[CompressionName, ...] = get_args(CompressionName)
+
+
+def is_compression_name(name: object) -> TypeGuard[CompressionName]:
+    """Whether ``name`` is one of the compression names."""
+    return isinstance(name, str) and name in _NAMES
 
 
 def crc32c(data: bytes | memoryview) -> int:
@@ -55,9 +64,9 @@ class Compression:
     blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice), or ``none``.
     """
 
-    name: str = "auto"
+    name: CompressionName = "auto"
     level: int = 1
-    shuffle: str = "shuffle"
+    shuffle: Shuffle = "shuffle"
     blocksize: int = 0
 
     def __post_init__(self) -> None:
@@ -133,6 +142,8 @@ class Compression:
         if value is None:
             return cls("none", 0)
         name, _, lvl = str(value).partition(":")
+        if not is_compression_name(name):
+            raise ConfigError(f"compression: expected one of {', '.join(map(repr, _NAMES))}, got {name!r}")
         if lvl:
             try:
                 level = int(lvl)

@@ -13,11 +13,18 @@ import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, TypeGuard, get_args
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError
 
-COMPLETE, WRITING, ABANDONED = "complete", "writing", "abandoned"
+#: the states of a step
+StepState = Literal["complete", "writing", "abandoned"]
+COMPLETE: Final = "complete"
+WRITING: Final = "writing"
+ABANDONED: Final = "abandoned"
+#: what :func:`resolve` does with a step that is not complete
+ResolveAction = Literal["cache", "repeat"]
 HOST = socket.gethostname()
 
 
@@ -91,29 +98,36 @@ class StepInfo:
     expected : mini-batches the owning run expects.
     done : complete mini-batches of the owning run.
     rows : rows of those mini-batches.
-    nbytes : stored (compressed) bytes of those mini-batches.
-    raw_nbytes : their uncompressed bytes.
+    nbytes_stored : stored (compressed) bytes of those mini-batches.
+    nbytes : their logical (decoded) bytes, as numpy's and zarr's ``nbytes``; 0 in records of
+        writers too old to count them.
     run : the owning run.
     updated : last write or heartbeat seen (seconds since the epoch).
     stale_runs : older runs whose leftovers are still stored.
     """
 
     step: int
-    state: str
+    state: StepState
     complete: bool
     expected: int
     done: int
     rows: int
-    nbytes: int
-    raw_nbytes: int = 0
+    nbytes_stored: int
+    nbytes: int = 0
     run: str = ""
     updated: float = 0.0
     stale_runs: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float:
-        """Compression ratio (raw / stored bytes); 0 when nothing is stored."""
-        return self.raw_nbytes / self.nbytes if self.nbytes else 0.0
+        """Compression ratio (logical / stored bytes); 0 when nothing is stored."""
+        return self.nbytes / self.nbytes_stored if self.nbytes_stored else 0.0
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("StepInfo.raw_nbytes", "StepInfo.nbytes (the logical size; nbytes_stored is the stored one)")
+        return self.nbytes
 
 
 def pid_alive(pid: int) -> bool:
@@ -151,7 +165,7 @@ def step_info(
     """Derive a step's :class:`StepInfo` from its run and part records."""
     own = owner(runs)
     if own is None:
-        return StepInfo(step, ABANDONED, False, 0, 0, 0, 0)
+        return StepInfo(step, ABANDONED, False, expected=0, done=0, rows=0, nbytes_stored=0)
     mine = [p for p in parts if p.run == own.run and 0 <= p.index < own.expected]
     complete = {p.index: p for p in mine if p.complete}
     rows = sum(p.rows for p in complete.values())
@@ -159,6 +173,7 @@ def step_info(
     raw = sum(p.raw_nbytes for p in complete.values())
     updated = max([own.created, *(p.heartbeat for p in mine)])
     stale = tuple(sorted(r.run for r in runs if r.run != own.run))
+    state: StepState
     if len(complete) == own.expected:
         state = COMPLETE
     else:
@@ -172,44 +187,55 @@ def step_info(
         step,
         state,
         state == COMPLETE,
-        own.expected,
-        len(complete),
-        rows,
-        nbytes,
-        raw,
-        own.run,
-        updated,
-        stale,
+        expected=own.expected,
+        done=len(complete),
+        rows=rows,
+        nbytes_stored=nbytes,
+        nbytes=raw,
+        run=own.run,
+        updated=updated,
+        stale_runs=stale,
     )
 
 
 def summary_info(step: int, summary: Mapping[str, Any]) -> StepInfo:
     """The :class:`StepInfo` a complete step's summary attribute records."""
-    return StepInfo(
+    return StepInfo(  # the stored keys keep their format's names (nbytes: stored)
         step,
         COMPLETE,
         True,
-        int(summary["expected"]),
-        int(summary["expected"]),
-        int(summary["rows"]),
-        int(summary["nbytes"]),
-        int(summary.get("raw_nbytes", 0)),
-        str(summary["run"]),
-        float(summary.get("completed", 0.0)),
+        expected=int(summary["expected"]),
+        done=int(summary["expected"]),
+        rows=int(summary["rows"]),
+        nbytes_stored=int(summary["nbytes"]),
+        nbytes=int(summary.get("raw_nbytes", 0)),
+        run=str(summary["run"]),
+        updated=float(summary.get("completed", 0.0)),
     )
 
 
-ACTIONS = ("cache", "repeat")
+ACTIONS: tuple[ResolveAction, ...] = get_args(ResolveAction)
 
 
-def resolve(step: int, action: str, complete_steps: Iterable[int]) -> int | None:
+def is_action(action: object) -> TypeGuard[ResolveAction]:
+    """Whether ``action`` is one of :data:`ACTIONS`."""
+    return isinstance(action, str) and action in ACTIONS
+
+
+def check_action(action: object) -> ResolveAction:
+    """``action`` if it is one of :data:`ACTIONS`, else :class:`ConfigError`."""
+    if not is_action(action):
+        raise ConfigError(f"action: expected 'cache' or 'repeat', got {action!r}")
+    return action
+
+
+def resolve(step: int, action: ResolveAction, complete_steps: Iterable[int]) -> int | None:
     """The step to load for ``step`` under ``action`` (verl's semantics).
 
     ``cache``: the step itself if complete, else None. ``repeat``: the step if complete, else
     the largest complete smaller step, else the smallest complete larger one, else None.
     """
-    if action not in ACTIONS:
-        raise ConfigError(f"action: expected 'cache' or 'repeat', got {action!r}")
+    check_action(action)  # also at run time: callers may pass any string
     done = set(complete_steps)
     if step in done:
         return step

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zarr_skip.errors import StepCompleteError, StepNotFoundError, UnsafePickleError
-from zarr_skip.format.state import resolve
+from zarr_skip.format.state import check_action, resolve
 from zarr_skip.legacy.dumps import LegacyStep, legacy_experiment_dir, read_step, scan_legacy
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class LegacySource:
         if not legacy:
             return zarr_source
         zarr_steps = set(cache.steps()) if action == "repeat" else set()
-        choice = resolve(step, action, zarr_steps | set(legacy))
+        choice = resolve(step, check_action(action), zarr_steps | set(legacy))
         if choice is None or choice in zarr_steps or choice == zarr_source or choice in self.failed:
             return zarr_source
         if self._writing(cache, choice):
@@ -121,7 +121,7 @@ class LegacySource:
 
     def _import(self, cache: Any, lstep: LegacyStep, store: Store) -> bool:
         try:
-            minibatches = read_step(lstep, trust_pickle=False, as_verl=True)
+            minibatches = read_step(lstep, allow_pickle=False, as_verl=True)
         except UnsafePickleError as exc:
             logger.error("import_legacy: refusing legacy step %d at %s: %s", lstep.step, lstep.path, exc)
             return False

@@ -118,7 +118,7 @@ class ZarrSkipBase(BaseSkip):
         """The complete step to load for ``step`` under the action, or None (a miss)."""
         with self._lock:
             cache = self.cache()
-            source = cache.resolve(step, self.action.value)
+            source = cache.resolve(step, action=self.action.value)
             if self._legacy is not None and source != step:
                 source = self._legacy.resolve(cache, step, self.action.value, source, self._store_legacy)
             return source

@@ -49,14 +49,15 @@ _VERL_MODULE = "verl.protocol"
 _VERL_CLASS = "DataProto"
 
 
-def unsafe_pickle_error(path: str | os.PathLike, refused: str, detail: str = "") -> UnsafePickleError:
+def unsafe_pickle_error(path: str | os.PathLike[str], refused: str, detail: str = "") -> UnsafePickleError:
     """Build an :class:`UnsafePickleError` naming ``path`` and the refused global.
 
     The returned error carries ``path`` and ``refused`` attributes.
     """
     msg = (
         f"{os.fspath(path)}: refused to unpickle global {refused!r}; it is not on the "
-        "allow-list of data-only types. Pass trust_pickle=True only if you trust this file."
+        "allow-list of data-only types. Pass allow_pickle=True (zarr-skip import --allow-pickle) "
+        "only if you trust this file."
     )
     if detail:
         msg += f" ({detail})"
@@ -206,7 +207,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         ``verl.protocol.DataProto`` still maps to :class:`DataProtoState`.
     """
 
-    def __init__(self, file: BinaryIO, *, path: str | os.PathLike, trust: bool = False) -> None:
+    def __init__(self, file: BinaryIO, *, path: str | os.PathLike[str], trust: bool = False) -> None:
         super().__init__(file)
         self._path = path
         self._trust = trust
@@ -243,7 +244,7 @@ def _size_of(file: BinaryIO) -> int:
     return end - where
 
 
-def load_pickle(path: str | os.PathLike, *, trust: bool = False) -> Any:
+def load_pickle(path: str | os.PathLike[str], *, trust: bool = False) -> Any:
     """Unpickle ``path`` with :class:`RestrictedUnpickler` (or permissively if ``trust``)."""
     with open(path, "rb") as fh:
         return RestrictedUnpickler(fh, path=path, trust=trust).load()
@@ -253,7 +254,7 @@ _REFUSED_RE = re.compile(r"GLOBAL ([\w.]+)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def torch_load(source: str | os.PathLike | BinaryIO, *, path: str | os.PathLike, trust: bool = False) -> Any:
+def torch_load(source: str | os.PathLike[str] | BinaryIO, *, path: str | os.PathLike[str], trust: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True`` plus tensordict/NJT classes, on CPU.
 
     Parameters
@@ -298,7 +299,7 @@ def torch_load(source: str | os.PathLike | BinaryIO, *, path: str | os.PathLike,
 # --------------------------------------------------------------------------- decoding
 
 
-def _tensor_from_numpy_encoding(item: Any, path: str | os.PathLike) -> torch.Tensor:
+def _tensor_from_numpy_encoding(item: Any, path: str | os.PathLike[str]) -> torch.Tensor:
     dtype_name, shape, data = item
     dtype = getattr(torch, str(dtype_name), None)
     if not isinstance(dtype, torch.dtype):
@@ -309,7 +310,7 @@ def _tensor_from_numpy_encoding(item: Any, path: str | os.PathLike) -> torch.Ten
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(tuple(shape))
 
 
-def _decode_numpy_batch(raw: tuple, path: str | os.PathLike) -> Any:
+def _decode_numpy_batch(raw: tuple[Any, ...], path: str | os.PathLike[str]) -> Any:
     from tensordict import TensorDict
 
     batch_size, device, items = raw
@@ -327,7 +328,9 @@ def _decode_numpy_batch(raw: tuple, path: str | os.PathLike) -> Any:
     return TensorDict(decoded, batch_size=list(batch_size))
 
 
-def decode_dataproto_state(state: Any, *, path: str | os.PathLike, trust: bool = False) -> tuple[Any, dict, dict]:
+def decode_dataproto_state(
+    state: Any, *, path: str | os.PathLike[str], trust: bool = False
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Turn a pickled DataProto state into ``(batch, non_tensor_batch, meta_info)``.
 
     Accepts verl's three-tuple state (torch bytes or numpy encoding of ``batch``) and the
@@ -369,7 +372,7 @@ class _PortableConsolidated:
         return _rebuild_tensordict_files_consolidated, (self._metadata, self._storage)
 
 
-def _portable_metadata(meta: dict) -> dict:
+def _portable_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in meta.items():
         if key == "leaves":
@@ -392,7 +395,7 @@ def _encode_torch_batch(batch: Any) -> bytes:
     return buf.getvalue()
 
 
-def encode_dataproto(batch: Any, non_tensor_batch: dict, meta_info: dict) -> bytes:
+def encode_dataproto(batch: Any, non_tensor_batch: dict[str, Any], meta_info: dict[str, Any]) -> bytes:
     """Pickle bytes that ``pickle.load`` turns into a ``verl.protocol.DataProto``.
 
     The stream is ``GLOBAL verl.protocol DataProto; NEWOBJ; <state>; BUILD`` with the state

@@ -13,7 +13,7 @@ verl's SkipManager (``verl.utils.skip.rollout_skip``) dumps rollouts under
 ``gen_batch.dp`` pickles a ``verl.protocol.DataProto``; ``tq_batch.pt`` is
 ``torch.save({"tensordict", "tags", "keys", "global_steps"})``; ``meta.json`` is
 ``{"global_steps": s}`` (dp) or ``{"global_steps": s, "num_trajectories": k}`` (tq).
-Reading runs no code from the files unless ``trust_pickle=True``
+Reading runs no code from the files unless ``allow_pickle=True``
 (:mod:`zarr_skip.legacy._unpickle`); written files load with verl's own code.
 
 verl joins the two names with ``_``, so ``a_b_c`` is (``a``, ``b_c``) or (``a_b``, ``c``).
@@ -38,6 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import IncompleteStepError, UnsafePickleError
 from zarr_skip.legacy._unpickle import (
     DataProtoState,
@@ -92,8 +93,8 @@ class LegacyDataProto:
     """
 
     batch: Any = None
-    non_tensor_batch: dict = None  # type: ignore[assignment]
-    meta_info: dict = None  # type: ignore[assignment]
+    non_tensor_batch: dict[str, Any] = None  # type: ignore[assignment]
+    meta_info: dict[str, Any] = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self.non_tensor_batch = {} if self.non_tensor_batch is None else self.non_tensor_batch
@@ -269,7 +270,7 @@ def _scan_step(step_dir: Path, step: int, expected: int | None) -> LegacyStep:
     return LegacyStep(step, step_dir, kind, "nested", mbs, reason is None, reason)
 
 
-def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match]]:
+def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match[str]]]:
     if (m := _FP_DIR.match(root.name)) and root.is_dir():
         return [(root, m)]
     children = sorted(c for c in root.iterdir() if c.is_dir())
@@ -280,7 +281,7 @@ def _fingerprint_dirs(root: Path) -> list[tuple[Path, re.Match]]:
 
 
 def scan_legacy(
-    dump_dir: str | os.PathLike,
+    dump_dir: str | os.PathLike[str],
     *,
     experiment_name: str | None = None,
     project_name: str | None = None,
@@ -410,7 +411,13 @@ def _data_file(path: Path) -> Path:
     return path
 
 
-def read_minibatch(path: str | os.PathLike, trust_pickle: bool = False, *, as_verl: bool | None = None) -> Any:
+def read_minibatch(
+    path: str | os.PathLike[str],
+    allow_pickle: bool = False,
+    *,
+    as_verl: bool | None = None,
+    trust_pickle: bool | None = None,
+) -> Any:
     """Read one legacy mini-batch file, or the directory holding it.
 
     Parameters
@@ -418,8 +425,9 @@ def read_minibatch(path: str | os.PathLike, trust_pickle: bool = False, *, as_ve
     path
         ``gen_batch.dp`` or ``tq_batch.pt`` (by suffix: ``.pt`` is a torch archive, else
         a DataProto pickle), or their directory.
-    trust_pickle
-        Lift the allow-list: the file may run code. Only for files you trust.
+    allow_pickle
+        Lift the allow-list: the file may run code. Only for files you trust (numpy's
+        ``allow_pickle``; ``trust_pickle`` is its deprecated name).
     as_verl
         DataProto files give a real ``verl.protocol.DataProto`` (``True``), a
         :class:`LegacyDataProto` (``False``), or the former if verl imports (``None``).
@@ -435,18 +443,19 @@ def read_minibatch(path: str | os.PathLike, trust_pickle: bool = False, *, as_ve
     UnsafePickleError
         The file names a global outside the allow-list; nothing of it ran.
     """
+    trust = _allow_pickle(allow_pickle, trust_pickle, "read_minibatch")
     file = _data_file(Path(path))
     if file.suffix == ".pt":
-        payload = torch_load(file, path=file, trust=trust_pickle)
+        payload = torch_load(file, path=file, trust=trust)
         if not isinstance(payload, dict) or "tensordict" not in payload:
             raise ValueError(f"{file}: not a verl tq_batch payload (got {type(payload).__name__})")
         return payload
-    obj = load_pickle(file, trust=trust_pickle)
+    obj = load_pickle(file, trust=trust)
     if not isinstance(obj, DataProtoState):
         if all(hasattr(obj, a) for a in ("batch", "non_tensor_batch", "meta_info")):
             return obj  # trusted load of some other DataProto-like class
         raise ValueError(f"{file}: not a pickled verl DataProto (got {type(obj).__name__})")
-    batch, non_tensor, meta = decode_dataproto_state(obj.state, path=file, trust=trust_pickle)
+    batch, non_tensor, meta = decode_dataproto_state(obj.state, path=file, trust=trust)
     cls = _verl_dataproto_class() if as_verl is not False else None
     if as_verl and cls is None:
         raise ImportError("as_verl=True but verl.protocol.DataProto cannot be imported")
@@ -457,7 +466,17 @@ def read_minibatch(path: str | os.PathLike, trust_pickle: bool = False, *, as_ve
     return result
 
 
-def read_step(step: LegacyStep, trust_pickle: bool = False, *, as_verl: bool | None = None) -> list[Any]:
+def _allow_pickle(allow_pickle: bool, trust_pickle: bool | None, where: str) -> bool:
+    """``allow_pickle``, or the deprecated ``trust_pickle`` when that was given."""
+    if trust_pickle is None:
+        return allow_pickle
+    warn_renamed(f"{where}(trust_pickle=...)", f"{where}(allow_pickle=...)", stacklevel=4)
+    return trust_pickle or allow_pickle
+
+
+def read_step(
+    step: LegacyStep, allow_pickle: bool = False, *, as_verl: bool | None = None, trust_pickle: bool | None = None
+) -> list[Any]:
     """Read every mini-batch of a complete step, in order (see :func:`read_minibatch`).
 
     Raises
@@ -465,9 +484,10 @@ def read_step(step: LegacyStep, trust_pickle: bool = False, *, as_verl: bool | N
     IncompleteStepError
         If ``step.complete`` is false; the message gives the reason.
     """
+    allow_pickle = _allow_pickle(allow_pickle, trust_pickle, "read_step")
     if not step.complete:
         raise IncompleteStepError(f"legacy step {step.step} at {step.path} is incomplete: {step.reason}")
     return [
-        read_minibatch(mb.path if mb.data_file is None else mb.data_file, trust_pickle, as_verl=as_verl)
+        read_minibatch(mb.path if mb.data_file is None else mb.data_file, allow_pickle, as_verl=as_verl)
         for mb in step.minibatches
     ]

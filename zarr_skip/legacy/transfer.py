@@ -18,8 +18,9 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     ConfigError,
@@ -43,7 +44,10 @@ logger = logging.getLogger(__name__)
 
 #: the Zarr role of each legacy kind (verl's skip roles)
 ROLE_OF_KIND = {"dp": "rollout", "tq": "rollout_tq"}
-LAYOUTS = ("auto", "flat", "nested")
+#: how exported steps are laid out: one file per step (``flat``), one per mini-batch
+#: (``nested``), or what verl writes for the step's kind (``auto``)
+ExportLayout = Literal["auto", "flat", "nested"]
+LAYOUTS: tuple[ExportLayout, ...] = get_args(ExportLayout)
 IMPORTED, SKIPPED, FAILED, EXPORTED = "imported", "skipped", "failed", "exported"
 
 Progress = Callable[[int, int], Any]
@@ -154,7 +158,8 @@ def coerce_meta_info(meta: Mapping[str, Any]) -> dict[str, Any]:
             return [keys(v) for v in value]
         return value
 
-    return json.loads(json.dumps(keys(dict(meta)), default=default, allow_nan=True))
+    coerced: dict[str, Any] = json.loads(json.dumps(keys(dict(meta)), default=default, allow_nan=True))
+    return coerced
 
 
 def _zarr_batch(kind: str, minibatch: Any, step: int, coerce: bool) -> tuple[Any, dict[str, Any]]:
@@ -188,16 +193,16 @@ def import_legacy(
     dump_dir: str | os.PathLike[str],
     location_or_cache: str | os.PathLike[str] | Store | Cache,
     *,
-    trust_pickle: bool = False,
+    allow_pickle: bool = False,
     role: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
     experiment_name: str | None = None,
     project_name: str | None = None,
     expected_minibatches: int | None = None,
-    allow_pickle: bool = False,
     coerce_meta: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    trust_pickle: bool | None = None,
 ) -> ImportReport:
     """Import every complete step of the legacy verl caches under ``dump_dir``.
 
@@ -211,7 +216,10 @@ def import_legacy(
     dump_dir : verl's ``skip.*.dump_dir``, or an experiment or ``GBS..`` directory in it.
     location_or_cache : the cache: a location :func:`zarr_skip.open_cache` accepts, or an
         open :class:`~zarr_skip.Cache` (its store is used; any experiment).
-    trust_pickle : let the legacy files run code (only for files you trust).
+    allow_pickle : let the legacy files' pickles run code (only for files you trust; else
+        they may hold data types alone), and store columns the codec cannot store exactly as
+        pickles (to be read with ``load(step, allow_pickle=True)``). ``trust_pickle`` is its
+        deprecated name.
     role : the role of every imported experiment, instead of the per-kind default.
     overwrite : replace steps the cache already holds complete (or being written).
     progress : called with ``(steps done, steps to import)`` after each step.
@@ -221,7 +229,6 @@ def import_legacy(
         count of mini-batches are skipped as incomplete. Without it, the count is inferred per
         experiment (the most common one among its other steps): steps with fewer are skipped,
         and the report warns where it cannot be inferred.
-    allow_pickle : store columns the codec cannot store exactly as pickles.
     coerce_meta : store a JSON-able copy of DataProto ``meta_info`` that is not JSON-able
         (see :func:`coerce_meta_info`) instead of failing the step.
     storage_options : for URL locations.
@@ -231,8 +238,11 @@ def import_legacy(
     ConfigError
         ``dump_dir`` is not a directory.
     """
-    from zarr_skip import open_cache
     from zarr_skip.legacy.dumps import scan_legacy
+
+    if trust_pickle is not None:
+        warn_renamed("import_legacy(trust_pickle=...)", "import_legacy(allow_pickle=...)")
+        allow_pickle = allow_pickle or trust_pickle
 
     root = Path(dump_dir).expanduser()
     if not root.is_dir():
@@ -241,51 +251,16 @@ def import_legacy(
     exps = scan_legacy(
         root, experiment_name=experiment_name, project_name=project_name, expected_minibatches=expected_minibatches
     )
-    warnings: list[str] = []
-    if not exps:
-        warnings.append(f"no legacy verl cache (a {{exp}}_{{proj}}/GBS.._N.._in.._out.. directory) under {root}")
-    plan: list[tuple[Any, Any, str, dict[str, Any]]] = []
-    for exp in exps:
-        if exp.minibatch_warning:
-            warnings.append(exp.minibatch_warning)
-        if exp.name_split == "guess" and not (experiment_name or project_name):
-            warnings.append(
-                f"{exp.path}: split {exp.combined_name!r} as experiment {exp.experiment_name!r}, project "
-                f"{exp.project_name!r} (a guess; verl's names are part of the fingerprint: give the "
-                "experiment or project name, --experiment-name/--project-name, if verl's differ)"
-            )
-        for step in exp.steps:
-            step_role = role or ROLE_OF_KIND.get(step.kind or "", "rollout")
-            fp = {**exp.fingerprint(), "role": step_role}
-            plan.append((exp, step, _layout.experiment_name(fp), fp))
-    total = sum(1 for _, step, _, _ in plan if step.complete)
-    caches: dict[str, Cache] = {}
-    states: dict[str, dict[int, Any]] = {}
-    results: list[StepTransfer] = []
-    done = 0
-    for _exp, step, name, fp in plan:
-        where = str(step.path)
-        if not step.complete:
-            results.append(StepTransfer(name, step.step, SKIPPED, f"legacy step incomplete: {step.reason}", path=where))
-            continue
-        if name not in caches:
-            caches[name] = open_cache(location, fp, storage_options=storage_options)
-            states[name] = {i.step: i for i in caches[name].status()}
-        cache, info = caches[name], states[name].get(step.step)
-        outcome = _import_step(
-            cache,
-            name,
-            step,
-            info,
-            trust_pickle=trust_pickle,
-            overwrite=overwrite,
-            allow_pickle=allow_pickle,
-            coerce=coerce_meta,
-        )
-        results.append(outcome)
-        done += 1
-        if progress is not None:
-            progress(done, total)
+    plan, warnings = _import_plan(exps, root, role, named=bool(experiment_name or project_name))
+    caches, results = _import_steps(
+        plan,
+        location,
+        storage_options,
+        progress,
+        allow_pickle=allow_pickle,
+        overwrite=overwrite,
+        coerce=coerce_meta,
+    )
     for r in results:
         level = logging.WARNING if r.action == FAILED else logging.INFO
         logger.log(
@@ -295,13 +270,68 @@ def import_legacy(
     return ImportReport(loc, tuple(caches), tuple(results), tuple(warnings))
 
 
+def _import_steps(
+    plan: Sequence[tuple[Any, Any, str, dict[str, Any]]],
+    location: Any,
+    storage_options: Mapping[str, Any] | None,
+    progress: Progress | None,
+    **options: bool,
+) -> tuple[dict[str, Cache], list[StepTransfer]]:
+    """Import the steps of ``plan`` (see :func:`_import_step` for ``options``): the caches
+    opened, one per experiment, and what became of each step."""
+    from zarr_skip import open_cache
+
+    total = sum(1 for _, step, _, _ in plan if step.complete)
+    caches: dict[str, Cache] = {}
+    states: dict[str, dict[int, Any]] = {}
+    results: list[StepTransfer] = []
+    done = 0
+    for _exp, step, name, fp in plan:
+        if not step.complete:
+            why = f"legacy step incomplete: {step.reason}"
+            results.append(StepTransfer(name, step.step, SKIPPED, why, path=str(step.path)))
+            continue
+        if name not in caches:
+            caches[name] = open_cache(location, fp, storage_options=storage_options)
+            states[name] = {i.step: i for i in caches[name].status()}
+        results.append(_import_step(caches[name], name, step, states[name].get(step.step), **options))
+        done += 1
+        if progress is not None:
+            progress(done, total)
+    return caches, results
+
+
+def _import_plan(
+    exps: Sequence[Any], root: Path, role: str | None, *, named: bool
+) -> tuple[list[tuple[Any, Any, str, dict[str, Any]]], list[str]]:
+    """(legacy experiment, legacy step, experiment name, fingerprint) of every legacy step in
+    ``exps``, and the warnings of the scan (``named``: the experiment or project name was given)."""
+    warnings: list[str] = []
+    if not exps:
+        warnings.append(f"no legacy verl cache (a {{exp}}_{{proj}}/GBS.._N.._in.._out.. directory) under {root}")
+    plan: list[tuple[Any, Any, str, dict[str, Any]]] = []
+    for exp in exps:
+        if exp.minibatch_warning:
+            warnings.append(exp.minibatch_warning)
+        if exp.name_split == "guess" and not named:
+            warnings.append(
+                f"{exp.path}: split {exp.combined_name!r} as experiment {exp.experiment_name!r}, project "
+                f"{exp.project_name!r} (a guess; verl's names are part of the fingerprint: give the "
+                "experiment or project name, --experiment-name/--project-name, if verl's differ)"
+            )
+        for step in exp.steps:
+            step_role = role or ROLE_OF_KIND.get(step.kind or "", "rollout")
+            fp = {**exp.fingerprint(), "role": step_role}
+            plan.append((exp, step, _layout.experiment_name(fp), fp))
+    return plan, warnings
+
+
 def _import_step(
     cache: Cache,
     name: str,
     step: Any,
     info: Any,
     *,
-    trust_pickle: bool,
     overwrite: bool,
     allow_pickle: bool,
     coerce: bool,
@@ -313,7 +343,7 @@ def _import_step(
         why = "already complete in the cache" if info.complete else f"being written by run {info.run}"
         return StepTransfer(name, step.step, SKIPPED, f"{why} (overwrite to replace it)", path=where)
     try:
-        minibatches = read_step(step, trust_pickle)
+        minibatches = read_step(step, allow_pickle)
     except Exception as exc:  # noqa: BLE001 - a damaged or refused file fails this step only
         return StepTransfer(name, step.step, FAILED, f"{type(exc).__name__}: {exc}", path=where)
     written = rows = 0
@@ -391,7 +421,7 @@ def export_steps(
     steps: Sequence[int],
     dest: str | os.PathLike[str],
     *,
-    layout: str = "auto",
+    layout: ExportLayout = "auto",
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> ExportReport:
@@ -423,10 +453,26 @@ def export_steps(
     FileExistsError
         A step directory exists and ``overwrite`` is false.
     """
-    from zarr_skip.legacy.dumps import legacy_experiment_dir, write_legacy_dp, write_legacy_tq
+    from zarr_skip.legacy.dumps import legacy_experiment_dir
     from zarr_skip.views.export import check_outside
 
     check_outside(cache, dest)
+    fp, wanted = _checked_export(cache, steps, layout)
+    exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
+    taken = [s for s in wanted if (exp_dir / str(s)).exists()]
+    if taken and not overwrite:
+        raise FileExistsError(f"{exp_dir}: step directories {taken} exist; pass overwrite to replace them")
+    results = []
+    for n, s in enumerate(wanted, 1):
+        results.append(_export_step(cache.load(s), exp_dir / str(s), layout, fp.get("role"), cache.experiment))
+        if progress is not None:
+            progress(n, len(wanted))
+    assert cache.experiment is not None  # _checked_export checked it
+    return ExportReport(str(Path(dest).expanduser()), cache.experiment, tuple(results))
+
+
+def _checked_export(cache: Cache, steps: Sequence[int], layout: str) -> tuple[dict[str, Any], list[int]]:
+    """The experiment's fingerprint and the steps to export, once all are known complete."""
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     if cache.experiment is None or cache.fingerprint is None:
@@ -448,31 +494,24 @@ def export_steps(
             raise IncompleteStepError(
                 f"step {s} is {info.state} ({info.done}/{info.expected} mini-batches): not exported"
             )
-    exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
-    taken = [s for s in wanted if (exp_dir / str(s)).exists()]
-    if taken and not overwrite:
-        raise FileExistsError(f"{exp_dir}: step directories {taken} exist; pass overwrite to replace them")
-    role = fp.get("role")
-    results = []
-    for n, s in enumerate(wanted, 1):
-        view = cache.load(s)
-        kind = _kind_of(view, role)
-        lay = layout if layout != "auto" else ("flat" if kind == "dp" else "nested")
-        step_dir = exp_dir / str(s)
-        if step_dir.exists():
-            shutil.rmtree(step_dir)
-        parts = [view] if lay == "flat" else view.minibatches
-        for i, part in enumerate(parts):
-            index = None if lay == "flat" else i
-            if kind == "dp":
-                write_legacy_dp(step_dir, _dataproto_of(part), minibatch=index)
-            else:
-                write_legacy_tq(step_dir, _tq_payload(part, s), minibatch=index)
-        file = "gen_batch.dp" if kind == "dp" else "tq_batch.pt"
-        results.append(
-            StepTransfer(cache.experiment, s, EXPORTED, f"{lay} {file}", len(parts), len(view), str(step_dir))
-        )
-        logger.info("exported step %d to %s (%s %s, %d file(s))", s, step_dir, lay, file, len(parts))
-        if progress is not None:
-            progress(n, len(wanted))
-    return ExportReport(str(Path(dest).expanduser()), cache.experiment, tuple(results))
+    return fp, wanted
+
+
+def _export_step(view: StepView, step_dir: Path, layout: str, role: str | None, experiment: str | None) -> StepTransfer:
+    """Write one step in verl's layout at ``step_dir`` (replacing what is there)."""
+    from zarr_skip.legacy.dumps import write_legacy_dp, write_legacy_tq
+
+    kind = _kind_of(view, role)
+    lay = layout if layout != "auto" else ("flat" if kind == "dp" else "nested")
+    if step_dir.exists():
+        shutil.rmtree(step_dir)
+    parts = [view] if lay == "flat" else view.minibatches
+    for i, part in enumerate(parts):
+        index = None if lay == "flat" else i
+        if kind == "dp":
+            write_legacy_dp(step_dir, _dataproto_of(part), minibatch=index)
+        else:
+            write_legacy_tq(step_dir, _tq_payload(part, view.step), minibatch=index)
+    file = "gen_batch.dp" if kind == "dp" else "tq_batch.pt"
+    logger.info("exported step %d to %s (%s %s, %d file(s))", view.step, step_dir, lay, file, len(parts))
+    return StepTransfer(experiment or "", view.step, EXPORTED, f"{lay} {file}", len(parts), len(view), str(step_dir))

@@ -43,7 +43,7 @@ def canonical_int(name: str) -> int | None:
 
 
 def legacy_experiment_dir(
-    dump_dir: str | os.PathLike,
+    dump_dir: str | os.PathLike[str],
     *,
     experiment_name: str,
     project_name: str,
@@ -58,7 +58,7 @@ def legacy_experiment_dir(
     return Path(dump_dir).expanduser().resolve() / sub / fp
 
 
-def _target_dir(step_dir: str | os.PathLike, minibatch: int | None) -> tuple[Path, int]:
+def _target_dir(step_dir: str | os.PathLike[str], minibatch: int | None) -> tuple[Path, int]:
     step_path = Path(step_dir).expanduser()
     step = canonical_int(step_path.name)
     if step is None:
@@ -102,7 +102,7 @@ def _as_tensordict(batch: Any, rows: int | None) -> Any:
 
 
 def write_legacy_dp(
-    step_dir: str | os.PathLike,
+    step_dir: str | os.PathLike[str],
     dataproto_like: Any,
     *,
     minibatch: int | None = None,
@@ -141,7 +141,7 @@ def write_legacy_dp(
 
 
 def write_legacy_tq(
-    step_dir: str | os.PathLike,
+    step_dir: str | os.PathLike[str],
     payload: Mapping[str, Any],
     *,
     minibatch: int | None = 0,

@@ -328,7 +328,7 @@ def plot_minibatches(source: Source, *, steps: Sequence[int] | None = None, ax: 
     for x, (_, item) in enumerate(entries):
         if isinstance(item, StepView):
             bottom = 0
-            for p in item.parts:
+            for p in item.minibatch_info:
                 ax.bar(x, p.rows, bottom=bottom, width=0.6, color=colours(p.index % 10), edgecolor="white")
                 bottom += p.rows
                 indices.add(p.index)

@@ -142,8 +142,8 @@ def _step_table(infos: Sequence[StepInfo], shown: set[int]) -> Markup:
                 badge(i.state, _STATE_KIND.get(i.state, "")),
                 f"{i.done}/{i.expected}",
                 i.rows,
-                human_bytes(i.nbytes),
-                ratio_text(i.raw_nbytes, i.nbytes),
+                human_bytes(i.nbytes_stored),
+                ratio_text(i.nbytes, i.nbytes_stored),
                 human_age(now - i.updated) if i.updated else "-",
             ]
         )

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
@@ -57,17 +58,38 @@ class RunContext:
 
 
 @dataclass(frozen=True, slots=True)
-class PartInfo:
-    """What :meth:`Cache.write` stored: one mini-batch of a step."""
+class MinibatchInfo:
+    """What :meth:`Cache.write` stored: one mini-batch of a step.
+
+    Attributes
+    ----------
+    step, index : the step and the mini-batch's index in it.
+    run : the run that wrote it.
+    rows : its rows.
+    nbytes_stored : its stored (compressed) bytes.
+    nbytes : its logical (decoded) bytes, as numpy's and zarr's ``nbytes``.
+    step_complete : whether this write completed the step.
+    path : the mini-batch's group below the cache root.
+    """
 
     step: int
     index: int
     run: str
     rows: int
+    nbytes_stored: int
     nbytes: int
-    raw_nbytes: int
     step_complete: bool
     path: str
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Deprecated: :attr:`nbytes` (the logical size)."""
+        warn_renamed("MinibatchInfo.raw_nbytes", "MinibatchInfo.nbytes (the logical size)")
+        return self.nbytes
+
+
+#: the old name of :class:`MinibatchInfo` (``zarr_skip.PartInfo`` warns)
+PartInfo = MinibatchInfo
 
 
 def write_part(
@@ -82,7 +104,7 @@ def write_part(
     compression: chunks.Compression,
     lease: float,
     jobs: ChunkJobs,
-) -> PartInfo:
+) -> MinibatchInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
     chunks come from ``jobs`` (the caller cancels what is left of them)."""
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
@@ -138,7 +160,7 @@ def write_part(
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx)
-    return PartInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+    return MinibatchInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
 
 
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
@@ -374,8 +396,8 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
         "run": info.run,
         "expected": info.expected,
         "rows": info.rows,
-        "nbytes": info.nbytes,
-        "raw_nbytes": info.raw_nbytes,
+        "nbytes": info.nbytes_stored,  # the format's names: nbytes stored, raw_nbytes logical
+        "raw_nbytes": info.nbytes,
         "completed": max(p.doc.get("completed", 0.0) for p in scan.parts if p.run == info.run),
     }
     summary["checksum"] = layout.doc_checksum(summary)

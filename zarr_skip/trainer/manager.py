@@ -275,7 +275,7 @@ class SkipManager:
         """The cached result for ``step`` (``_MISS`` when there is none to use)."""
         with rt.lock:
             cache = rt.cache()
-            source = cache.resolve(step, rt.cfg.action)
+            source = cache.resolve(step, action=rt.cfg.action)
             if source is None:
                 logger.info("%s: step %d not cached; generating and storing it", rt.cfg.role, step)
                 return _MISS
@@ -388,7 +388,7 @@ class SkipManager:
         batch = trainer._next_train_batch()
         uids = [str(u) for u in batch["uid"]]
         with rt.lock:
-            source = rt.cache().resolve(step, rt.cfg.action)
+            source = rt.cache().resolve(step, action=rt.cfg.action)
             if source is None:
                 rt.missed.add(step)
                 rt.stored.setdefault(step, 0)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zarr_skip.errors import GroupMismatchError, ZarrSkipError
+from zarr_skip.errors import GroupMismatchError, KeyFormatError, RemapError, SampleIdError
 
 logger = logging.getLogger(__name__)
 
@@ -38,18 +38,6 @@ _SAMPLE_ID = re.compile(r"(?:uid_)?sample_([0-9]+)_([0-9]+)")
 _KEY = re.compile(r"(.+)_([0-9]+)_([0-9]+)", re.DOTALL)
 _STEP_TAGS = ("global_steps", "min_global_steps", "max_global_steps")
 POLICIES: tuple[str, ...] = ("cycle", "error")
-
-
-class SampleIdError(ZarrSkipError, ValueError):
-    """A uid that is not ``sample_{epoch}_{index}`` (optionally ``uid_``-prefixed)."""
-
-
-class RemapError(ZarrSkipError, ValueError):
-    """Cached trajectories cannot be mapped onto the new prompts."""
-
-
-class KeyFormatError(RemapError):
-    """A trajectory key that is not ``{uid}_{session}_{index}``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +244,49 @@ def remap(
     KeyFormatError
         If a cached key is malformed.
     """
+    source = step if source_step is None else source_step
+    prompt_keys = _checked_prompts(old_keys, old_tags, new_prompt_uids, n, step, source, policy)
+    groups = group_by_uid(old_keys)
+    if not groups:
+        raise RemapError(
+            f"cached step {source} holds no trajectory groups ({len(old_keys)} keys); cannot replay step {step}"
+        )
+    mismatch = _group_mismatch(len(groups), len(prompt_keys), step, source, policy)
+    indices, keys, tags, chosen, short = _assign(groups, prompt_keys, old_tags, n, step)
+    if short:
+        logger.info(
+            "step %d: %d cached prompt group(s) hold fewer than n=%d trajectories; their trajectories are repeated",
+            step,
+            len(short),
+            n,
+        )
+    prompt_tags = tuple({"is_prompt": True, "status": "finished", "global_steps": step} for _ in prompt_keys)
+    return Remap(
+        indices=tuple(indices),
+        keys=tuple(keys),
+        tags=tuple(tags),
+        prompt_keys=prompt_keys,
+        prompt_tags=prompt_tags,
+        groups=tuple(chosen),
+        mismatch=mismatch,
+        short_groups=len(short),
+    )
+
+
+def _checked_prompts(
+    old_keys: Sequence[str],
+    old_tags: Sequence[Mapping[str, Any] | None],
+    new_prompt_uids: Sequence[str],
+    n: int,
+    step: int,
+    source: int,
+    policy: str,
+) -> tuple[str, ...]:
+    """The new prompt uids as keys, once the arguments of :func:`remap` are checked."""
     if policy not in POLICIES:
         raise ValueError(f"policy: expected 'cycle' or 'error', got {policy!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise RemapError(f"n (trajectories per prompt) must be a positive integer, got {n!r}")
-    source = step if source_step is None else source_step
     if len(old_keys) != len(old_tags):
         raise RemapError(
             f"cached step {source}: {len(old_keys)} keys but {len(old_tags)} tags; the cache entry is inconsistent"
@@ -271,24 +297,34 @@ def remap(
         if uid in seen:
             raise RemapError(f"step {step}: new prompt uid {uid!r} occurs more than once")
         seen.add(uid)
+    return prompt_keys
 
-    groups = group_by_uid(old_keys)
-    if not groups:
-        raise RemapError(
-            f"cached step {source} holds no trajectory groups ({len(old_keys)} keys); cannot replay step {step}"
+
+def _group_mismatch(groups: int, prompts: int, step: int, source: int, policy: str) -> GroupMismatch | None:
+    """None when the cache holds one group per prompt; else the mismatch (logged), or
+    :class:`GroupMismatchError` under ``policy="error"``."""
+    if groups == prompts:
+        return None
+    mismatch = GroupMismatch(cached_groups=groups, prompts=prompts, step=step, source_step=source)
+    if policy == "error":
+        raise GroupMismatchError(
+            f"step {step}: the cache{'' if source == step else f' (step {source})'} holds "
+            f"{groups} prompt groups but the batch has {prompts} prompts "
+            "(skip.rollout_tq.on_group_mismatch=error)"
         )
+    logger.warning("group count mismatch at %s", mismatch.describe())
+    return mismatch
 
-    mismatch = None
-    if len(groups) != len(prompt_keys):
-        mismatch = GroupMismatch(cached_groups=len(groups), prompts=len(prompt_keys), step=step, source_step=source)
-        if policy == "error":
-            raise GroupMismatchError(
-                f"step {step}: the cache{'' if source == step else f' (step {source})'} holds "
-                f"{len(groups)} prompt groups but the batch has {len(prompt_keys)} prompts "
-                "(skip.rollout_tq.on_group_mismatch=error)"
-            )
-        logger.warning("group count mismatch at %s", mismatch.describe())
 
+def _assign(
+    groups: Sequence[Sequence[int]],
+    prompt_keys: Sequence[str],
+    old_tags: Sequence[Mapping[str, Any] | None],
+    n: int,
+    step: int,
+) -> tuple[list[int], list[str], list[dict[str, Any]], list[int], set[int]]:
+    """Prompt ``i`` takes group ``i mod groups``, its ``n`` sessions the group's rows in turn:
+    (rows, new keys, new tags, the group of each prompt, the groups holding fewer than ``n``)."""
     indices: list[int] = []
     keys: list[str] = []
     tags: list[dict[str, Any]] = []
@@ -309,21 +345,4 @@ def remap(
             for name in _STEP_TAGS:
                 tag[name] = step
             tags.append(tag)
-    if short:
-        logger.info(
-            "step %d: %d cached prompt group(s) hold fewer than n=%d trajectories; their trajectories are repeated",
-            step,
-            len(short),
-            n,
-        )
-    prompt_tags = tuple({"is_prompt": True, "status": "finished", "global_steps": step} for _ in prompt_keys)
-    return Remap(
-        indices=tuple(indices),
-        keys=tuple(keys),
-        tags=tuple(tags),
-        prompt_keys=prompt_keys,
-        prompt_tags=prompt_tags,
-        groups=tuple(chosen),
-        mismatch=mismatch,
-        short_groups=len(short),
-    )
+    return indices, keys, tags, chosen, short

@@ -86,13 +86,14 @@ def _floats(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
         import torch
 
-        return value.detach().to(torch.float64).numpy()
+        out: np.ndarray = value.detach().to(torch.float64).numpy()
+        return out
     return np.asarray(value, dtype=np.float64)
 
 
 def _ints(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
-        return value.detach().cpu().numpy().astype(np.int64, copy=False)
+        value = value.detach().cpu().numpy()
     return np.asarray(value).astype(np.int64, copy=False)
 
 

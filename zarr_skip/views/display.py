@@ -1,10 +1,14 @@
 """Text and HTML renderings of caches, steps and columns (for terminals and Jupyter).
 
-A rendering reads metadata only (``zarr.json`` documents and directory listings), except a
-column's, which also reads its first :data:`PREVIEW_ROWS` rows with ``col[:k]`` (only the
-chunks holding them). So showing a cache, a step or a column stays instant on large caches.
-A cache with more than :data:`MAX_STEPS` steps shows its first and last steps around an
-ellipsis row, and reads the status of those steps only.
+``repr()`` of a cache, a step or a column is one line from what the handle holds, with no
+store request (:func:`cache_head`, :func:`step_head`, :func:`column_head`), so a ``%r`` in a
+log line or a debugger pane reads nothing. The listings are for IPython's pretty printer and
+Jupyter (``_repr_pretty_``, ``_repr_html_``): they read metadata only (``zarr.json``
+documents and directory listings), except a column's, which also reads its first
+:data:`PREVIEW_ROWS` rows with ``col[:k]`` (only the chunks holding them). So showing a cache,
+a step or a column stays instant on large caches. A cache with more than :data:`MAX_STEPS`
+steps shows its first and last steps around an ellipsis row, and reads the status of those
+steps only.
 
 HTML uses inline styles only (no scripts, no external assets); every value is escaped.
 """
@@ -18,7 +22,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -54,6 +58,12 @@ _TABLE = "border-collapse:collapse;margin:4px 0;font-size:12px"
 _CELL = "padding:1px 8px"
 _ROW = "border-bottom:1px solid rgba(128,128,128,0.3)"
 _MONO = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+
+
+class PrettyPrinter(Protocol):
+    """What ``_repr_pretty_`` uses of IPython's pretty printer (``IPython.lib.pretty``)."""
+
+    def text(self, obj: str) -> None: ...
 
 
 class _Html(str):
@@ -151,7 +161,8 @@ def _box(title: str, body: str) -> str:
 # -- the cache --------------------------------------------------------------------------------
 
 
-def _cache_head(cache: Cache) -> str:
+def cache_head(cache: Cache) -> str:
+    """``repr(cache)``: its location and experiment, from the handle alone (no store request)."""
     return f"<zarr_skip.Cache {str(cache.location)!r} experiment={cache.experiment!r}>"
 
 
@@ -173,8 +184,8 @@ def _step_row(info: StepInfo, now: float) -> list[Any]:
         info.state,
         f"{info.done}/{info.expected}",
         info.rows,
-        human_bytes(info.nbytes),
-        ratio_text(info.raw_nbytes, info.nbytes),
+        human_bytes(info.nbytes_stored),
+        ratio_text(info.nbytes, info.nbytes_stored),
         age,
     ]
 
@@ -191,14 +202,14 @@ def _totals(total: int, infos: Sequence[StepInfo], shown: bool) -> str:
         return f"{total} steps (showing the first and last {len(infos) // 2 or len(infos)})"
     counts = Counter(i.state for i in infos)
     states = ", ".join(f"{counts[s]} {s}" for s in ("complete", "writing", "abandoned") if counts[s])
-    stored = human_bytes(sum(i.nbytes for i in infos))
+    stored = human_bytes(sum(i.nbytes_stored for i in infos))
     rows = sum(i.rows for i in infos)
     return f"{total} step{'s' if total != 1 else ''}" + (f": {states}; {rows} rows, {stored} stored" if total else "")
 
 
-def cache_repr(cache: Cache) -> str:
+def cache_text(cache: Cache) -> str:
     """A text table of the cache's steps (or of its experiments when none is chosen)."""
-    lines = [_cache_head(cache)]
+    lines = [cache_head(cache)]
     try:
         if cache.experiment is None:
             found = cache.experiments()
@@ -277,9 +288,9 @@ def _column_rows(view: StepView) -> list[list[Any]]:
                 spec.kind,
                 spec.dtype,
                 row_shape(spec),
+                human_bytes(col.nbytes_stored),
                 human_bytes(col.nbytes),
-                human_bytes(col.raw_nbytes),
-                ratio_text(col.raw_nbytes, col.nbytes),
+                ratio_text(col.nbytes, col.nbytes_stored),
             ]
         )
     return out
@@ -289,9 +300,9 @@ _COLUMN_HEADERS = ["column", "kind", "dtype", "row shape", "stored", "raw", "rat
 
 
 def _part_rows(view: StepView) -> list[list[Any]]:
-    parts = view.parts
+    parts = view.minibatch_info
     shown = parts if len(parts) <= MAX_MINIBATCHES else parts[: MAX_MINIBATCHES // 2] + parts[-MAX_MINIBATCHES // 2 :]
-    rows = [[p.index, p.run, p.rows, human_bytes(p.nbytes), human_bytes(p.raw_nbytes)] for p in shown]
+    rows = [[p.index, p.run, p.rows, human_bytes(p.nbytes_stored), human_bytes(p.nbytes)] for p in shown]
     if len(shown) < len(parts):
         rows.insert(MAX_MINIBATCHES // 2, ["…", f"{len(parts) - len(shown)} more", "", "", ""])
     return rows
@@ -299,16 +310,21 @@ def _part_rows(view: StepView) -> list[list[Any]]:
 
 def _step_title(view: StepView) -> str:
     return (
-        f"step {view.step}: {len(view)} rows in {len(view.parts)} mini-batch"
-        f"{'es' if len(view.parts) != 1 else ''}, {human_bytes(view.nbytes)} stored "
-        f"({human_bytes(view.raw_nbytes)} raw, {ratio_text(view.raw_nbytes, view.nbytes)}), "
+        f"step {view.step}: {len(view)} rows in {len(view.minibatch_info)} mini-batch"
+        f"{'es' if len(view.minibatch_info) != 1 else ''}, {human_bytes(view.nbytes_stored)} stored "
+        f"({human_bytes(view.nbytes)} raw, {ratio_text(view.nbytes, view.nbytes_stored)}), "
         f"batch type {view.batch_type}"
     )
 
 
-def step_repr(view: StepView) -> str:
+def step_head(view: StepView) -> str:
+    """``repr(view)``: the step, its rows and mini-batches (no store request)."""
+    return f"<zarr_skip.StepView step={view.step} rows={len(view)} minibatches={len(view.minibatch_info)}>"
+
+
+def step_text(view: StepView) -> str:
     """The step's columns, mini-batches and meta_info as text (metadata only)."""
-    lines = [f"<zarr_skip.StepView step={view.step} rows={len(view)} minibatches={len(view.parts)}>", _step_title(view)]
+    lines = [step_head(view), _step_title(view)]
     lines += ["  " + s for s in _text_table(_COLUMN_HEADERS, _column_rows(view), left=(0, 1, 2, 3))]
     lines.append("mini-batches:")
     lines += ["  " + s for s in _text_table(["index", "run", "rows", "stored", "raw"], _part_rows(view), left=(1,))]
@@ -320,9 +336,9 @@ def step_html(view: StepView) -> str:
     """The step's columns, mini-batches and meta_info as HTML (metadata only)."""
     title = f"<div><b>{_esc(_step_title(view))}</b></div>"
     cols = _table(_COLUMN_HEADERS, _column_rows(view), left=(0, 1, 2, 3))
-    opened = " open" if len(view.parts) <= 8 else ""
+    opened = " open" if len(view.minibatch_info) <= 8 else ""
     parts = (
-        f"<details{opened}><summary>{len(view.parts)} mini-batches</summary>"
+        f"<details{opened}><summary>{len(view.minibatch_info)} mini-batches</summary>"
         + _table(["index", "run", "rows", "stored", "raw"], _part_rows(view), left=(1,))
         + "</details>"
     )
@@ -406,15 +422,20 @@ def _column_title(col: LazyColumn) -> str:
     return (
         f"column {col.name!r} of step {col.step}: {s.kind} {s.dtype}"
         + (f", row shape {shape}" if shape != "-" else "")
-        + f", {len(col)} rows, {human_bytes(col.nbytes)} stored ({human_bytes(col.raw_nbytes)} raw)"
+        + f", {len(col)} rows, {human_bytes(col.nbytes_stored)} stored ({human_bytes(col.nbytes)} raw)"
     )
 
 
-def column_repr(col: LazyColumn) -> str:
+def column_head(col: LazyColumn) -> str:
+    """``repr(col)``: the column's name, step, kind, dtype and rows (no store request)."""
+    s = col.spec
+    return f"<zarr_skip.LazyColumn {col.name!r} step={col.step} kind={s.kind} dtype={s.dtype} rows={len(col)}>"
+
+
+def column_text(col: LazyColumn) -> str:
     """The column's description and its first rows as text."""
     s = col.spec
-    head = f"<zarr_skip.LazyColumn {col.name!r} step={col.step} kind={s.kind} dtype={s.dtype} rows={len(col)}>"
-    lines = [head, _column_title(col)]
+    lines = [column_head(col), _column_title(col)]
     rows, note = preview(col)
     jagged = s.kind in ("nested", "rows", "str")
     for i, (n, text) in enumerate(rows):

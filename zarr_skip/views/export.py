@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FORMATS",
     "SUFFIXES",
+    "ExportFormat",
     "ExportReport",
     "Writer",
     "check_outside",
@@ -52,6 +53,8 @@ SUFFIXES = {
     ".jsonl.gz": ("jsonl", True),
     ".ndjson.gz": ("jsonl", True),
 }
+#: the formats rollouts export to
+ExportFormat = Literal["parquet", "jsonl"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,7 @@ class ExportReport:
     """What an export wrote."""
 
     path: str
-    format: str
+    format: ExportFormat
     steps: tuple[int, ...]
     rows: int
     columns: tuple[str, ...]
@@ -126,7 +129,7 @@ def export_rollouts(
     path: str | os.PathLike[str],
     steps: int | Iterable[int] | None = None,
     *,
-    format: str | None = None,
+    format: ExportFormat | None = None,
     tokenizer: Any = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
@@ -184,7 +187,14 @@ def export_rollouts(
         tmp.unlink(missing_ok=True)
     rows = sum(_rows(t) for t in tables)
     logger.info("exported %d rollouts of %d step(s) to %s", rows, len(chosen), out)
-    return ExportReport(str(out), fmt, tuple(chosen), rows, tuple(columns), None if decoder is None else repr(decoder))
+    return ExportReport(
+        str(out),
+        cast(ExportFormat, fmt),
+        tuple(chosen),
+        rows,
+        tuple(columns),
+        None if decoder is None else repr(decoder),
+    )
 
 
 def _pyarrow() -> Any:

@@ -39,8 +39,8 @@ def _score_mask(scores: np.ndarray, score: Any) -> np.ndarray:
             ok &= scores >= float(lo)
         if hi is not None:
             ok &= scores <= float(hi)
-        return ok
-    return np.isclose(scores, float(score), rtol=1e-6, atol=1e-9)
+        return np.asarray(ok, dtype=bool)
+    return np.asarray(np.isclose(scores, float(score), rtol=1e-6, atol=1e-9), dtype=bool)
 
 
 def _uid_mask(uids: np.ndarray, uid: Any) -> np.ndarray:

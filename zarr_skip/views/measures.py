@@ -32,7 +32,8 @@ def _numpy(value: Any) -> np.ndarray:
         t = value.detach()
         if t.is_complex():
             raise TypeError("complex values cannot be plotted")
-        return t.to(torch.float64).numpy()
+        out: np.ndarray = t.to(torch.float64).numpy()
+        return out
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
@@ -99,7 +100,8 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
     kind = col.spec.kind
     if kind in ("tensor", "ndarray"):
         data = _numpy(col[:]).reshape(len(col), -1)
-        return data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
+        reduced: np.ndarray = data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
+        return reduced
     if kind not in ("nested", "rows"):
         raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
     lengths = col.lengths().astype(np.int64)

@@ -134,7 +134,7 @@ def rollout_columns(
     computed: dict[str, list[Any]] = {
         "experiment": [getattr(view.cache, "experiment", None)] * count,
         "step": [view.step] * count,
-        "minibatch": np.repeat([p.index for p in view.parts], [p.rows for p in view.parts])[idx].tolist(),
+        "minibatch": schema.minibatch_of_rows(view)[idx].tolist(),
         "row": numbers.tolist(),
     }
     computed.update(_text_fields(view, idx, dec, skip_special_tokens))

@@ -40,10 +40,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zarr_skip.errors import ConfigError, ConfigTypeError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from zarr_skip.lazy import StepView
 
 __all__ = [
     "DEFAULT_REDUCTIONS",
@@ -180,3 +184,9 @@ def reduce_rows(values: np.ndarray, lengths: np.ndarray, how: str) -> np.ndarray
     else:
         raise ConfigError(f"reduction {how!r}: expected one of {', '.join(REDUCTIONS)}")
     return out
+
+
+def minibatch_of_rows(view: StepView) -> np.ndarray:
+    """The ``minibatch`` field: the index of the mini-batch each row of ``view`` came from."""
+    info = view.minibatch_info
+    return np.repeat([p.index for p in info], [p.rows for p in info]).astype(np.int64)
