@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from zarr_skip.errors import OutsideCacheError
 from zarr_skip.format.layout import key_problem
@@ -309,6 +309,20 @@ class Tree:
             tmp.unlink(missing_ok=True)
             raise
         return len(data)
+
+    def publish(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+        """Make the file ``key`` with ``write(file)`` (the file open for writing and seeking, in
+        a temp file beside ``key`` that is renamed into place once written: a reader never
+        sees a half-written file, a writer killed midway leaves a ``*.partial``)."""
+        tmp, fd = self._temp(key)
+        try:
+            with open(fd, "w+b") as f:
+                result = write(f)
+            os.replace(tmp, self._file(key))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return result
 
     def write_fresh(self, key: str, data: bytes | Iterable[bytes]) -> int:
         """Write a file in a directory only this writer uses and nobody reads before it says so.

@@ -42,12 +42,17 @@ class ArrayPart:
     first_rows: tuple[int, ...] | None = None
     #: each chunk's crc32c as the record names it (None in records of older writers)
     crcs: tuple[int, ...] | None = None
+    #: of a packed mini-batch (format 4): the key of its data file, and where chunk 0 of
+    #: this array lies in it (its chunks follow back to back)
+    file: str | None = None
+    offset: int = 0
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
     first_key: str = field(init=False, repr=False, compare=False)  # of chunk 0 (or the shard)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "starts", tuple(accumulate(self.sizes, initial=0)))
-        object.__setattr__(self, "first_key", layout.chunk_key(self.path, 0, len(self.shape), self.separator))
+        first = self.file if self.file is not None else layout.chunk_key(self.path, 0, len(self.shape), self.separator)
+        object.__setattr__(self, "first_key", first)
 
     @property
     def rows(self) -> int:
@@ -60,12 +65,15 @@ class ArrayPart:
 
     def key(self, i: int) -> str:
         """The key holding chunk ``i``."""
-        if i == 0 or self.shard:
+        if i == 0 or self.shard or self.file is not None:
             return self.first_key
         return layout.chunk_key(self.path, i, len(self.shape), self.separator)
 
     def span(self, i: int) -> tuple[int, int] | None:
-        """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
+        """Where chunk ``i`` lies in its data file or shard (``(start, length)``), None if it
+        is a file of its own."""
+        if self.file is not None:
+            return (self.offset + self.starts[i], self.sizes[i])
         return (self.starts[i], self.sizes[i]) if self.shard else None
 
     def chunks_of_rows(self, start: int, stop: int) -> range | None:
@@ -80,6 +88,9 @@ class ArrayPart:
     def describe(self, storage: Storage, i: int) -> str:
         """Chunk ``i`` for messages: its file, and its place in the shard."""
         path = storage.key_path(self.key(i))
+        if self.file is not None:
+            start = self.offset + self.starts[i]
+            return f"{self.where}, chunk {i} (bytes {start}..{start + self.sizes[i]} of {path})"
         return f"{self.where}, chunk {i} of shard {path}" if self.shard else f"{self.where}, chunk {path}"
 
     def crc(self, i: int) -> int | None:
@@ -129,6 +140,7 @@ class Part:
         try:
             index = int(doc["index"])
             data = layout.join(path, _contained(doc["data"], "data group", path))
+            packed = doc.get("container") == layout.CONTAINER
             specs = {}
             for name, entry in doc["columns"].items():
                 _contained(name, "column", path, layout.column_name_problem)
@@ -143,7 +155,12 @@ class Part:
                 str(doc.get("batch_type", "mapping")),
                 specs,
                 ColumnArrays(
-                    doc, data, chunks.Compression(**doc["compression"]), where, f"step {step}, mini-batch {index}"
+                    doc,
+                    data,
+                    chunks.Compression(**doc["compression"]),
+                    where,
+                    f"step {step}, mini-batch {index}",
+                    packed,
                 ),
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
@@ -165,10 +182,19 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
     checked (:func:`records.check_column`) and made into :class:`ArrayPart` when the column is
     first used, so reading a few columns of many steps costs those columns alone."""
 
-    __slots__ = ("_built", "_data", "_default", "_doc", "_label", "_where")
+    __slots__ = ("_built", "_data", "_default", "_doc", "_label", "_packed", "_where")
 
-    def __init__(self, doc: Mapping[str, Any], data: str, default: chunks.Compression, where: str, label: str) -> None:
+    def __init__(
+        self,
+        doc: Mapping[str, Any],
+        data: str,
+        default: chunks.Compression,
+        where: str,
+        label: str,
+        packed: bool = False,
+    ) -> None:
         self._doc, self._data, self._default, self._where, self._label = doc, data, default, where, label
+        self._packed = packed  # ``data`` is the key of the mini-batch's data file
         self._built: dict[str, dict[str, ArrayPart]] = {}
 
     def __getitem__(self, name: str) -> dict[str, ArrayPart]:
@@ -206,6 +232,8 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
                     shard=a.get("shard", False) is True,
                     first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
                     crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
+                    file=self._data if self._packed else None,
+                    offset=int(a.get("offset", 0)) if self._packed else 0,
                 )
                 for aname, a in entry["arrays"].items()
             }

@@ -28,7 +28,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -39,9 +39,11 @@ from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
 from zarr_skip.format.state import HOST, owner
+from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.heartbeats import Heartbeat
+from zarr_skip.store.packed import Member
 from zarr_skip.store.storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -104,11 +106,13 @@ def write_part(
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
-        data_path = layout.join(part_path, claim["data"])
+        data_path = layout.join(part_path, claim["data"])  # the data file
         where = f"step {step}, mini-batch {index}"
         try:
             with Heartbeat(storage, record_key, claim, max(lease / 4, 0.05), _holds):
-                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, jobs)
+                here = records.Place(experiment, step).to_json()
+                place = dict(here, run=ctx.run, index=index, writer=ctx.writer)
+                manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, place)
             _check_owner(storage, step_path, ctx, where)
             if not _holds(storage, record_key, claim):
                 # two writers both "won" the exclusive create (seen on shared FUSE mounts);
@@ -128,6 +132,8 @@ def write_part(
                 meta_info=batch.meta_info,
                 compression=compression.to_json(),
                 columns=manifest,
+                container=layout.CONTAINER,
+                data_nbytes=size,
             )
             done["checksum"] = layout.doc_checksum(done)
             storage.set(record_key, group_doc({layout.PART_ATTR: done}))
@@ -236,7 +242,7 @@ def _claim(
             "run": ctx.run,
             "index": index,
             "writer": ctx.writer,
-            "data": f"w-{ctx.writer}",
+            "data": f"w-{ctx.writer}{packed.SUFFIX}",
             "host": HOST,
             "pid": os.getpid(),
             "started": now,
@@ -255,26 +261,31 @@ def _claim(
 
 def _write_arrays(
     storage: Storage,
-    part_path: str,
+    data_key: str,
     batch: EncodedBatch,
     jobs: ChunkJobs,
-) -> tuple[dict[str, Any], int, int]:
-    """Write every array's metadata and chunks concurrently; return the manifest and sizes.
+    place: dict[str, Any],
+) -> tuple[dict[str, Any], int, int, int]:
+    """Write every array's metadata and chunks into the mini-batch's one data file (a ZIP of
+    stored members, :mod:`zarr_skip.store.packed`); return the manifest, the stored and raw
+    bytes of the chunks, and the data file's size.
 
-    The chunks come from ``jobs`` (encoded in the pool since the batch was encoded); an array
-    of several chunks is written as one shard once they are done.
+    The chunks come from ``jobs`` (encoded in the pool since the batch was encoded) and are
+    written as they come; an array of several chunks is one member, a shard. The manifest
+    says where each array's chunk 0 lies in the file (``offset``): its chunks follow back to
+    back (``sizes``).
     """
     manifest: dict[str, Any] = {}
-    docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
-    items: list[tuple[str, Callable[[], Any]]] = []
+    members = [Member(layout.METADATA, partial(group_doc, {layout.DATA_ATTR: place}))]
+    chunk_members: list[tuple[str, dict[str, Any]]] = []  # (member, its manifest entry)
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
         multi = len(col.arrays) > 1
         if multi:
-            docs[layout.meta_key(layout.join(part_path, col.spec.name))] = group_doc()
+            members.append(Member(layout.meta_key(col.spec.name), group_doc))
         for aname, arr in col.arrays.items():
-            apath = layout.join(part_path, col.spec.name, aname if multi else "")
+            apath = layout.join(col.spec.name, aname) if multi else col.spec.name
             taken = jobs.take(col.spec.name, aname, arr)
             per, codec, count = taken.per, taken.codec, len(taken.jobs)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
@@ -289,13 +300,11 @@ def _write_arrays(
                 dimension_names=about.dimension_names,
                 attributes=about.attributes,
             )
-            docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
-            key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+            doc = json.dumps(meta, separators=(",", ":")).encode()
+            members.append(Member(layout.meta_key(apath), partial(bytes, doc)))
             sizes: list[int] = []  # filled as the chunks are written
             crcs: list[int] = []  # their crc32c: a reader trusts a chunk only if it is this one
-            if count:
-                items.append((key, partial(_take, taken.jobs, sizes, crcs, count > 1)))
-            entry["arrays"][aname] = {
+            array = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
                 "chunk": per,
@@ -306,19 +315,25 @@ def _write_arrays(
                 "sizes": sizes,
                 "crc32c": crcs,
             }
+            if count:
+                key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+                members.append(Member(key, partial(_take, taken.jobs, sizes, crcs, count > 1), int(arr.nbytes)))
+                chunk_members.append((key, array))
+            entry["arrays"][aname] = array
             if aname == "values" and count > 1 and "lengths" in col.arrays:
                 lengths = col.arrays["lengths"]
                 first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
-                entry["arrays"][aname]["first_rows"] = first
+                array["first_rows"] = first
         manifest[col.spec.name] = entry
-    items = [(k, lambda d=d: d) for k, d in docs.items()] + items
-    storage.put_many(items, fresh=True)
+    spans, size = storage.publish_zip(data_key, members)
+    for key, array in chunk_members:
+        array["offset"] = spans[key][0]
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
             nbytes += sum(arr["sizes"])
             raw += arr["raw"]
-    return manifest, nbytes, raw
+    return manifest, nbytes, raw, size
 
 
 def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | Iterator[bytes]:
@@ -385,8 +400,11 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
 
 
 def _discard(storage: Storage, part_path: str) -> None:
+    """Remove a mini-batch directory or data file (what of it is there)."""
     try:
         storage.delete_prefix(part_path)
+        if part_path.endswith(packed.SUFFIX):
+            storage.delete(part_path)
     except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
         logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
 
