@@ -82,6 +82,59 @@ def zarr_array(root: Path, array: Any) -> Any:
     return zarr.open_array(zipped, path=array.path[len(array.file) + 1 :], mode="r")
 
 
+class ChunkRegion:
+    """The bytes of one array's chunk member (a chunk, or a shard with its index) inside a
+    packed mini-batch's data file, handled like the chunk file it was in format 3: reading and
+    overwriting it in place (a shorter value truncates the data file there), unlinking it
+    (the data file goes), its path (the data file's, as error messages name it)."""
+
+    def __init__(self, file: Path, offset: int, length: int) -> None:
+        self.file, self.offset, self.length = file, offset, length
+
+    def __fspath__(self) -> str:
+        return str(self.file)
+
+    def __str__(self) -> str:
+        return str(self.file)
+
+    def read_bytes(self) -> bytes:
+        with open(self.file, "rb") as f:
+            f.seek(self.offset)
+            return f.read(self.length)
+
+    def write_bytes(self, data: bytes) -> None:
+        assert len(data) <= self.length, "a chunk cannot grow inside its data file"
+        with open(self.file, "r+b") as f:
+            f.seek(self.offset)
+            f.write(data)
+            if len(data) < self.length:
+                f.truncate(self.offset + len(data))
+
+    def unlink(self) -> None:
+        self.file.unlink()
+
+
+def chunk_region(part_dir: Path, column: str) -> ChunkRegion:
+    """The chunk member of ``column`` (``name`` or ``name/values``) of the packed mini-batch
+    whose directory is ``part_dir`` (its record names the data file)."""
+    import json
+
+    from zarr_skip.format import layout
+
+    record = json.loads((part_dir / "zarr.json").read_text())["attributes"][layout.PART_ATTR]
+    file = part_dir / record["data"]
+    found = members_of_file(file)
+    (name,) = [n for n in found if n.rpartition("/")[0] == column and n.rpartition("/")[2].startswith("c.")]
+    return ChunkRegion(file, *found[name])
+
+
+def members_of_file(file: Path) -> dict[str, tuple[int, int]]:
+    """``(offset, length)`` of every member of a packed data file."""
+    from zarr_skip.store.packed import members_of
+
+    return members_of(file.read_bytes())
+
+
 def unpack_to_tree(root: Path) -> int:
     """Rewrite every packed mini-batch below ``root`` the way format 3 laid it out: its data
     file's members as files of a data group directory (``w-{writer}/``), the record without

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CountingStore, assert_equal, concat, make_batch
+from conftest import ChunkRegion, CountingStore, assert_equal, chunk_region, concat, make_batch, members_of_file
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout, records
@@ -44,11 +44,23 @@ def _record_path(root: Path, step: int, index: int) -> Path:
     return _run_dir(root, step) / str(index) / "zarr.json"
 
 
-def _chunk(root: Path, step: int, index: int, column: str) -> Path:
+def _chunk(root: Path, step: int, index: int, column: str) -> ChunkRegion:
+    """The chunk member of ``column`` in mini-batch ``index``'s data file."""
+    return chunk_region(_run_dir(root, step) / str(index), column)
+
+
+def _swap_bytes(a: ChunkRegion, b: ChunkRegion) -> None:
+    """Swap two chunk members of one size between (or within) data files."""
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+
+
+def _member(root: Path, step: int, index: int, name: str) -> ChunkRegion:
+    """Member ``name`` (e.g. ``input_ids/zarr.json``) of mini-batch ``index``'s data file."""
     part = _run_dir(root, step) / str(index)
-    (data,) = [d for d in part.iterdir() if d.is_dir()]
-    (chunk,) = (data / column).glob("c.*")
-    return chunk
+    file = part / json.loads((part / "zarr.json").read_text())["attributes"][layout.PART_ATTR]["data"]
+    return ChunkRegion(file, *members_of_file(file)[name])
 
 
 def _edit(path: Path, attr: str, fn: Any) -> None:
@@ -83,8 +95,8 @@ def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> 
 def test_swapped_same_size_chunks_are_a_checksum_error(three: Any, other: tuple[int, int]) -> None:
     root, _ = three
     a, b = _chunk(root, 1, 0, "input_ids"), _chunk(root, *other, "input_ids")
-    assert a.stat().st_size == b.stat().st_size and a.read_bytes() != b.read_bytes()
-    _swap(a, b)
+    assert a.length == b.length and a.read_bytes() != b.read_bytes()
+    _swap_bytes(a, b)
     cache = zs.open_cache(root)
     with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{a}.*another chunk"):
         cache.load(1)["input_ids"][:]
@@ -198,14 +210,14 @@ def test_a_step_summary_is_checked_against_its_records(three: Any) -> None:
 def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage: str) -> None:
     """zarr_skip reads chunks by its records; a plain zarr reader by the arrays' zarr.json."""
     root, written = three
-    a = _chunk(root, 1, 0, "input_ids").parent / "zarr.json"
-    b = _chunk(root, 1, 0, "scores").parent / "zarr.json"
-    if damage == "swapped":
-        da, db = a.read_bytes(), b.read_bytes()
-        a.write_bytes(db)
-        b.write_bytes(da)
+    a = _member(root, 1, 0, "input_ids/zarr.json")
+    doc = a.read_bytes()
+    if damage == "swapped":  # another array's document: another stored dtype, the same length
+        theirs = doc.replace(b'"data_type":"uint', b'"data_type":"int', 1)
+        assert theirs != doc
+        a.write_bytes(theirs.replace(b"}", b" }", 1))
     else:
-        a.unlink()
+        a.write_bytes(b" " * len(doc))
     cache = zs.open_cache(root)
     assert_equal(cache.load(1).to_dict(), written[1])
     found = {(p.column, p.kind) for p in cache.verify().problems}
@@ -224,11 +236,15 @@ def _forge(root: Path, step: int, index: int, column: str, name: str, forge: Any
     data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
     data[: arr["shape"][0]] = forge(arr["shape"][0])
     blob = chunks.encode(data, chunks.Compression(**arr["codec"]))
-    (path.parent / doc["attributes"][layout.PART_ATTR]["data"] / column / name / "c.0").write_bytes(blob)
+    file = path.parent / doc["attributes"][layout.PART_ATTR]["data"]
+    offset = file.stat().st_size
+    with open(file, "ab") as f:  # the forged chunk after the data file's end, the record moved to it
+        f.write(blob)
 
     def update(rec: dict[str, Any]) -> None:
         rec["nbytes"] += len(blob) - arr["sizes"][0]
-        arr["sizes"], arr["crc32c"] = [len(blob)], [chunks.trailer(blob)]
+        rec["data_nbytes"] = offset + len(blob)
+        arr["sizes"], arr["crc32c"], arr["offset"] = [len(blob)], [chunks.trailer(blob)], offset
 
     update(doc["attributes"][layout.PART_ATTR])
     doc["attributes"][layout.PART_ATTR]["checksum"] = layout.doc_checksum(doc["attributes"][layout.PART_ATTR])
@@ -250,7 +266,8 @@ def test_lengths_that_do_not_add_to_the_stored_values_are_refused(
     for read in (lambda: view[column][:], lambda: view[column][2], lambda: view[column][[1, 4]], view.to_dict):
         with pytest.raises(zs.MetadataError, match=rf"step 1, mini-batch 0, column '{column}'.*lengths add to"):
             read()
-    (problem,) = zs.open_cache(tmp_path).verify().problems
+    problems = zs.open_cache(tmp_path).verify().problems  # and the ZIP's member is not the recorded one
+    (problem,) = [p for p in problems if p.kind != "ChecksumError" or "chunk member" not in p.error]
     assert problem.kind == "MetadataError" and "lengths add to" in problem.error
 
 
@@ -263,7 +280,8 @@ def test_dictionary_codes_outside_the_entries_are_refused(tmp_path: Path, finger
     for read in (lambda: view["uid"][:], lambda: view["uid"][2], lambda: view["uid"].lengths(), view.to_dict):
         with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0, column 'uid'.*codes outside the 3"):
             read()
-    (problem,) = zs.open_cache(tmp_path).verify().problems
+    problems = zs.open_cache(tmp_path).verify().problems
+    (problem,) = [p for p in problems if p.kind != "ChecksumError" or "chunk member" not in p.error]
     assert "codes outside" in problem.error
 
 
