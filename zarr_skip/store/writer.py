@@ -38,9 +38,9 @@ from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteErro
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
-from zarr_skip.format.state import HOST, owner
+from zarr_skip.format.state import HOST, RunRecord, owner
 from zarr_skip.store import packed
-from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
+from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.heartbeats import Heartbeat
 from zarr_skip.store.packed import Member
@@ -143,7 +143,7 @@ def write_part(
             raise
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
-    complete = _maybe_complete(storage, experiment, step, step_path, ctx)
+    complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
     return PartInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
 
 
@@ -191,7 +191,47 @@ def _take_over(
         logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
         storage.delete_prefix(step_path)
         scan = scan_step(storage, experiment, step)
-    storage.create_if_absent(layout.meta_key(step_path), group_doc())
+    if not scan.grouped:  # the first write to the step (each write saves the requests after)
+        storage.create_if_absent(layout.meta_key(step_path), group_doc())
+    mine = next((r for r in scan.runs if r.run == ctx.run), None)
+    if mine is None:
+        scan = _record_run(storage, experiment, step, step_path, ctx, expected, scan)
+        mine = next((r for r in scan.runs if r.run == ctx.run), None)
+    if mine is not None and mine.expected != expected:
+        raise ConfigError(
+            f"expected: step {step} was started by this run with expected={mine.expected}, "
+            f"this write says expected={expected}"
+        )
+    # only recorded, older runs are removed: a directory without a readable record may be a
+    # run being created right now, or a stale view through a shared mount (gc handles debris)
+    stale_runs = [r for r in scan.runs if r.run != ctx.run]
+    for stale in stale_runs:
+        n_parts = sum(1 for p in scan.parts if p.run == stale.run)
+        logger.warning(
+            "step %d: discarding %d mini-batch(es) left by run %s at %s",
+            step,
+            n_parts,
+            stale.run,
+            storage.key_path(layout.join(step_path, stale.run)),
+        )
+        storage.delete_prefix(layout.join(step_path, stale.run))
+    if stale_runs:  # what is left of the step: this run's records
+        scan.runs = [r for r in scan.runs if r.run == ctx.run]
+        scan.parts = [p for p in scan.parts if p.run == ctx.run]
+    return scan
+
+
+def _record_run(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    step_path: str,
+    ctx: RunContext,
+    expected: int,
+    scan: StepScan,
+) -> StepScan:
+    """Create this run's record in the step (exclusively); the step scanned again if another
+    writer of the run created it first."""
     record = {
         **records.Place(experiment, step).to_json(),
         "run": ctx.run,
@@ -204,29 +244,10 @@ def _take_over(
     }
     record["checksum"] = layout.doc_checksum(record)
     run_key = layout.meta_key(layout.join(step_path, ctx.run))
-    if not storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
-        scan = scan_step(storage, experiment, step)
-    mine = next((r for r in scan.runs if r.run == ctx.run), None)
-    if mine is not None and mine.expected != expected:
-        raise ConfigError(
-            f"expected: step {step} was started by this run with expected={mine.expected}, "
-            f"this write says expected={expected}"
-        )
-    # only recorded, older runs are removed: a directory without a readable record may be a
-    # run being created right now, or a stale view through a shared mount (gc handles debris)
-    for stale in [r for r in scan.runs if r.run != ctx.run]:
-        n_parts = sum(1 for p in scan.parts if p.run == stale.run)
-        logger.warning(
-            "step %d: discarding %d mini-batch(es) left by run %s at %s",
-            step,
-            n_parts,
-            stale.run,
-            storage.key_path(layout.join(step_path, stale.run)),
-        )
-        storage.delete_prefix(layout.join(step_path, stale.run))
-    if mine is None:
-        scan = scan_step(storage, experiment, step)
-    return scan
+    if storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
+        scan.runs.append(RunRecord.from_json(record))
+        return scan
+    return scan_step(storage, experiment, step)
 
 
 def _claim(
@@ -360,23 +381,37 @@ def _shard_pieces(jobs: deque[Future[bytes]], sizes: list[int], crcs: list[int])
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
     """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
+    newer = _newer_run(storage, step_path, ctx)
+    if newer == "":
+        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+    if newer is not None:
+        raise DisplacedWriterError(f"{where}: run {newer} took the step over while this run ({ctx.run}) was writing")
+
+
+def _newer_run(storage: Storage, step_path: str, ctx: RunContext) -> str | None:
+    """A run recorded in the step that started after this one (``""`` when this run's own
+    record is gone), or None."""
     names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
     if ctx.run not in names:
-        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+        return ""
     others = [n for n in names if n != ctx.run]
     blobs = storage.get_many([layout.meta_key(layout.join(step_path, n)) for n in others])
     for name, blob in zip(others, blobs, strict=True):
         rec = run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
         if rec is not None and (rec.started, rec.run) > (ctx.started, ctx.run):
-            raise DisplacedWriterError(
-                f"{where}: run {rec.run} took the step over while this run ({ctx.run}) was writing"
-            )
+            return rec.run
+    return None
 
 
-def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext) -> bool:
-    scan = scan_step(storage, experiment, step)
-    info = scan.info(time.time(), 0.0)
-    if not info.complete or info.run != ctx.run:
+def _maybe_complete(
+    storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext, expected: int
+) -> bool:
+    """Whether this write completed the step (and this writer is the one to say so).
+
+    The run's mini-batch records are read by their keys, without listing the step; only when
+    all are complete is the step listed for a newer run (which would own it instead)."""
+    parts = own_parts(storage, experiment, step, ctx.run, expected)
+    if parts is None or _newer_run(storage, step_path, ctx) is not None:  # or this run's record gone
         return False
     # every writer that sees the step complete gets here; the one whose exclusive create of
     # the completion group stands is told so (and writes the summary), the others are not
@@ -386,16 +421,16 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
         return False
     summary = {
         **records.Place(experiment, step).to_json(),
-        "run": info.run,
-        "expected": info.expected,
-        "rows": info.rows,
-        "nbytes": info.nbytes,
-        "raw_nbytes": info.raw_nbytes,
-        "completed": max(p.doc.get("completed", 0.0) for p in scan.parts if p.run == info.run),
+        "run": ctx.run,
+        "expected": expected,
+        "rows": sum(p.rows for p in parts),
+        "nbytes": sum(p.nbytes for p in parts),
+        "raw_nbytes": sum(p.raw_nbytes for p in parts),
+        "completed": max(p.doc.get("completed", 0.0) for p in parts),
     }
     summary["checksum"] = layout.doc_checksum(summary)
     storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
-    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, info.expected, info.rows, info.run)
+    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, summary["rows"], ctx.run)
     return True
 
 
