@@ -393,18 +393,23 @@ def read_index(
         return out
     starts = np.cumsum([0] + [a.rows for a in parts])
     which = np.searchsorted(starts, idx, side="right") - 1
+    # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
+    # few hundred thousand values of a few rows group in one pass, not one per chunk
+    firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
+    per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
+    local = idx - starts[which]
+    glob = firsts[which] + local // per[which]
+    order = np.argsort(glob, kind="stable")
+    grouped = glob[order]
+    cuts = np.flatnonzero(np.diff(grouped)) + 1
     jobs = []
-    for p in np.unique(which):
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
+        sel = order[lo:hi]
+        p = int(which[sel[0]])
         a = parts[p]
-        if not a.sizes:
-            continue
-        sel = np.flatnonzero(which == p)
-        local = idx[sel] - starts[p]
-        chunk_of = local // a.chunk
-        for c in np.unique(chunk_of):
-            mine = chunk_of == c
-            n = min(a.chunk, a.rows - int(c) * a.chunk)
-            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine], out))
+        c = int(grouped[lo] - firsts[p])
+        n = min(a.chunk, a.rows - c * a.chunk)
+        jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
     _decode_jobs(storage, jobs, fetched=fetched)
     return out
 
@@ -449,39 +454,76 @@ def _decode_jobs(
             chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
             out[dst] = tmp[src]
 
-    def apply(job: tuple[Any, ...], blob: bytes | None) -> None:
-        if len(job) == 2:  # fetched ahead: a later call decodes it
-            fetched[job[0].path, job[1]] = blob
-        else:
-            decode(job, blob)
-
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
-    todo = [job for job in jobs if (job[0].path, job[1]) not in fetched]
+    todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
+    work: list[tuple[tuple[Any, ...], Any]] = []
+    for job, blob in zip(todo, fetch_chunks(storage, todo), strict=True):
+        if len(job) == 2:  # fetched ahead: a later call decodes it
+            fetched[job[0].path, job[1]] = blob
+        else:
+            work.append((job, blob))
+    work += [(job, fetched[job[0].path, job[1]]) for job in ready]
     # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
-    # they are decoded here, the large ones in the pool
-    for serial in (False, True):
-        group = [job for job in todo if _small(job) is serial]
-        if group:
-            storage.map_get(group, _key, apply, _span, serial=serial)
-    late = [job for job in ready if not _small(job)]
-    if late:
-        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), late)
-    for job in ready:
-        if _small(job):
-            decode(job, fetched[job[0].path, job[1]])
+    # a few are decoded here, many in the pool (which takes them in shares, not one by one)
+    if sum(job[0].chunk_bytes for job, _ in work) <= PARALLEL_DECODE_BYTES:
+        for job, blob in work:
+            decode(job, blob)
+    else:
+        storage.parallel(lambda item: decode(*item), work)
 
 
-def _small(job: tuple[Any, ...]) -> bool:
-    return bool(job[0].chunk_bytes <= SMALL_CHUNK_BYTES)
+#: the most bytes a read decodes in the calling thread (more go to the pool)
+PARALLEL_DECODE_BYTES = 256 << 10
+#: the most bytes fetched by one ranged read of adjacent chunks
+MAX_RUN_BYTES = 8 << 20
 
 
-def _key(job: tuple[Any, ...]) -> str:
-    return str(job[0].key(job[1]))
+@dataclass(slots=True)
+class _Run:
+    """One read: ``length`` bytes of ``key`` from ``start`` (the whole key when ``whole``),
+    holding items ``(index, offset in the run, size)``."""
+
+    key: str
+    start: int
+    length: int
+    items: list[tuple[int, int, int]]
+    whole: bool = False
 
 
-def _span(job: tuple[Any, ...]) -> tuple[int, int] | None:
-    span: tuple[int, int] | None = job[0].span(job[1])
-    return span
+def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The stored bytes of chunk ``item[1]`` of array ``item[0]`` for each item (None where
+    absent; fewer bytes where the file is cut short): chunks lying back to back in one file
+    are fetched together, one ranged read (a ``pread``, or a ranged GET) per run of them."""
+    runs: list[_Run] = []
+    spans: dict[str, list[tuple[int, int, int]]] = {}
+    for n, item in enumerate(items):
+        a, c = item[0], item[1]
+        span = a.span(c)
+        if span is None:
+            runs.append(_Run(a.key(c), 0, 0, [(n, 0, -1)], whole=True))
+        else:
+            spans.setdefault(a.key(c), []).append((span[0], span[1], n))
+    for key, found in spans.items():
+        found.sort()
+        last: _Run | None = None
+        for start, length, n in found:
+            if last is not None and last.start + last.length == start and last.length < MAX_RUN_BYTES:
+                last.items.append((n, last.length, length))
+                last.length += length
+            else:
+                last = _Run(key, start, length, [(n, 0, length)])
+                runs.append(last)
+    out: list[Any] = [None] * len(items)
+    if not runs:
+        return out
+    blobs = storage.map_get(
+        runs, lambda r: r.key, lambda r, blob: blob, lambda r: None if r.whole else (r.start, r.length)
+    )
+    for run, blob in zip(runs, blobs, strict=True):
+        view = None if blob is None else memoryview(blob)
+        for n, at, size in run.items:
+            out[n] = None if view is None else (blob if size < 0 else view[at : at + size])
+    return out
