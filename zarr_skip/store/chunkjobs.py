@@ -121,7 +121,7 @@ class ChunkJobs:
         self._tails.clear()
 
     def _target(self, name: str, arr: StoredArray) -> int:
-        return chunks.chunk_target(name, self._compression.for_dtype(arr.dtype), self._chunk_bytes)
+        return chunks.chunk_target(name, self._compression.for_dtype(arr.dtype), arr.dtype, self._chunk_bytes)
 
     def _start(self, arr: StoredArray, name: str) -> ArrayChunks:
         per, rows, codec = chunking(arr, self._compression, self._target(name, arr))
