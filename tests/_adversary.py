@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from helpers import FINGERPRINT, assert_equal, concat, make_batch
+from helpers import FINGERPRINT, ChunkRegion, assert_equal, concat, make_batch, members_of_file
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout
@@ -168,22 +168,33 @@ def _swap_files(a: Path, b: Path) -> None:
     b.write_bytes(da)
 
 
+def _chunk_members(root: Path) -> list[ChunkRegion]:
+    """Every chunk member (a chunk, or a shard) of every packed data file below ``root``."""
+    out = []
+    for file in _files(root, lambda p: p.suffix == ".zip"):
+        out += [ChunkRegion(file, *span) for name, span in members_of_file(file).items() if _chunk(Path(name))]
+    return out
+
+
 def swap_chunks(rng: random.Random, root: Path) -> str | None:
-    """Two chunk files of equal size when there are such (the hard case), else any two."""
-    files = _files(root, _chunk)
-    by_size: dict[int, list[Path]] = {}
-    for f in files:
-        by_size.setdefault(f.stat().st_size, []).append(f)
-    pairs = [v for v in by_size.values() if len(v) > 1 and len({f.read_bytes() for f in v}) > 1]
+    """Two chunks of equal size when there are such (the hard case), else two data files."""
+    regions = _chunk_members(root)
+    by_size: dict[int, list[ChunkRegion]] = {}
+    for r in regions:
+        by_size.setdefault(r.length, []).append(r)
+    pairs = [v for v in by_size.values() if len(v) > 1 and len({r.read_bytes() for r in v}) > 1]
     if pairs and rng.random() < 0.8:
         group = rng.choice(pairs)
         a, b = rng.sample(group, 2)
         while a.read_bytes() == b.read_bytes():
             a, b = rng.sample(group, 2)
-    else:
-        a, b = rng.sample(files, 2)
-    _swap_files(a, b)
-    return f"swap chunks {a.relative_to(root)} and {b.relative_to(root)}"
+        da, db = a.read_bytes(), b.read_bytes()
+        a.write_bytes(db)
+        b.write_bytes(da)
+        return f"swap chunks at {a.offset} of {a.file.relative_to(root)} and {b.offset} of {b.file.relative_to(root)}"
+    x, y = rng.sample(_files(root, lambda p: p.suffix == ".zip"), 2)
+    _swap_files(x, y)
+    return f"swap data files {x.relative_to(root)} and {y.relative_to(root)}"
 
 
 def swap_records(rng: random.Random, root: Path) -> str:
@@ -201,7 +212,7 @@ def _swap_dirs(a: Path, b: Path) -> None:
 
 
 def swap_dirs(rng: random.Random, root: Path) -> str:
-    """Two step directories, two mini-batch directories, or two writers' data groups."""
+    """Two step directories, two mini-batch directories, or two mini-batches' data files."""
     kind = rng.choice(["step", "mini-batch", "data group"])
     parts = [p.parent for p in _files(root, lambda p: _attr(p, f'"{layout.PART_ATTR}"'))]
     if kind == "step":
@@ -209,7 +220,7 @@ def swap_dirs(rng: random.Random, root: Path) -> str:
     elif kind == "mini-batch":
         dirs = parts
     else:
-        dirs = [d for p in parts for d in p.iterdir() if d.is_dir()]
+        dirs = [d for p in parts for d in p.iterdir() if d.suffix == ".zip"]
     a, b = rng.sample(dirs, 2)
     _swap_dirs(a, b)
     return f"swap {kind} directories {a.relative_to(root)} and {b.relative_to(root)}"
@@ -288,7 +299,7 @@ def forge_lengths(rng: random.Random, root: Path) -> str:
     arrays = rec["columns"][name]["arrays"]
     which = "codes" if "codes" in arrays and rng.random() < 0.4 else "lengths"
     arr = arrays[which]
-    (chunk_file,) = (path.parent / rec["data"] / name / which).glob("c.*")
+    data_file = path.parent / rec["data"]
     codec = chunks.Compression(**arr["codec"])
     data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
     if which == "codes":  # one row pointing past the entries
@@ -298,9 +309,13 @@ def forge_lengths(rng: random.Random, root: Path) -> str:
         data[: arr["shape"][0]] = rng.choice([0, 1, 3, 200])
         what = f"all {int(data[0])}"
     blob = chunks.encode(data, codec)
-    chunk_file.write_bytes(blob)
+    offset = data_file.stat().st_size
+    with open(data_file, "ab") as f:  # after the data file's end, the record moved to it
+        f.write(blob)
     rec["nbytes"] += len(blob) - arr["sizes"][0]
+    rec["data_nbytes"] = offset + len(blob)
     arr["sizes"], arr["crc32c"] = [len(blob)], [int.from_bytes(blob[-4:], "little")]
+    arr["offset"] = offset
     _rewrite(path, doc, layout.PART_ATTR)
     return f"forge the {which} of {name} in {path.relative_to(root)} ({what})"
 

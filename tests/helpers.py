@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,22 @@ from zarr.storage import MemoryStore
 
 import zarr_skip as zs
 
-__all__ = ["FINGERPRINT", "CountingStore", "Keys", "assert_equal", "concat", "make_batch", "write_sharded"]
+__all__ = [
+    "FINGERPRINT",
+    "ChunkRegion",
+    "CountingStore",
+    "Keys",
+    "assert_equal",
+    "chunk_region",
+    "concat",
+    "make_batch",
+    "members",
+    "members_of_file",
+    "stored_bytes",
+    "unpack_to_tree",
+    "write_sharded",
+    "zarr_array",
+]
 
 FINGERPRINT = {
     "experiment_name": "exp",
@@ -39,8 +55,17 @@ class CountingStore(MemoryStore):
         self.bytes_read: Counter[str] = Counter()
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: Any = None) -> Any:
-        self.reads[key] += 1
         buf = await super().get(key, prototype, byte_range)
+        if key.endswith(".zip") and buf is not None and members(self, key):  # a data file: count what it holds
+            start = 0 if byte_range is None else byte_range.start
+            end = start + len(buf)
+            for name, (offset, length) in members(self, key).items():
+                overlap = min(end, offset + length) - max(start, offset)
+                if overlap > 0 or (length == 0 and start <= offset < end):
+                    self.reads[f"{key}/{name}"] += 1
+                    self.bytes_read[f"{key}/{name}"] += max(0, overlap)
+            return buf
+        self.reads[key] += 1
         self.bytes_read[key] += 0 if buf is None else len(buf)
         return buf
 
@@ -49,6 +74,126 @@ class CountingStore(MemoryStore):
         other.reads = self.reads
         other.bytes_read = self.bytes_read
         return other
+
+
+def members(store: MemoryStore, key: str) -> dict[str, tuple[int, int]]:
+    """``(offset, length)`` of every member of the packed data file at ``key`` of ``store``."""
+    import zipfile
+
+    from zarr_skip.store.packed import members_of
+
+    try:
+        return members_of(store._store_dict[key].to_bytes())
+    except (zipfile.BadZipFile, ValueError):  # damaged on purpose: counted as one key
+        return {}
+
+
+def zarr_array(root: Path, array: Any) -> Any:
+    """The zarr array of a stored array (:class:`zarr_skip.store.reads.ArrayPart`), opened with
+    plain zarr: from its mini-batch's data file (a ZIP, format 4) or its own directory."""
+    import zarr
+
+    if array.file is None:
+        return zarr.open_array(str(root / array.path), mode="r")
+    zipped = zarr.storage.ZipStore(root / array.file, mode="r")
+    return zarr.open_array(zipped, path=array.path[len(array.file) + 1 :], mode="r")
+
+
+class ChunkRegion:
+    """The bytes of one array's chunk member (a chunk, or a shard with its index) inside a
+    packed mini-batch's data file, handled like the chunk file it was in format 3: reading and
+    overwriting it in place (a shorter value truncates the data file there), unlinking it
+    (the data file goes), its path (the data file's, as error messages name it)."""
+
+    def __init__(self, file: Path, offset: int, length: int) -> None:
+        self.file, self.offset, self.length = file, offset, length
+
+    def __fspath__(self) -> str:
+        return str(self.file)
+
+    def __str__(self) -> str:
+        return str(self.file)
+
+    def read_bytes(self) -> bytes:
+        with open(self.file, "rb") as f:
+            f.seek(self.offset)
+            return f.read(self.length)
+
+    def write_bytes(self, data: bytes) -> None:
+        assert len(data) <= self.length, "a chunk cannot grow inside its data file"
+        with open(self.file, "r+b") as f:
+            f.seek(self.offset)
+            f.write(data)
+            if len(data) < self.length:
+                f.truncate(self.offset + len(data))
+
+    def unlink(self) -> None:
+        self.file.unlink()
+
+
+def chunk_region(part_dir: Path, column: str) -> ChunkRegion:
+    """The chunk member of ``column`` (``name`` or ``name/values``) of the packed mini-batch
+    whose directory is ``part_dir`` (its record names the data file)."""
+    import json
+
+    from zarr_skip.format import layout
+
+    record = json.loads((part_dir / "zarr.json").read_text())["attributes"][layout.PART_ATTR]
+    file = part_dir / record["data"]
+    found = members_of_file(file)
+    (name,) = [n for n in found if n.rpartition("/")[0] == column and n.rpartition("/")[2].startswith("c.")]
+    return ChunkRegion(file, *found[name])
+
+
+def members_of_file(file: Path) -> dict[str, tuple[int, int]]:
+    """``(offset, length)`` of every member of a packed data file."""
+    from zarr_skip.store.packed import members_of
+
+    return members_of(file.read_bytes())
+
+
+def unpack_to_tree(root: Path) -> int:
+    """Rewrite every packed mini-batch below ``root`` the way format 3 laid it out: its data
+    file's members as files of a data group directory (``w-{writer}/``), the record without
+    ``container``, ``data_nbytes`` and offsets (re-checksummed). Returns the mini-batches
+    unpacked."""
+    import json
+    import zipfile
+
+    from zarr_skip.format import layout
+
+    done = 0
+    for meta in sorted(root.rglob("zarr.json")):
+        doc = json.loads(meta.read_text())
+        part = doc.get("attributes", {}).get(layout.PART_ATTR)
+        if not part or part.get("container") != "zip":
+            continue
+        data = meta.parent / part["data"]
+        tree = data.with_name(data.name.removesuffix(".zip"))
+        with zipfile.ZipFile(data) as zf:
+            zf.extractall(tree)
+        data.unlink()
+        part["data"] = tree.name
+        del part["container"], part["data_nbytes"]
+        for column in part["columns"].values():
+            for array in column["arrays"].values():
+                array.pop("offset", None)
+        part["checksum"] = layout.doc_checksum(part)
+        meta.write_text(json.dumps(doc))
+        done += 1
+    return done
+
+
+def stored_bytes(store: MemoryStore, part: str) -> int:
+    """Bytes stored under keys holding ``part``, members of packed data files included (as
+    ``{data file}/{member}``)."""
+    total = 0
+    for key, value in store._store_dict.items():
+        if key.endswith(".zip"):
+            total += sum(n for name, (_, n) in members(store, key).items() if part in f"{key}/{name}")
+        elif part in key:
+            total += len(value)
+    return total
 
 
 def make_batch(rows: int = 6, seed: int = 0, *, offset: int = 0) -> dict[str, Any]:

@@ -92,7 +92,7 @@ def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path, mo
     cache = zs.open_cache(str(tmp_path / "c"), fingerprint={"job": "f"})
     cache.write(1, as_mapping(jagged_payload("small", 0, step=1, payload="realistic")))
     step = [p for p in (tmp_path / "c").rglob("*") if "/1/" in str(p.relative_to(tmp_path))]
-    assert r["files"] >= sum(p.is_file() for p in step) > 10
+    assert r["files"] >= sum(p.is_file() for p in step) >= 5  # a packed step: 5 files
     assert 1 <= r["speedup"] <= r["cores"] and r["achievable_vs_dump"] >= r["ideal_vs_dump"]
     assert "cannot avoid" in (tmp_path / "write_floor_small.md").read_text()
     assert not list(tmp_path.glob(".write-floor-*"))  # its work directory is gone

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from helpers import assert_equal, concat, make_batch
+from helpers import assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
 import zarr_skip as zs
 from zarr_skip.format import layout
@@ -64,6 +64,7 @@ def _as_zarr_skip_0_1_wrote_it(root: Path) -> int:
     keys ``c/0`` (not ``c.0``), the last chunk of an array cut at the array's end (not padded to
     the chunk shape) and no ``separator`` in the manifest (its records re-checksummed).
     Returns the chunks moved."""
+    assert unpack_to_tree(root)  # written packed (format 4): first as format 3 laid it out
     moved = cut = 0
     # records first (splitting shards and cutting chunks at c.N keys), then arrays (moving keys)
     for meta in sorted(root.rglob("zarr.json"), key=lambda m: json.loads(m.read_text()).get("node_type") == "array"):
@@ -126,7 +127,7 @@ def test_a_cache_in_the_0_1_layout_still_loads(tmp_path: Path, fingerprint: dict
     assert _root_version(tmp_path) == 1
     more = make_batch(4, seed=7)
     reopened.write(3, more)
-    assert _root_version(tmp_path) == layout.FORMAT_VERSION == 3
+    assert _root_version(tmp_path) == layout.FORMAT_VERSION == 4
     assert_equal(reopened.load(3).to_dict(), more)
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(2).to_dict(), concat(parts))
 
@@ -149,7 +150,7 @@ def test_auto_compression_by_width(tmp_path: Path, fingerprint: dict) -> None:
     assert arrays["old_log_probs"]["data"].compression == wide
     assert arrays["attention_mask"]["data"].compression == Compression("zstd", 1)  # narrowed to u1
     # zarr decodes what the blosc-zstd chain declares
-    array = zarr.open_group(str(tmp_path), mode="r")[arrays["old_log_probs"]["data"].path]
+    array = zarr_array(tmp_path, arrays["old_log_probs"]["data"])
     assert array.metadata.codecs[1].to_dict()["configuration"]["blocksize"] == AUTO_BLOCK_BYTES
     assert np.array_equal(array[:], batch["old_log_probs"].numpy())
 

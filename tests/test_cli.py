@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import FINGERPRINT, make_batch
+from helpers import FINGERPRINT, ChunkRegion, chunk_region, make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli._context import UsageError, parse_steps, parse_storage_options
@@ -97,18 +97,13 @@ def states(loc: str, experiment: str = EXP) -> dict[int, str]:
     return {i.step: i.state for i in zs.open_cache(loc, experiment=experiment).status()}
 
 
-def chunk_file(loc: str, step: int, column: str) -> Path:
-    """The one chunk of ``column`` in mini-batch 0 of ``step`` (``{step}/{run}/0/.../{column}/c.0``)."""
-    base = Path(loc, EXP, str(step))
-    (path,) = [
-        p
-        for p in base.rglob("*")
-        if p.is_file() and p.relative_to(base).parts[1:2] == ("0",) and f"/{column}/c." in p.as_posix()
-    ]
-    return path
+def chunk_file(loc: str, step: int, column: str) -> ChunkRegion:
+    """The one chunk of ``column`` in mini-batch 0 of ``step``, inside its data file."""
+    (part,) = [p for p in Path(loc, EXP, str(step)).glob("*/0") if p.is_dir()]
+    return chunk_region(part, column)
 
 
-def flip_byte(path: Path) -> None:
+def flip_byte(path: ChunkRegion) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_equal, make_batch
+from helpers import assert_equal, make_batch, unpack_to_tree
 
 import zarr_skip as zs
 from zarr_skip.format.describe import ARRAY_ATTR
@@ -39,11 +40,17 @@ def written(tmp_path: Path, fingerprint: dict[str, Any]) -> tuple[Path, dict[str
 
 
 def _array_docs(root: Path) -> dict[str, dict[str, Any]]:
+    """Every array document, of the packed data files' members and of files."""
     docs = {}
     for meta in root.rglob("zarr.json"):
         doc = json.loads(meta.read_text())
         if doc["node_type"] == "array":
             docs[str(meta.parent.relative_to(root))] = doc
+    for file in root.rglob("*.zip"):
+        with zipfile.ZipFile(file) as zf:
+            for name in zf.namelist():
+                if name.endswith("zarr.json") and (doc := json.loads(zf.read(name)))["node_type"] == "array":
+                    docs[f"{file.relative_to(root)}/{name.rpartition('/')[0]}"] = doc
     return docs
 
 
@@ -100,6 +107,7 @@ def test_the_xarray_recipe_of_the_format_doc_opens_a_minibatch(written: tuple[Pa
 
 def test_caches_without_self_description_still_read(written: tuple[Path, dict[str, Any]]) -> None:
     root, batch = written
+    assert unpack_to_tree(root)  # as format 3 laid it out: array documents as files
     for meta in root.rglob("zarr.json"):
         doc = json.loads(meta.read_text())
         if doc["node_type"] == "array":  # as zarr_skip wrote them before: no names, no attributes

@@ -55,12 +55,12 @@ def test_disk_full_on_a_real_tmpfs(small_disk: Path, fingerprint: dict) -> None:
 
 
 class FullStore(LocalStore):
-    """A LocalStore whose chunk writes fail with ENOSPC once armed."""
+    """A LocalStore whose data-file writes (the chunks of a mini-batch) fail with ENOSPC once armed."""
 
     armed = False
 
     async def set(self, key: str, value: Any) -> None:
-        if self.armed and "/c." in key:
+        if self.armed and key.endswith(".zip"):
             raise OSError(errno.ENOSPC, "No space left on device")
         await super().set(key, value)
 

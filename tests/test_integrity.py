@@ -1,23 +1,18 @@
 """Issue 15, points 1, 2, 6 and 7: what a reader trusts comes from records bound to their
-place, every number in a record is checked before use, and damaged metadata is a typed error.
-
-Every test runs over the ``location`` fixture (memory, a directory, S3), damaging keys through
-``helpers.Keys``: what is checked does not depend on the backend. The two-million-mini-batch
-summary stays in memory, where the keys read are counted."""
+place, every number in a record is checked before use, and damaged metadata is a typed error."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import CountingStore, Keys, assert_equal, concat, make_batch
+from helpers import ChunkRegion, CountingStore, assert_equal, chunk_region, concat, make_batch, members_of_file
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout, records
@@ -28,39 +23,67 @@ EXP = "exp_proj/GBS4_N2_in8_out16"
 
 
 @pytest.fixture
-def three(location: Any, fingerprint: dict) -> tuple[Keys, dict[int, dict[str, Any]], Any]:
-    """Steps 1..3 of two mini-batches of 6 rows each (so same-size chunks abound): the cache's
-    keys, the batches written per step, and the location to open it again."""
-    cache = zs.open_cache(location, fingerprint, chunk_bytes=48)
+def three(tmp_path: Path, fingerprint: dict) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """Steps 1..3 of two mini-batches of 6 rows each (so same-size chunks abound)."""
+    cache = zs.open_cache(tmp_path, fingerprint, chunk_bytes=48)
     written = {}
     for step in (1, 2, 3):
         batches = [make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i) for i in range(2)]
         for b in batches:
             cache.write(step, b, expected=2)
         written[step] = concat(batches)
-    return Keys(location), written, location
+    return tmp_path, written
 
 
-def _run_dir(keys: Keys, step: int) -> str:
-    (run,) = keys.dirs(f"{EXP}/{step}")
+def _run_dir(root: Path, step: int) -> Path:
+    (run,) = [d for d in (root / EXP / str(step)).iterdir() if d.is_dir()]
     return run
 
 
-def _record_key(keys: Keys, step: int, index: int) -> str:
-    return f"{_run_dir(keys, step)}/{index}/zarr.json"
+def _record_path(root: Path, step: int, index: int) -> Path:
+    return _run_dir(root, step) / str(index) / "zarr.json"
 
 
-def _chunk(keys: Keys, step: int, index: int, column: str) -> str:
-    return keys.chunks(f"{_run_dir(keys, step)}/{index}", column)[0]
+def _chunk(root: Path, step: int, index: int, column: str) -> ChunkRegion:
+    """The chunk member of ``column`` in mini-batch ``index``'s data file."""
+    return chunk_region(_run_dir(root, step) / str(index), column)
+
+
+def _swap_bytes(a: ChunkRegion, b: ChunkRegion) -> None:
+    """Swap two chunk members of one size between (or within) data files."""
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+
+
+def _member(root: Path, step: int, index: int, name: str) -> ChunkRegion:
+    """Member ``name`` (e.g. ``input_ids/zarr.json``) of mini-batch ``index``'s data file."""
+    part = _run_dir(root, step) / str(index)
+    file = part / json.loads((part / "zarr.json").read_text())["attributes"][layout.PART_ATTR]["data"]
+    return ChunkRegion(file, *members_of_file(file)[name])
+
+
+def _edit(path: Path, attr: str, fn: Any) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc["attributes"][attr])
+    doc["attributes"][attr]["checksum"] = layout.doc_checksum(doc["attributes"][attr])
+    path.write_text(json.dumps(doc))
+
+
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name(a.name + ".tmp")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
 
 
 # -- point 1: moved and swapped files -----------------------------------------------------------
 
 
 def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> None:
-    keys, written, location = three
-    keys.swap(f"{EXP}/1", f"{EXP}/2")
-    cache = zs.open_cache(location)
+    root, written = three
+    _swap(root / EXP / "1", root / EXP / "2")
+    cache = zs.open_cache(root)
     with pytest.raises(zs.MetadataError, match=r"belongs to experiment '.*', step 2,.* but lies at .*step 1"):
         cache.load(1)
     assert_equal(cache.load(3).to_dict(), written[3])  # the rest still loads
@@ -70,50 +93,50 @@ def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> 
 
 @pytest.mark.parametrize("other", [(1, 1), (2, 0)], ids=["same step", "another step"])
 def test_swapped_same_size_chunks_are_a_checksum_error(three: Any, other: tuple[int, int]) -> None:
-    keys, _, location = three
-    a, b = _chunk(keys, 1, 0, "input_ids"), _chunk(keys, *other, "input_ids")
-    assert len(keys.read(a)) == len(keys.read(b)) and keys.read(a) != keys.read(b)
-    keys.swap(a, b)
-    cache = zs.open_cache(location)
-    where = re.escape(keys.path(a))
-    with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{where}.*another chunk"):
+    root, _ = three
+    a, b = _chunk(root, 1, 0, "input_ids"), _chunk(root, *other, "input_ids")
+    assert a.length == b.length and a.read_bytes() != b.read_bytes()
+    _swap_bytes(a, b)
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{a}.*another chunk"):
         cache.load(1)["input_ids"][:]
     with pytest.raises(zs.ChecksumError):
         cache.load(other[0])["input_ids"][:]
-    problems = [p for p in cache.verify().problems if p.path == keys.path(a)]
+    problems = [p for p in cache.verify().problems if p.path == str(a)]
     # one per chunk of the shard; verify names where the chunk found there belongs
     assert problems and all(p.kind == "ChecksumError" for p in problems)
     assert all(f"it is step {other[0]}, mini-batch {other[1]}, column 'input_ids', chunk" in p.error for p in problems)
 
 
 def test_swapped_minibatch_records_and_directories(three: Any) -> None:
-    keys, _, location = three
-    keys.swap(f"{_run_dir(keys, 1)}/0", f"{_run_dir(keys, 1)}/1")
-    cache = zs.open_cache(location)
+    root, _ = three
+    _swap(_record_path(root, 1, 0).parent, _record_path(root, 1, 1).parent)
+    cache = zs.open_cache(root)
     with pytest.raises(zs.MetadataError, match=r"mini-batch 1 but lies at .*mini-batch 0"):
         cache.load(1)
     assert "misplaced" in {p.kind for p in cache.verify(1).problems}
 
 
-def test_a_run_record_swapped_with_one_expecting_another_count(location: Any, fingerprint: dict) -> None:
-    cache = zs.open_cache(location, fingerprint)
+def test_a_run_record_swapped_with_one_expecting_another_count(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
     cache.write(1, make_batch(4, seed=1), expected=1)
     for i in range(2):
         cache.write(2, make_batch(4, seed=2 + i), expected=2)
-    keys = Keys(location)
-    a, b = f"{_run_dir(keys, 1)}/zarr.json", f"{_run_dir(keys, 2)}/zarr.json"
-    keys.swap(a, b)
-    assert not zs.open_cache(location).verify().ok
+    a, b = _run_dir(tmp_path, 1) / "zarr.json", _run_dir(tmp_path, 2) / "zarr.json"
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    assert not zs.open_cache(tmp_path).verify().ok
     for step in (1, 2):  # without summaries the run records decide: step 2 would "complete" at 1 of 2
-        keys.write(f"{EXP}/{step}/zarr.json", b'{"zarr_format":3,"node_type":"group"}')
+        (tmp_path / EXP / str(step) / "zarr.json").write_text('{"zarr_format":3,"node_type":"group"}')
     with pytest.raises(zs.MetadataError, match=r"belongs to .*step 1, .*but lies at .*step 2"):
-        zs.open_cache(location).load(2)
+        zs.open_cache(tmp_path).load(2)
     # even with the place fields edited away and checksums recomputed, the count disagrees
-    for key in (a, b):
-        keys.edit(key, layout.RUN_ATTR, lambda r: r.pop("step"))
+    for path in (a, b):
+        _edit(path, layout.RUN_ATTR, lambda r: r.pop("step"))
     with pytest.raises(zs.MetadataError, match=r"written for 2 mini-batches, its run's record says 1"):
-        zs.open_cache(location).load(2)
-    assert not zs.open_cache(location).verify().ok
+        zs.open_cache(tmp_path).load(2)
+    assert not zs.open_cache(tmp_path).verify().ok
 
 
 def _copy_store(src: Any, dst: Any) -> None:
@@ -152,48 +175,50 @@ def test_a_whole_cache_moved_elsewhere_reads_and_verifies_clean(
 
 
 def test_records_of_older_writers_read_as_before_and_verify_calls_them_unbound(three: Any) -> None:
-    keys, written, location = three
+    root, written = three
     for i in range(2):  # what zarr_skip 0.2 wrote: no place, no crc32c per chunk
-        keys.edit(
-            _record_key(keys, 2, i),
+        _edit(
+            _record_path(root, 2, i),
             layout.PART_ATTR,
             lambda r: (
                 [r.pop(k) for k in ("experiment", "step", "expected")]
                 + [a.pop("crc32c") for c in r["columns"].values() for a in c["arrays"].values()]
             ),
         )
-    cache = zs.open_cache(location)
+    cache = zs.open_cache(root)
     assert_equal(cache.load(2).to_dict(), written[2])
     report = cache.verify()
     assert report.ok and report.unbound == (2,)
 
 
 def test_a_step_summary_is_checked_against_its_records(three: Any) -> None:
-    keys, written, location = three
-    step_doc = f"{EXP}/2/zarr.json"
-    keys.edit(step_doc, layout.STEP_ATTR, lambda s: s.update(rows=s["rows"] + 1))
-    cache = zs.open_cache(location)
+    root, written = three
+    step_doc = root / EXP / "2" / "zarr.json"
+    _edit(step_doc, layout.STEP_ATTR, lambda s: s.update(rows=s["rows"] + 1))
+    cache = zs.open_cache(root)
     assert_equal(cache.load(2).to_dict(), written[2])  # the records decide
     (problem,) = cache.verify().problems
-    assert problem.kind == "summary" and "rows=13" in problem.error and problem.path == keys.path(step_doc)
-    doc = json.loads(keys.read(step_doc))
+    assert problem.kind == "summary" and "rows=13" in problem.error and problem.path == str(step_doc)
+    doc = json.loads(step_doc.read_text())
     doc["attributes"][layout.STEP_ATTR]["rows"] = 12  # right again, but the checksum is not
-    keys.write(step_doc, json.dumps(doc).encode())
-    (problem,) = zs.open_cache(location).verify().problems
+    step_doc.write_text(json.dumps(doc))
+    (problem,) = zs.open_cache(root).verify().problems
     assert "checksum mismatch" in problem.error
 
 
 @pytest.mark.parametrize("damage", ["swapped", "deleted"])
 def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage: str) -> None:
     """zarr_skip reads chunks by its records; a plain zarr reader by the arrays' zarr.json."""
-    keys, written, location = three
-    a = _chunk(keys, 1, 0, "input_ids").rsplit("/", 1)[0] + "/zarr.json"
-    b = _chunk(keys, 1, 0, "scores").rsplit("/", 1)[0] + "/zarr.json"
-    if damage == "swapped":
-        keys.swap(a, b)
+    root, written = three
+    a = _member(root, 1, 0, "input_ids/zarr.json")
+    doc = a.read_bytes()
+    if damage == "swapped":  # another array's document: another stored dtype, the same length
+        theirs = doc.replace(b'"data_type":"uint', b'"data_type":"int', 1)
+        assert theirs != doc
+        a.write_bytes(theirs.replace(b"}", b" }", 1))
     else:
-        keys.delete(a)
-    cache = zs.open_cache(location)
+        a.write_bytes(b" " * len(doc))
+    cache = zs.open_cache(root)
     assert_equal(cache.load(1).to_dict(), written[1])
     found = {(p.column, p.kind) for p in cache.verify().problems}
     assert ("input_ids", "zarr metadata") in found
@@ -202,25 +227,28 @@ def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage:
 # -- point 2: every number read from a record is checked -----------------------------------------
 
 
-def _forge(keys: Keys, step: int, index: int, column: str, name: str, forge: Any) -> None:
+def _forge(root: Path, step: int, index: int, column: str, name: str, forge: Any) -> None:
     """Replace a column's one-chunk array ``name`` with another valid chunk holding
     ``forge(rows)`` and update its record to match (size, crc32c, nbytes, checksum)."""
-    key = _record_key(keys, step, index)
-    doc = json.loads(keys.read(key))
+    path = _record_path(root, step, index)
+    doc = json.loads(path.read_text())
     arr = doc["attributes"][layout.PART_ATTR]["columns"][column]["arrays"][name]
     data = np.zeros(arr["chunk"], dtype=np.dtype(arr["dtype"]))
     data[: arr["shape"][0]] = forge(arr["shape"][0])
     blob = chunks.encode(data, chunks.Compression(**arr["codec"]))
-    part = key.rsplit("/", 1)[0]
-    keys.write(f"{part}/{doc['attributes'][layout.PART_ATTR]['data']}/{column}/{name}/c.0", blob)
+    file = path.parent / doc["attributes"][layout.PART_ATTR]["data"]
+    offset = file.stat().st_size
+    with open(file, "ab") as f:  # the forged chunk after the data file's end, the record moved to it
+        f.write(blob)
 
     def update(rec: dict[str, Any]) -> None:
         rec["nbytes"] += len(blob) - arr["sizes"][0]
-        arr["sizes"], arr["crc32c"] = [len(blob)], [chunks.trailer(blob)]
+        rec["data_nbytes"] = offset + len(blob)
+        arr["sizes"], arr["crc32c"], arr["offset"] = [len(blob)], [chunks.trailer(blob)], offset
 
     update(doc["attributes"][layout.PART_ATTR])
     doc["attributes"][layout.PART_ATTR]["checksum"] = layout.doc_checksum(doc["attributes"][layout.PART_ATTR])
-    keys.write(key, json.dumps(doc).encode())
+    path.write_text(json.dumps(doc))
 
 
 FORGED = {"too few": lambda n: [1] * n, "too many": lambda n: [60] + [0] * (n - 1)}
@@ -229,29 +257,31 @@ FORGED = {"too few": lambda n: [1] * n, "too many": lambda n: [60] + [0] * (n - 
 @pytest.mark.parametrize("column", ["tags", "responses", "uid"])  # uid: dictionary-encoded (3 of 6 distinct)
 @pytest.mark.parametrize("lengths", list(FORGED))
 def test_lengths_that_do_not_add_to_the_stored_values_are_refused(
-    location: Any, fingerprint: dict, column: str, lengths: str
+    tmp_path: Path, fingerprint: dict, column: str, lengths: str
 ) -> None:
-    cache = zs.open_cache(location, fingerprint)
+    cache = zs.open_cache(tmp_path, fingerprint)
     cache.write(1, make_batch(6, seed=3))
-    _forge(Keys(location), 1, 0, column, "lengths", FORGED[lengths])
-    view = zs.open_cache(location).load(1)
+    _forge(tmp_path, 1, 0, column, "lengths", FORGED[lengths])
+    view = zs.open_cache(tmp_path).load(1)
     for read in (lambda: view[column][:], lambda: view[column][2], lambda: view[column][[1, 4]], view.to_dict):
         with pytest.raises(zs.MetadataError, match=rf"step 1, mini-batch 0, column '{column}'.*lengths add to"):
             read()
-    (problem,) = zs.open_cache(location).verify().problems
+    problems = zs.open_cache(tmp_path).verify().problems  # and the ZIP's member is not the recorded one
+    (problem,) = [p for p in problems if p.kind != "ChecksumError" or "chunk member" not in p.error]
     assert problem.kind == "MetadataError" and "lengths add to" in problem.error
 
 
-def test_dictionary_codes_outside_the_entries_are_refused(location: Any, fingerprint: dict) -> None:
-    cache = zs.open_cache(location, fingerprint)
+def test_dictionary_codes_outside_the_entries_are_refused(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
     cache.write(1, make_batch(6, seed=3))
     assert "codes" in cache.load(1)._parts[0].arrays["uid"]
-    _forge(Keys(location), 1, 0, "uid", "codes", lambda n: [0, 1, 2, 3, 0, 1])  # 3 entries stored
-    view = zs.open_cache(location).load(1)
+    _forge(tmp_path, 1, 0, "uid", "codes", lambda n: [0, 1, 2, 3, 0, 1])  # 3 entries stored
+    view = zs.open_cache(tmp_path).load(1)
     for read in (lambda: view["uid"][:], lambda: view["uid"][2], lambda: view["uid"].lengths(), view.to_dict):
         with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0, column 'uid'.*codes outside the 3"):
             read()
-    (problem,) = zs.open_cache(location).verify().problems
+    problems = zs.open_cache(tmp_path).verify().problems
+    (problem,) = [p for p in problems if p.kind != "ChecksumError" or "chunk member" not in p.error]
     assert "codes outside" in problem.error
 
 
@@ -315,7 +345,7 @@ def test_check_place_compares_only_what_both_name() -> None:
 
 
 def test_a_huge_shape_in_a_record_is_a_metadata_error_not_a_memory_error(three: Any) -> None:
-    keys, _, location = three
+    root, _ = three
     for rows in (10**12, 10**17):
 
         def huge(rec: dict[str, Any], rows: int = rows) -> None:
@@ -327,8 +357,8 @@ def test_a_huge_shape_in_a_record_is_a_metadata_error_not_a_memory_error(three: 
                     if name in ("data", "lengths"):
                         a["shape"][0] = rows
 
-        keys.edit(_record_key(keys, 1, 0), layout.PART_ATTR, huge)
-        view = zs.open_cache(location)
+        _edit(_record_path(root, 1, 0), layout.PART_ATTR, huge)
+        view = zs.open_cache(root)
         with pytest.raises(zs.MetadataError):
             view.load(1)["scores"][:]
         assert not view.verify(1).ok
@@ -346,27 +376,19 @@ def test_a_summary_expecting_two_million_minibatches_builds_no_keys(fingerprint:
     summary["checksum"] = layout.doc_checksum(summary)
     storage.set(key, json.dumps(doc).encode())
     store.reads.clear()
-    calls = [0]  # Python function calls made meanwhile (not seconds: a count a loaded box keeps)
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        calls[0] += event == "call"
-
-    sys.setprofile(count)
-    try:
-        reader = zs.open_cache(store)
-        assert len(reader.load(1)) == 4 and [i.expected for i in reader.status()] == [1]
-    finally:
-        sys.setprofile(None)
-    assert calls[0] < 100_000 and sum(store.reads.values()) < 50  # 2 million keys would take more
+    start = time.perf_counter()
+    reader = zs.open_cache(store)
+    assert len(reader.load(1)) == 4 and [i.expected for i in reader.status()] == [1]
+    assert time.perf_counter() - start < 5 and sum(store.reads.values()) < 50
     (problem,) = reader.verify().problems
     assert problem.kind == "summary" and "expected must be an int in 1 .. 65536" in problem.error
 
 
-def test_expected_beyond_the_bound_is_refused_before_writing(location: Any, fingerprint: dict) -> None:
-    cache = zs.open_cache(location, fingerprint)
+def test_expected_beyond_the_bound_is_refused_before_writing(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
     with pytest.raises(zs.ConfigError, match="expected"):
         cache.write(1, make_batch(2), expected=records.MAX_EXPECTED + 1)
-    assert Keys(location).list(f"{EXP}/1") == []
+    assert not (tmp_path / EXP / "1").exists()
 
 
 # -- point 6: deep or huge metadata ---------------------------------------------------------------
@@ -374,24 +396,23 @@ def test_expected_beyond_the_bound_is_refused_before_writing(location: Any, fing
 
 @pytest.mark.parametrize("where", ["root", "record", "meta_info"])
 def test_deeply_nested_json_is_a_metadata_error(three: Any, where: str) -> None:
-    keys, _, location = three
+    root, _ = three
     deep = "[" * 200_000 + "]" * 200_000
     if where == "root":
-        keys.write("zarr.json", deep.encode())
+        (root / "zarr.json").write_text(deep)
         with pytest.raises(zs.MetadataError, match="too deeply nested"):
-            zs.open_cache(location)
+            zs.open_cache(root)
         return
-    key = _record_key(keys, 1, 0)
-    text = keys.read(key).decode()
+    path = _record_path(root, 1, 0)
+    text = path.read_text()
     if where == "record":
-        keys.write(key, text.replace('"zarr_format"', f'"x":{deep},"zarr_format"', 1).encode())
+        path.write_text(text.replace('"zarr_format"', f'"x":{deep},"zarr_format"', 1))
     else:
-        keys.edit(key, layout.PART_ATTR, lambda r: r.update(meta_info=json.loads("[" * 900 + "]" * 900)))
-        edited = keys.read(key).decode().replace("[" * 900, "[" * 100_000).replace("]" * 900, "]" * 100_000)
-        keys.write(key, edited.encode())
+        _edit(path, layout.PART_ATTR, lambda r: r.update(meta_info=json.loads("[" * 900 + "]" * 900)))
+        path.write_text(path.read_text().replace("[" * 900, "[" * 100_000).replace("]" * 900, "]" * 100_000))
     with pytest.raises(zs.CorruptCacheError):
-        zs.open_cache(location).load(1)
-    assert not zs.open_cache(location).verify().ok
+        zs.open_cache(root).load(1)
+    assert not zs.open_cache(root).verify().ok
 
 
 # -- point 7: the experiment record ---------------------------------------------------------------
@@ -399,45 +420,44 @@ def test_deeply_nested_json_is_a_metadata_error(three: Any, where: str) -> None:
 
 @pytest.mark.parametrize("edit", ["fingerprint value", "attribute name", "deleted"])
 def test_a_damaged_experiment_record_is_reported_not_an_empty_cache(three: Any, fingerprint: dict, edit: str) -> None:
-    keys, _, location = three
-    key = f"{EXP}/zarr.json"
-    text = keys.read(key).decode()
+    root, _ = three
+    path = root / EXP / "zarr.json"
+    text = path.read_text()
     if edit == "fingerprint value":
-        keys.write(key, text.replace('"max_prompt_length":8', '"max_prompt_length":9').encode())
+        path.write_text(text.replace('"max_prompt_length":8', '"max_prompt_length":9'))
     elif edit == "attribute name":
-        keys.write(key, text.replace('"zarr_skip.experiment"', '"zarr_skip.experimenu"').encode())
+        path.write_text(text.replace('"zarr_skip.experiment"', '"zarr_skip.experimenu"'))
     else:
-        keys.delete(key)
-    assert json.loads(keys.read(key) if keys.exists(key) else "{}") is not None  # still valid JSON
-    cache = zs.open_cache(location)
-    where = re.escape(keys.path(key))
-    with pytest.raises(zs.MetadataError, match=rf"{where}.*(checksum mismatch|no experiment record)"):
+        path.unlink()
+    assert json.loads(path.read_text() if path.exists() else "{}") is not None  # still valid JSON
+    cache = zs.open_cache(root)
+    with pytest.raises(zs.MetadataError, match=rf"{path}.*(checksum mismatch|no experiment record)"):
         cache.load(1)
     (problem,) = cache.verify().problems
-    assert problem.kind == "experiment" and keys.path(key) in problem.error
+    assert problem.kind == "experiment" and str(path) in problem.error
     if edit == "fingerprint value":
         with pytest.raises(zs.MetadataError, match="experiment record checksum mismatch"):
-            zs.open_cache(location, fingerprint)
+            zs.open_cache(root, fingerprint)
 
 
 def test_a_column_s_entries_are_checked_when_it_is_first_used(three: Any, monkeypatch: Any) -> None:
     """A record's columns are checked one by one, each before its first use: a crafted entry
     of one column (checksum recomputed) leaves the other columns readable and exact, and makes
     that column, and verify, a MetadataError naming it."""
-    keys, written, location = three
+    root, written = three
 
     def crafted(rec: dict[str, Any]) -> None:
         rec["columns"]["scores"]["arrays"]["data"]["chunk"] = 0
 
-    keys.edit(_record_key(keys, 1, 0), layout.PART_ATTR, crafted)
+    _edit(_record_path(root, 1, 0), layout.PART_ATTR, crafted)
     checked: list[str] = []
     real = records.check_column
     monkeypatch.setattr(records, "check_column", lambda doc, name, at: checked.append(name) or real(doc, name, at))
-    view = zs.open_cache(location).load(1)
+    view = zs.open_cache(root).load(1)
     assert checked == []  # loading a step checks its records' frames, not their columns
     assert list(view["uid"][:]) == list(written[1]["uid"])
     assert set(checked) == {"uid"}
     with pytest.raises(zs.MetadataError, match=r"step 1, mini-batch 0: .*scores/data: chunk must be an int >= 1"):
         view["scores"]
-    report = zs.open_cache(location).verify(1)
+    report = zs.open_cache(root).verify(1)
     assert [p.minibatch for p in report.problems] == [0] and "scores/data" in report.problems[0].error

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import CountingStore, assert_equal, concat, make_batch, write_sharded
+from helpers import CountingStore, assert_equal, concat, make_batch, stored_bytes, write_sharded
 
 import zarr_skip as zs
 from zarr_skip.store.reads import read_range
@@ -100,7 +100,7 @@ def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
     got = view["input_ids"][:3]
     chunk_reads = [k for k in store.reads if "/c." in k]
     assert chunk_reads and all("input_ids" in k for k in chunk_reads)
-    stored = sum(len(v) for k, v in store._store_dict.items() if "/input_ids/c." in k)
+    stored = stored_bytes(store, "/input_ids/c.")
     read = sum(store.bytes_read[k] for k in chunk_reads)
     assert 0 < read < stored / 16, "3 rows of 160 must read a few chunks of a shard, not all"
     assert torch.equal(got, parts[0]["input_ids"][:3])
@@ -364,15 +364,21 @@ def test_zarr_reads_the_same_arrays(tmp_path: Any, fingerprint: dict, chunk_byte
                 assert array.rows % array.chunk, f"{column}/{name}: no partial last chunk"
                 assert array.shard, f"{column}/{name}: several chunks, not one shard"
             ours = read_range(cache._storage, [array], 0, array.rows, array.dtype, array.shape[1:])
-            theirs = zarr.open_array(str(tmp_path / array.path), mode="r")[:]
+            assert array.file is not None and array.path.startswith(array.file + "/")
+            with zarr.storage.ZipStore(tmp_path / array.file, mode="r") as zipped:  # the packed data file
+                theirs = zarr.open_array(zipped, path=array.path[len(array.file) + 1 :], mode="r")[:]
             assert theirs.dtype == ours.dtype and np.array_equal(theirs, ours), f"{column}/{name}"
     part = zarr.open_group(tmp_path, mode="r")[info.path]
-    (data_name,) = list(part.group_keys())  # the writer's own data group
-    assert data_name == part.attrs["zarr_skip.part"]["data"]
-    group = part[data_name]
-    assert np.array_equal(group["input_ids"][:], batch["input_ids"].numpy())
-    assert np.array_equal(group["responses/values"][:], batch["responses"].values().numpy())
-    assert group["bf16"].dtype == np.dtype("uint16")
+    assert sorted(p.name for p in (tmp_path / info.path).iterdir()) == sorted(
+        [part.attrs["zarr_skip.part"]["data"], "zarr.json"]
+    )
+    data_name = part.attrs["zarr_skip.part"]["data"]
+    assert (tmp_path / info.path / data_name).is_file() and data_name.endswith(".zip")
+    with zarr.storage.ZipStore(tmp_path / info.path / data_name, mode="r") as zipped:
+        group = zarr.open_group(zipped, mode="r")
+        assert np.array_equal(group["input_ids"][:], batch["input_ids"].numpy())
+        assert np.array_equal(group["responses/values"][:], batch["responses"].values().numpy())
+        assert group["bf16"].dtype == np.dtype("uint16")
 
 
 def test_dataproto_like_roundtrip(location: Any, fingerprint: dict) -> None:
@@ -454,10 +460,12 @@ def test_a_truncated_shard_is_missing_data(location: Any, fingerprint: dict) -> 
     got = cache.load(3)["responses"][4:9]  # ranged reads within the shard
     assert [r.tolist() for r in got.unbind()] == [r.tolist() for r in batch["responses"].unbind()[4:9]]
     storage = cache._storage
-    storage.set(array.key(0), storage.get(array.key(0))[: sum(array.sizes[:2]) + 5])
-    with pytest.raises(zs.MissingDataError, match=r"column 'responses', chunk 2 of shard"):
+    storage.set(array.key(0), storage.get(array.key(0))[: array.offset + sum(array.sizes[:2]) + 5])
+    with pytest.raises(
+        zs.MissingDataError, match=r"column 'responses', chunk \d+ \(bytes \d+\.\.\d+ of .*\.zip\): chunk has \d+ bytes"
+    ):
         cache.load(3)["responses"][:]
-    with pytest.raises(zs.MissingDataError, match=r"chunk \d+ of shard"):
+    with pytest.raises(zs.MissingDataError, match=r"chunk \d+ \(bytes"):
         cache.load(3)["responses"][-1:]  # a range past the end of the object
     assert {p.kind for p in cache.verify(3).problems} == {"MissingDataError", "ChecksumError"}
 

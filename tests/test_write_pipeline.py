@@ -15,7 +15,7 @@ from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
-from zarr_skip.store import _localfs, chunkjobs, writer
+from zarr_skip.store import _localfs, chunkjobs, packed, writer
 
 
 def test_compression_starts_before_the_index_is_claimed(
@@ -82,6 +82,12 @@ def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprin
     assert_equal(cache.load(1).to_dict(), make_batch(6))
 
 
+def _partial_size(root: Path) -> int:
+    """The bytes of the data file being written (its temp file), 0 before it exists."""
+    files = [p for p in root.rglob("*.zip.*.partial") if p.is_file()]
+    return files[0].stat().st_size if files else 0
+
+
 def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,17 +100,15 @@ def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
 
     def waiting_encode(arr: Any, rows: slice, codec: Any) -> bytes:
         if arr.shape == values.shape and rows.stop >= len(values):
-            shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (shards and shards[0].stat().st_size > 0):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and _partial_size(tmp_path) < 16_000:  # a chunk is ~20 KB
                 time.sleep(0.01)
-                shards = [p for p in tmp_path.rglob("ids/values/c*") if p.is_file()]
-            seen.append(shards[0].stat().st_size if shards else 0)
+            seen.append(_partial_size(tmp_path))
         return encode(arr, rows, codec)
 
     monkeypatch.setattr(chunkjobs, "encode_chunk", waiting_encode)
     cache.write(1, batch)
-    assert seen and seen[0] > 0  # the file held the first chunks before the last was compressed
+    assert seen and seen[0] >= 16_000  # the data file held the first chunks before the last was compressed
     got = zs.open_cache(str(tmp_path), fingerprint).load(1)["ids"][:]
     assert torch.equal(got.values(), torch.from_numpy(values))
 
@@ -114,29 +118,34 @@ def test_a_file_that_fails_stops_the_other_writes_and_none_outlives_the_error(
 ) -> None:
     cache = zs.open_cache(str(tmp_path), fingerprint)
     cache.write(1, make_batch(8))
-    write_fresh = _localfs.Tree.write_fresh
+    write_zip = packed.write_zip
     calls: list[tuple[float, float]] = []
 
-    def failing(self: _localfs.Tree, key: str, data: Any) -> int:
+    def full(name: str) -> bytes:
+        raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    def failing(out: Any, members: Any) -> Any:
+        # the disk fills up at the third chunk member, after some bytes of the data file
+        chunked = [i for i, m in enumerate(members) if "/c." in m.name or m.name.startswith("c.")]
+        members = list(members)
+        bad = members[chunked[2]]
+        members[chunked[2]] = packed.Member(bad.name, lambda: full(bad.name), bad.size_hint)
         start = time.monotonic()
         try:
-            if "/c." in key or "/c/" in key:  # a chunk (or shard) file
-                time.sleep(0.01)
-                if len(calls) >= 3:
-                    raise OSError(errno.ENOSPC, "No space left on device", key)
-            return write_fresh(self, key, data)
+            return write_zip(out, members)
         finally:
             calls.append((start, time.monotonic()))
 
-    monkeypatch.setattr(_localfs.Tree, "write_fresh", failing)
+    monkeypatch.setattr(packed, "write_zip", failing)
     with pytest.raises(zs.StorageError, match="no space left") as err:
         cache.write(2, make_batch(4096, seed=1))
     raised = time.monotonic()
     assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
     time.sleep(0.2)
-    assert all(end <= raised for _, end in calls)  # no thread was still writing
+    assert all(end <= raised for _, end in calls)  # nothing was still writing
     monkeypatch.undo()
     assert cache.steps() == [1] and not (tmp_path / cache.experiment / "2" / cache.run_id / "0").exists()
+    assert not list(tmp_path.rglob("*.partial"))  # the half-written data file went with it
     assert_equal(cache.load(1).to_dict(), make_batch(8))
 
 
@@ -151,7 +160,8 @@ def test_a_directory_that_cannot_be_made_is_a_typed_error(
         raise PermissionError(errno.EACCES, "Permission denied", str(self.path(keys[-1]).parent))
 
     monkeypatch.setattr(_localfs.Tree, "make_dirs", refused)
-    monkeypatch.setattr(_localfs.Tree, "write_fresh", lambda self, key, data: written.append(key) or 0)
+    monkeypatch.setattr(_localfs.Tree, "_mkdir_fast", lambda self, key: False)
+    monkeypatch.setattr(_localfs.Tree, "publish", lambda self, key, write: written.append(key) or ({}, 0))
     with pytest.raises(zs.ReadOnlyCacheError, match="refuses writes"):
         cache.write(2, make_batch(8, seed=1))
     assert written == []  # nothing was written without its directory

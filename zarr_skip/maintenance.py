@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError, ReadOnlyCacheError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
+from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part, checked_entries
 from zarr_skip.store.storage import Storage, parse_json
@@ -188,9 +190,10 @@ def _check_chunks(
     if progress is not None:
         progress(0, total)
     for step, rec, part in todo:
+        files: dict[str, _DataFile] = {}  # a packed mini-batch's data file, read once
         for name, arrays in part.arrays.items():
             try:
-                got = _check_column(storage, _Where(step, rec.index, name), arrays, owners, problems)
+                got = _check_column(storage, _Where(step, rec.index, name), arrays, owners, problems, files)
             except OutsideCacheError as exc:  # a link or a key that leads out of the cache
                 problems.append(Problem(step, rec.index, name, part.path, str(exc), "OutsideCacheError"))
                 continue
@@ -218,19 +221,17 @@ def _check_column(
     arrays: Mapping[str, ArrayPart],
     owners: Mapping[tuple[int, int], str],
     problems: list[Problem],
+    files: dict[str, _DataFile],
 ) -> tuple[int, int]:
     """Read and check every chunk of one column of one mini-batch (and that a jagged column's
     lengths add up to its values); returns chunks and bytes read."""
     decoded: dict[str, list[np.ndarray] | None] = {"lengths": [], "codes": []}  # None: unreadable
     n_chunks = n_bytes = 0
-    docs = storage.get_many(layout.meta_key(arr.path) for arr in arrays.values())
-    for (aname, arr), doc in zip(arrays.items(), docs, strict=True):
-        meta_path = storage.key_path(layout.meta_key(arr.path))
-        why = _zarr_metadata_problem(arr, doc, meta_path)
-        if why is not None:
-            problems.append(at.problem(meta_path, why, "zarr metadata"))
-        keys, blobs = _array_blobs(storage, at, arr, problems)
-        for i, (key, blob) in enumerate(zip(keys, blobs, strict=True)):
+    for aname, arr in arrays.items():
+        found = _array_bytes(storage, arr, files)
+        for path, why, kind in found.problems:
+            problems.append(at.problem(path, why, kind))
+        for i, (key, blob) in enumerate(zip(found.keys, found.blobs, strict=True)):
             where = f"{arr.where}, chunk {i}"
             try:
                 rows = _decode(arr, i, min(arr.chunk, arr.rows - i * arr.chunk), blob, where)
@@ -240,9 +241,9 @@ def _check_column(
             except CorruptCacheError as exc:
                 error = str(exc)
                 if blob is not None and len(blob) >= 4:
-                    found = owners.get((chunks.trailer(blob), len(blob)))
-                    if found is not None and found != where:
-                        error += f"; it is {found}"
+                    theirs = owners.get((chunks.trailer(blob), len(blob)))
+                    if theirs is not None and theirs != where:
+                        error += f"; it is {theirs}"
                 problems.append(at.problem(storage.key_path(key), error, type(exc).__name__))
                 decoded[aname] = None
             n_chunks += 1
@@ -256,19 +257,82 @@ def _check_column(
     return n_chunks, n_bytes
 
 
-def _array_blobs(
-    storage: Storage, at: _Where, arr: ArrayPart, problems: list[Problem]
-) -> tuple[list[str], list[bytes | None]]:
-    """The keys of an array's chunks and their bytes (cut from its shard, whose index is checked)."""
-    keys = [arr.key(i) for i in range(len(arr.sizes))]
+@dataclass(slots=True)
+class _DataFile:
+    """A packed mini-batch's data file as verify reads it: its bytes and its members'
+    ``(offset, length)`` (None with ``problem`` when it is absent or not a ZIP)."""
+
+    blob: bytes | None
+    members: dict[str, tuple[int, int]] | None
+    problem: str | None = None
+
+
+@dataclass(slots=True)
+class _Found:
+    """One array's chunks as stored (``blobs``, None where absent), the keys they lie at,
+    and what is wrong with its zarr metadata or container: ``(path, why, kind)``."""
+
+    keys: list[str]
+    blobs: list[bytes | None]
+    problems: list[tuple[str, str, str]]
+
+
+def _array_bytes(storage: Storage, arr: ArrayPart, files: dict[str, _DataFile]) -> _Found:
+    """The stored chunks of ``arr`` and the problems of its zarr metadata."""
+    if arr.file is not None:
+        return _packed_bytes(storage, arr, files)
+    meta = layout.meta_key(arr.path)
+    found = _Found([arr.key(i) for i in range(len(arr.sizes))], [], [])
+    why = _zarr_metadata_problem(arr, storage.get(meta), storage.key_path(meta))
+    if why is not None:
+        found.problems.append((storage.key_path(meta), why, "zarr metadata"))
     if not arr.shard:
-        return keys, storage.get_many(keys)
-    shard = storage.get(keys[0])
+        found.blobs = storage.get_many(found.keys)
+        return found
+    shard = storage.get(found.keys[0])
     spans = [arr.span(i) or (0, 0) for i in range(len(arr.sizes))]
+    found.blobs = [None if shard is None else shard[a : a + n] for a, n in spans]
     if shard is not None and shard[sum(arr.sizes) :] != chunks.shard_index(arr.sizes):
         why = f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)"
-        problems.append(at.problem(storage.key_path(keys[0]), why, "ChecksumError"))
-    return keys, [None if shard is None else shard[a : a + n] for a, n in spans]
+        found.problems.append((storage.key_path(found.keys[0]), why, "ChecksumError"))
+    return found
+
+
+def _packed_bytes(storage: Storage, arr: ArrayPart, files: dict[str, _DataFile]) -> _Found:
+    """:func:`_array_bytes` of an array in a packed mini-batch's data file: its zarr
+    metadata and chunk member must be members of the ZIP, the chunks where the record says."""
+    file = arr.file or ""
+    where = storage.key_path(file)
+    if file not in files:
+        blob = storage.get(file)
+        try:
+            files[file] = _DataFile(blob, None if blob is None else packed.members_of(blob))
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+            files[file] = _DataFile(blob, None, f"{where}: not a readable ZIP data file ({exc})")
+    data = files[file]
+    n = len(arr.sizes)
+    found = _Found([file] * n, [], [])
+    inner = arr.path[len(file) + 1 :]  # the array's path inside the data file
+    if data.blob is not None and data.members is not None:
+        meta = data.members.get(layout.meta_key(inner))
+        doc = None if meta is None else data.blob[meta[0] : meta[0] + meta[1]]
+        why = _zarr_metadata_problem(arr, doc, f"{where}: member {layout.meta_key(inner)}")
+        if why is not None:
+            found.problems.append((where, why, "zarr metadata"))
+        member = data.members.get(layout.chunk_key(inner, 0, len(arr.shape), arr.separator)) if n else None
+        if n and (member is None or member[0] != arr.offset):
+            why = f"{arr.where}: the data file's chunk member is not where the record says (zarr would misread it)"
+            found.problems.append((where, why, "ChecksumError"))
+    elif data.problem is not None:
+        found.problems.append((where, data.problem, "MissingDataError"))
+    spans = [arr.span(i) or (0, 0) for i in range(n)]
+    found.blobs = [None if data.blob is None else data.blob[a : a + k] for a, k in spans]
+    if arr.shard and data.blob is not None:
+        end = arr.offset + sum(arr.sizes)
+        if data.blob[end : end + records.SHARD_INDEX_BYTES * n + records.CRC_BYTES] != chunks.shard_index(arr.sizes):
+            why = f"{arr.where}: the shard's index does not match its chunks (zarr would misread them)"
+            found.problems.append((where, why, "ChecksumError"))
+    return found
 
 
 def _cat(pieces: list[np.ndarray]) -> np.ndarray:

@@ -158,6 +158,23 @@ def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
     return compression._make_codec()
 
 
+#: raw bytes per chunk aimed for in the integer values of a jagged column compressed with blosc
+#: (token ids): reading a few rows reads chunks of about this size. Measured on the realistic
+#: medium step (``benchmarks/results/packed.md``): token ids in 64 KiB chunks take 4% more bytes
+#: than in 512 KiB, float32 log-probs 9% (so they keep ``chunk_bytes``)
+VALUES_CHUNK_BYTES = 64 << 10
+
+
+def chunk_target(name: str, codec: Compression, dtype: np.dtype, chunk_bytes: int) -> int:
+    """Raw bytes per chunk aimed for in array ``name`` of ``dtype`` stored with ``codec``:
+    ``chunk_bytes``, at most :data:`VALUES_CHUNK_BYTES` for the integer values of a jagged
+    column in a blosc codec (token ids: a few rows read little; floats, text and JSON lose more
+    in small chunks and keep ``chunk_bytes``)."""
+    if name == "values" and codec.name in _BLOSC and dtype.kind in "iu":
+        return min(chunk_bytes, VALUES_CHUNK_BYTES)
+    return chunk_bytes
+
+
 def chunk_rows(rows: int, row_bytes: int, target: int = DEFAULT_CHUNK_BYTES) -> int:
     """Rows per chunk: all rows when small, else about ``target`` raw bytes per chunk."""
     if rows == 0:

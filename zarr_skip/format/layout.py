@@ -30,7 +30,9 @@ FORMAT_NAME = "zarr_skip"
 #: caches are read, and marked 2 by the first write (zarr_skip 0.1 would not read those steps).
 #: 3: jagged columns whose rows repeat may be dictionary-encoded (``codes`` plus the distinct
 #: rows), which a version 2 reader would misread; older caches are read and marked 3 likewise
-FORMAT_VERSION = 3
+#: 4: a mini-batch's arrays are packed in one data file (a ZIP of stored members beside its
+#: record, ``{i}/w-{writer}.zip``), which a version 3 reader would find no arrays in
+FORMAT_VERSION = 4
 
 ROOT_ATTR = "zarr_skip"
 EXPERIMENT_ATTR = "zarr_skip.experiment"
@@ -38,6 +40,11 @@ STEP_ATTR = "zarr_skip.complete"
 RUN_ATTR = "zarr_skip.run"
 PART_ATTR = "zarr_skip.part"
 COMPLETION_ATTR = "zarr_skip.completion"
+#: the attribute of a packed data file's root group: the mini-batch it was written for
+DATA_ATTR = "zarr_skip.data"
+#: the ``container`` a completion record names for a packed mini-batch (format 4): its data
+#: file is a ZIP whose members are the zarr keys of its data group
+CONTAINER = "zip"
 
 #: the group below a run's directory that one writer creates exclusively when it sees the
 #: step complete: that writer alone reports ``step_complete`` and writes the summary

@@ -169,6 +169,42 @@ def _check_total(doc: Mapping[str, Any], where: str) -> None:
             stored += sum(sizes)
     if count(doc.get("nbytes"), "nbytes", where) != stored and bound(doc):
         raise MetadataError(f"{where}: nbytes {doc['nbytes']} is not the {stored} bytes its chunks' sizes add to")
+    if "container" in doc:
+        check_packed(doc, where)
+
+
+#: bytes of a shard's index per chunk (an offset and a length, uint64 each), and its crc32c
+SHARD_INDEX_BYTES = 16
+#: the names a record's ``container`` may have (format 4: ``zip``, one data file per mini-batch)
+CONTAINERS = ("zip",)
+
+
+def check_packed(doc: Mapping[str, Any], where: str) -> None:
+    """Where the chunks of a packed mini-batch lie in its data file: every array's ``offset``
+    an int, its chunks (and a shard's index after them) inside the file's ``data_nbytes``,
+    and no two arrays' bytes overlapping, before any offset is used."""
+    if doc["container"] not in CONTAINERS:
+        raise MetadataError(f"{where}: unknown container {doc['container']!r:.40} (written by a newer zarr_skip?)")
+    size = count(doc.get("data_nbytes"), "data_nbytes", where)
+    spans = []
+    for name, entry in doc["columns"].items():
+        for aname, array in entry["arrays"].items():
+            sizes = array["sizes"]  # ints, checked by _check_total
+            if not sizes:
+                continue
+            offset = count(array.get("offset"), f"{name}/{aname} offset", where)
+            n = len(sizes)
+            end = offset + sum(sizes) + (SHARD_INDEX_BYTES * n + CRC_BYTES if array.get("shard") is True else 0)
+            if min(sizes) < 0 or end > size:
+                raise MetadataError(
+                    f"{where}, {name}/{aname}: chunks at bytes {offset}..{end} lie outside "
+                    f"the data file of {size} bytes"
+                )
+            spans.append((offset, end, f"{name}/{aname}"))
+    spans.sort()
+    for (_, end, first), (start, _, second) in pairwise(spans):
+        if start < end:
+            raise MetadataError(f"{where}: the bytes of {first} and {second} overlap in the data file")
 
 
 def check_column(doc: Mapping[str, Any], name: str, where: str) -> None:

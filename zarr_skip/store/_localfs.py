@@ -22,10 +22,11 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from zarr_skip.errors import OutsideCacheError
 from zarr_skip.format.layout import key_problem
+from zarr_skip.store import _beneath
 
 T = TypeVar("T")
 _POOL: ThreadPoolExecutor | None = None
@@ -138,10 +139,22 @@ def write_fresh_many(
     return {key: sizes[key] for key, _ in items}
 
 
+#: bytes read from a file before asking for its size (records and documents are smaller)
+_FIRST_READ = 64 << 10
 #: where the kernel tells the real path of an open file (Linux); elsewhere paths are resolved
 _FD_LINKS = "/proc/self/fd"
 _HAS_FD_LINKS = os.path.isdir(_FD_LINKS)
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` and close it (no file object: no ``fstat`` of its own)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 class Tree:
@@ -152,12 +165,39 @@ class Tree:
     root : the cache's directory (it may itself be a symbolic link: its target is the root).
     """
 
-    __slots__ = ("_prefix", "real", "root")
+    __slots__ = ("_fd", "_fd_pid", "_prefix", "real", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.real = os.path.realpath(root)
         self._prefix = os.path.join(root, "")
+        self._fd: int | None = None  # the root directory, open, for _beneath (made when first needed)
+        self._fd_pid = 0
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._fd_pid == os.getpid():
+            try:
+                os.close(self._fd)
+            except OSError:  # pragma: no cover - closed already
+                pass
+
+    def _root_fd(self) -> int | None:
+        """The root directory, open (None where it does not exist yet, or openat2 is missing)."""
+        if not _beneath.available:
+            return None
+        if self._fd is None or self._fd_pid != os.getpid():
+            try:
+                self._fd = os.open(self.real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self._fd_pid = os.getpid()
+        return self._fd
+
+    def _fast(self, key: str, flags: int, mode: int = 0o666) -> int | None:
+        """``key`` opened below the root in one call, refusing a way out (None: take the
+        portable path). Only for a key :meth:`_file` accepted."""
+        root = self._root_fd()
+        return None if root is None or not key else _beneath.open_beneath(root, key, flags, mode)
 
     def path(self, key: str) -> Path:
         """The file of ``key``; a key that would leave the root is refused."""
@@ -199,6 +239,9 @@ class Tree:
     def _open(self, key: str, flags: int) -> int | None:
         """A checked file descriptor of ``key`` opened with ``flags`` (None if absent)."""
         path = self._file(key)
+        fd = self._fast(key, flags)
+        if fd is not None:
+            return fd
         try:
             fd = os.open(path, flags)
         except _MISSING:
@@ -217,6 +260,9 @@ class Tree:
         if fd is None:
             return None
         try:
+            data = os.pread(fd, _FIRST_READ, 0)  # most records: read whole without asking their size
+            if len(data) < _FIRST_READ:
+                return data
             size = os.fstat(fd).st_size
             data = os.pread(fd, size + 1, 0)  # one read, and one byte more: did it grow?
             if len(data) <= size:
@@ -283,8 +329,14 @@ class Tree:
     def _temp(self, key: str) -> tuple[Path, int]:
         """A new temp file beside ``key`` (its directory made if missing), checked, open."""
         path = self.path(key)
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+        suffix = f".{uuid.uuid4().hex}.partial"
+        tmp = path.with_name(path.name + suffix)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = self._fast(key + suffix, flags)
+        if fd is None and self._mkdir_fast(key.rpartition("/")[0]):
+            fd = self._fast(key + suffix, flags)
+        if fd is not None:
+            return tmp, fd
         try:
             fd = os.open(tmp, flags, 0o666)
         except FileNotFoundError:
@@ -298,17 +350,50 @@ class Tree:
             raise
         return tmp, fd
 
+    def _mkdir_fast(self, key: str) -> bool:
+        """Make the directory ``key`` in its parent, opened below the root in one call (False
+        when that cannot be done: the caller takes the portable path)."""
+        parent, _, name = key.rpartition("/")
+        if not name:
+            return False
+        pfd = self._fast(parent, os.O_RDONLY | os.O_DIRECTORY) if parent else self._root_fd()
+        if pfd is None:
+            return False
+        try:
+            os.mkdir(name, 0o777, dir_fd=pfd)
+        except FileExistsError:
+            pass
+        except OSError:
+            return False
+        finally:
+            if parent:
+                os.close(pfd)
+        return True
+
     def write(self, key: str, data: bytes) -> int:
         """Write ``data`` to ``key`` atomically (temp file, then rename)."""
         tmp, fd = self._temp(key)
         try:
-            with open(fd, "wb") as f:
-                f.write(data)
+            _write_all(fd, data)
             os.replace(tmp, self.path(key))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         return len(data)
+
+    def publish(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+        """Make the file ``key`` with ``write(file)`` (the file open for writing and seeking, in
+        a temp file beside ``key`` that is renamed into place once written: a reader never
+        sees a half-written file, a writer killed midway leaves a ``*.partial``)."""
+        tmp, fd = self._temp(key)
+        try:
+            with open(fd, "w+b") as f:
+                result = write(f)
+            os.replace(tmp, self._file(key))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return result
 
     def write_fresh(self, key: str, data: bytes | Iterable[bytes]) -> int:
         """Write a file in a directory only this writer uses and nobody reads before it says so.
@@ -345,8 +430,7 @@ class Tree:
         """Create ``key`` holding ``data`` unless it exists (hard link of a complete temp file)."""
         tmp, fd = self._temp(key)
         try:
-            with open(fd, "wb") as f:
-                f.write(data)
+            _write_all(fd, data)
             try:
                 os.link(tmp, self.path(key))
             except FileExistsError:

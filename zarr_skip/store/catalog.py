@@ -43,6 +43,8 @@ class StepScan:
     step: int
     path: str
     summary: dict[str, Any] | None = None
+    #: whether the step's group document (``{step}/zarr.json``) exists
+    grouped: bool = False
     runs: list[RunRecord] = field(default_factory=list)
     parts: list[PartRecord] = field(default_factory=list)
     #: names below the step without a run record (crashed creations, debris, object-store ghosts)
@@ -88,6 +90,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     listings, step_docs = storage.list_and_get([s.path for s in scans], [layout.meta_key(s.path) for s in scans])
     run_paths: list[tuple[StepScan, str, str]] = []
     for scan, names, blob in zip(scans, listings, step_docs, strict=True):
+        scan.grouped = blob is not None
         try:
             scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)), Place(experiment, scan.step))
         except MetadataError as exc:  # only a cache for fast status: the parts decide
@@ -144,6 +147,25 @@ def _check_expected(scan: StepScan, storage: Storage) -> None:
                 )
             )
             scan.parts.remove(part)
+
+
+def own_parts(storage: Storage, experiment: str, step: int, run: str, expected: int) -> list[PartRecord] | None:
+    """The complete mini-batch records ``0 .. expected-1`` of ``run`` in ``step``, read by
+    their keys in one round of requests, or None when any is missing, incomplete, unreadable,
+    misplaced or written for another count (the writer's check whether its write completed
+    the step; the step's other runs are the caller's to check)."""
+    run_path = layout.join(experiment, str(step), run)
+    keys = [layout.meta_key(layout.join(run_path, str(i))) for i in range(expected)]
+    parts = []
+    for i, (key, blob) in enumerate(zip(keys, storage.get_many(keys), strict=True)):
+        try:
+            record = _part_record(blob, storage.key_path(key), Place(experiment, step, run, i))
+        except MetadataError:
+            return None
+        if record is None or not record.complete or record.doc.get("expected", expected) != expected:
+            return None
+        parts.append(record)
+    return parts
 
 
 def scan_step(storage: Storage, experiment: str, step: int) -> StepScan:

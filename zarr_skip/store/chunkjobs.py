@@ -71,6 +71,7 @@ class ChunkJobs:
         self._chunk_bytes = chunk_bytes
         self._arrays: dict[tuple[str, str], ArrayChunks] = {}
         self._later: list[tuple[tuple[str, str], StoredArray]] = []  # started by spread()
+        #: the rows per chunk aimed for, by array (see :func:`chunks.chunk_target`)
         self._tails: list[tuple[ArrayChunks, StoredArray, slice]] = []  # the same
         self._large: deque[_Large] = deque()  # with chunks not yet taken by a thread
         self._lock = threading.Lock()
@@ -82,9 +83,9 @@ class ChunkJobs:
         for name, arr in column.arrays.items():
             key = (column.spec.name, name)
             if self._spread:
-                self._arrays[key] = self._start(arr)
+                self._arrays[key] = self._start(arr, name)
                 continue
-            early = self._start_large(arr, *chunking(arr, self._compression, self._chunk_bytes))
+            early = self._start_large(arr, *chunking(arr, self._compression, self._target(name, arr)))
             if early is None:
                 self._later.append((key, arr))
             else:
@@ -96,14 +97,14 @@ class ChunkJobs:
         self._add_threads()  # the large arrays first: they take longest
         self._start_tails()
         for key, arr in self._later:
-            self._arrays[key] = self._start(arr)
+            self._arrays[key] = self._start(arr, key[1])
         self._later.clear()
 
     def take(self, column: str, name: str, arr: StoredArray) -> ArrayChunks:
         """The chunks of array ``name`` of ``column``, started now if they were not (or were
         taken before: a writer that retries with another index encodes them again)."""
         started = self._arrays.pop((column, name), None)
-        return started if started is not None else self._start(arr)
+        return started if started is not None else self._start(arr, name)
 
     def cancel(self) -> None:
         """Drop the chunks not taken (those the pool has not started are never encoded)."""
@@ -119,8 +120,11 @@ class ChunkJobs:
         self._later.clear()
         self._tails.clear()
 
-    def _start(self, arr: StoredArray) -> ArrayChunks:
-        per, rows, codec = chunking(arr, self._compression, self._chunk_bytes)
+    def _target(self, name: str, arr: StoredArray) -> int:
+        return chunks.chunk_target(name, self._compression.for_dtype(arr.dtype), arr.dtype, self._chunk_bytes)
+
+    def _start(self, arr: StoredArray, name: str) -> ArrayChunks:
+        per, rows, codec = chunking(arr, self._compression, self._target(name, arr))
         started = self._start_large(arr, per, rows, codec)
         if started is None:
             started = ArrayChunks(per, codec, [self._storage.submit(encode_chunk, arr, r, codec) for r in rows])

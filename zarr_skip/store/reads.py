@@ -22,6 +22,7 @@ from zarr_skip.errors import MetadataError, SchemaMismatchError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
+from zarr_skip.store.fetching import fetch_chunks
 from zarr_skip.store.storage import Storage
 
 
@@ -42,12 +43,17 @@ class ArrayPart:
     first_rows: tuple[int, ...] | None = None
     #: each chunk's crc32c as the record names it (None in records of older writers)
     crcs: tuple[int, ...] | None = None
+    #: of a packed mini-batch (format 4): the key of its data file, and where chunk 0 of
+    #: this array lies in it (its chunks follow back to back)
+    file: str | None = None
+    offset: int = 0
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
     first_key: str = field(init=False, repr=False, compare=False)  # of chunk 0 (or the shard)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "starts", tuple(accumulate(self.sizes, initial=0)))
-        object.__setattr__(self, "first_key", layout.chunk_key(self.path, 0, len(self.shape), self.separator))
+        first = self.file if self.file is not None else layout.chunk_key(self.path, 0, len(self.shape), self.separator)
+        object.__setattr__(self, "first_key", first)
 
     @property
     def rows(self) -> int:
@@ -60,12 +66,15 @@ class ArrayPart:
 
     def key(self, i: int) -> str:
         """The key holding chunk ``i``."""
-        if i == 0 or self.shard:
+        if i == 0 or self.shard or self.file is not None:
             return self.first_key
         return layout.chunk_key(self.path, i, len(self.shape), self.separator)
 
     def span(self, i: int) -> tuple[int, int] | None:
-        """Where chunk ``i`` lies in its shard (``(start, length)``), None if it is a file."""
+        """Where chunk ``i`` lies in its data file or shard (``(start, length)``), None if it
+        is a file of its own."""
+        if self.file is not None:
+            return (self.offset + self.starts[i], self.sizes[i])
         return (self.starts[i], self.sizes[i]) if self.shard else None
 
     def chunks_of_rows(self, start: int, stop: int) -> range | None:
@@ -80,6 +89,9 @@ class ArrayPart:
     def describe(self, storage: Storage, i: int) -> str:
         """Chunk ``i`` for messages: its file, and its place in the shard."""
         path = storage.key_path(self.key(i))
+        if self.file is not None:
+            start = self.offset + self.starts[i]
+            return f"{self.where}, chunk {i} (bytes {start}..{start + self.sizes[i]} of {path})"
         return f"{self.where}, chunk {i} of shard {path}" if self.shard else f"{self.where}, chunk {path}"
 
     def crc(self, i: int) -> int | None:
@@ -129,6 +141,7 @@ class Part:
         try:
             index = int(doc["index"])
             data = layout.join(path, _contained(doc["data"], "data group", path))
+            packed = doc.get("container") == layout.CONTAINER
             specs = {}
             for name, entry in doc["columns"].items():
                 _contained(name, "column", path, layout.column_name_problem)
@@ -143,7 +156,12 @@ class Part:
                 str(doc.get("batch_type", "mapping")),
                 specs,
                 ColumnArrays(
-                    doc, data, chunks.Compression(**doc["compression"]), where, f"step {step}, mini-batch {index}"
+                    doc,
+                    data,
+                    chunks.Compression(**doc["compression"]),
+                    where,
+                    f"step {step}, mini-batch {index}",
+                    packed,
                 ),
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
@@ -165,10 +183,19 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
     checked (:func:`records.check_column`) and made into :class:`ArrayPart` when the column is
     first used, so reading a few columns of many steps costs those columns alone."""
 
-    __slots__ = ("_built", "_data", "_default", "_doc", "_label", "_where")
+    __slots__ = ("_built", "_data", "_default", "_doc", "_label", "_packed", "_where")
 
-    def __init__(self, doc: Mapping[str, Any], data: str, default: chunks.Compression, where: str, label: str) -> None:
+    def __init__(
+        self,
+        doc: Mapping[str, Any],
+        data: str,
+        default: chunks.Compression,
+        where: str,
+        label: str,
+        packed: bool = False,
+    ) -> None:
         self._doc, self._data, self._default, self._where, self._label = doc, data, default, where, label
+        self._packed = packed  # ``data`` is the key of the mini-batch's data file
         self._built: dict[str, dict[str, ArrayPart]] = {}
 
     def __getitem__(self, name: str) -> dict[str, ArrayPart]:
@@ -206,6 +233,8 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
                     shard=a.get("shard", False) is True,
                     first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
                     crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
+                    file=self._data if self._packed else None,
+                    offset=int(a.get("offset", 0)) if self._packed else 0,
                 )
                 for aname, a in entry["arrays"].items()
             }
@@ -365,18 +394,23 @@ def read_index(
         return out
     starts = np.cumsum([0] + [a.rows for a in parts])
     which = np.searchsorted(starts, idx, side="right") - 1
+    # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
+    # few hundred thousand values of a few rows group in one pass, not one per chunk
+    firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
+    per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
+    local = idx - starts[which]
+    glob = firsts[which] + local // per[which]
+    order = np.argsort(glob, kind="stable")
+    grouped = glob[order]
+    cuts = np.flatnonzero(np.diff(grouped)) + 1
     jobs = []
-    for p in np.unique(which):
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
+        sel = order[lo:hi]
+        p = int(which[sel[0]])
         a = parts[p]
-        if not a.sizes:
-            continue
-        sel = np.flatnonzero(which == p)
-        local = idx[sel] - starts[p]
-        chunk_of = local // a.chunk
-        for c in np.unique(chunk_of):
-            mine = chunk_of == c
-            n = min(a.chunk, a.rows - int(c) * a.chunk)
-            jobs.append((a, int(c), n, local[mine] - int(c) * a.chunk, sel[mine], out))
+        c = int(grouped[lo] - firsts[p])
+        n = min(a.chunk, a.rows - c * a.chunk)
+        jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
     _decode_jobs(storage, jobs, fetched=fetched)
     return out
 
@@ -421,39 +455,26 @@ def _decode_jobs(
             chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
             out[dst] = tmp[src]
 
-    def apply(job: tuple[Any, ...], blob: bytes | None) -> None:
-        if len(job) == 2:  # fetched ahead: a later call decodes it
-            fetched[job[0].path, job[1]] = blob
-        else:
-            decode(job, blob)
-
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
-    todo = [job for job in jobs if (job[0].path, job[1]) not in fetched]
+    todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
+    work: list[tuple[tuple[Any, ...], Any]] = []
+    for job, blob in zip(todo, fetch_chunks(storage, todo), strict=True):
+        if len(job) == 2:  # fetched ahead: a later call decodes it
+            fetched[job[0].path, job[1]] = blob
+        else:
+            work.append((job, blob))
+    work += [(job, fetched[job[0].path, job[1]]) for job in ready]
     # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
-    # they are decoded here, the large ones in the pool
-    for serial in (False, True):
-        group = [job for job in todo if _small(job) is serial]
-        if group:
-            storage.map_get(group, _key, apply, _span, serial=serial)
-    late = [job for job in ready if not _small(job)]
-    if late:
-        storage.parallel(lambda job: decode(job, fetched[job[0].path, job[1]]), late)
-    for job in ready:
-        if _small(job):
-            decode(job, fetched[job[0].path, job[1]])
+    # a few are decoded here, many in the pool (which takes them in shares, not one by one)
+    if sum(job[0].chunk_bytes for job, _ in work) <= PARALLEL_DECODE_BYTES:
+        for job, blob in work:
+            decode(job, blob)
+    else:
+        storage.parallel(lambda item: decode(*item), work)
 
 
-def _small(job: tuple[Any, ...]) -> bool:
-    return bool(job[0].chunk_bytes <= SMALL_CHUNK_BYTES)
-
-
-def _key(job: tuple[Any, ...]) -> str:
-    return str(job[0].key(job[1]))
-
-
-def _span(job: tuple[Any, ...]) -> tuple[int, int] | None:
-    span: tuple[int, int] | None = job[0].span(job[1])
-    return span
+#: the most bytes a read decodes in the calling thread (more go to the pool)
+PARALLEL_DECODE_BYTES = 256 << 10

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 from zarr.abc.store import RangeByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
@@ -33,8 +33,9 @@ from zarr_skip.errors import (
     ZarrSkipError,
 )
 from zarr_skip.format import layout
-from zarr_skip.store import _localfs
+from zarr_skip.store import _localfs, packed
 from zarr_skip.store._s3_errors import backend_error
+from zarr_skip.store.packed import Member
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,26 @@ class Storage:
 
             return dict(_localfs.parallel(put, items))
         return _localfs.write_fresh_many(tree, items, lambda exc, key: storage_error(exc, self.key_path(key)))
+
+    def publish_zip(self, key: str, members: Sequence[Member]) -> tuple[dict[str, tuple[int, int]], int]:
+        """Store ``members`` as one data file at ``key`` (a ZIP of stored members, see
+        :mod:`zarr_skip.store.packed`), published at once: on a local disk written as the
+        values come to a temp file renamed into place, to another store as one value (one
+        request). Returns each member's ``(offset, length)`` in the file and its size."""
+        self._check_writable(key)
+        if self._tree is not None:
+
+            def write(f: BinaryIO) -> tuple[dict[str, tuple[int, int]], int]:
+                spans = packed.write_zip(f, members)
+                return spans, f.tell()
+
+            try:
+                return self._tree.publish(key, write)
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(key)) from exc
+        blob, spans = packed.zip_bytes(members)
+        self.set(key, blob)
+        return spans, len(blob)
 
     def get_json_many(self, keys: Iterable[str]) -> list[dict[str, Any] | None]:
         """Parsed JSON documents (None where absent); a garbled document raises MetadataError."""

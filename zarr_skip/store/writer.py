@@ -28,7 +28,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -39,10 +39,12 @@ from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteErro
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
-from zarr_skip.format.state import HOST, owner
-from zarr_skip.store.catalog import StepScan, group_doc, run_record, scan_step
+from zarr_skip.format.state import HOST, RunRecord, owner
+from zarr_skip.store import packed
+from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.heartbeats import Heartbeat
+from zarr_skip.store.packed import Member
 from zarr_skip.store.storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -126,11 +128,13 @@ def write_part(
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
-        data_path = layout.join(part_path, claim["data"])
+        data_path = layout.join(part_path, claim["data"])  # the data file
         where = f"step {step}, mini-batch {index}"
         try:
             with Heartbeat(storage, record_key, claim, max(lease / 4, 0.05), _holds):
-                manifest, nbytes, raw = _write_arrays(storage, data_path, batch, jobs)
+                here = records.Place(experiment, step).to_json()
+                place = dict(here, run=ctx.run, index=index, writer=ctx.writer)
+                manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, place)
             _check_owner(storage, step_path, ctx, where)
             if not _holds(storage, record_key, claim):
                 # two writers both "won" the exclusive create (seen on shared FUSE mounts);
@@ -150,6 +154,8 @@ def write_part(
                 meta_info=batch.meta_info,
                 compression=compression.to_json(),
                 columns=manifest,
+                container=layout.CONTAINER,
+                data_nbytes=size,
             )
             done["checksum"] = layout.doc_checksum(done)
             storage.set(record_key, group_doc({layout.PART_ATTR: done}))
@@ -159,7 +165,7 @@ def write_part(
             raise
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
-    complete = _maybe_complete(storage, experiment, step, step_path, ctx)
+    complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
     return MinibatchInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
 
 
@@ -207,7 +213,47 @@ def _take_over(
         logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
         storage.delete_prefix(step_path)
         scan = scan_step(storage, experiment, step)
-    storage.create_if_absent(layout.meta_key(step_path), group_doc())
+    if not scan.grouped:  # the first write to the step (each write saves the requests after)
+        storage.create_if_absent(layout.meta_key(step_path), group_doc())
+    mine = next((r for r in scan.runs if r.run == ctx.run), None)
+    if mine is None:
+        scan = _record_run(storage, experiment, step, step_path, ctx, expected, scan)
+        mine = next((r for r in scan.runs if r.run == ctx.run), None)
+    if mine is not None and mine.expected != expected:
+        raise ConfigError(
+            f"expected: step {step} was started by this run with expected={mine.expected}, "
+            f"this write says expected={expected}"
+        )
+    # only recorded, older runs are removed: a directory without a readable record may be a
+    # run being created right now, or a stale view through a shared mount (gc handles debris)
+    stale_runs = [r for r in scan.runs if r.run != ctx.run]
+    for stale in stale_runs:
+        n_parts = sum(1 for p in scan.parts if p.run == stale.run)
+        logger.warning(
+            "step %d: discarding %d mini-batch(es) left by run %s at %s",
+            step,
+            n_parts,
+            stale.run,
+            storage.key_path(layout.join(step_path, stale.run)),
+        )
+        storage.delete_prefix(layout.join(step_path, stale.run))
+    if stale_runs:  # what is left of the step: this run's records
+        scan.runs = [r for r in scan.runs if r.run == ctx.run]
+        scan.parts = [p for p in scan.parts if p.run == ctx.run]
+    return scan
+
+
+def _record_run(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    step_path: str,
+    ctx: RunContext,
+    expected: int,
+    scan: StepScan,
+) -> StepScan:
+    """Create this run's record in the step (exclusively); the step scanned again if another
+    writer of the run created it first."""
     record = {
         **records.Place(experiment, step).to_json(),
         "run": ctx.run,
@@ -220,29 +266,10 @@ def _take_over(
     }
     record["checksum"] = layout.doc_checksum(record)
     run_key = layout.meta_key(layout.join(step_path, ctx.run))
-    if not storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
-        scan = scan_step(storage, experiment, step)
-    mine = next((r for r in scan.runs if r.run == ctx.run), None)
-    if mine is not None and mine.expected != expected:
-        raise ConfigError(
-            f"expected: step {step} was started by this run with expected={mine.expected}, "
-            f"this write says expected={expected}"
-        )
-    # only recorded, older runs are removed: a directory without a readable record may be a
-    # run being created right now, or a stale view through a shared mount (gc handles debris)
-    for stale in [r for r in scan.runs if r.run != ctx.run]:
-        n_parts = sum(1 for p in scan.parts if p.run == stale.run)
-        logger.warning(
-            "step %d: discarding %d mini-batch(es) left by run %s at %s",
-            step,
-            n_parts,
-            stale.run,
-            storage.key_path(layout.join(step_path, stale.run)),
-        )
-        storage.delete_prefix(layout.join(step_path, stale.run))
-    if mine is None:
-        scan = scan_step(storage, experiment, step)
-    return scan
+    if storage.create_if_absent(run_key, group_doc({layout.RUN_ATTR: record})):
+        scan.runs.append(RunRecord.from_json(record))
+        return scan
+    return scan_step(storage, experiment, step)
 
 
 def _claim(
@@ -258,7 +285,7 @@ def _claim(
             "run": ctx.run,
             "index": index,
             "writer": ctx.writer,
-            "data": f"w-{ctx.writer}",
+            "data": f"w-{ctx.writer}{packed.SUFFIX}",
             "host": HOST,
             "pid": os.getpid(),
             "started": now,
@@ -277,26 +304,31 @@ def _claim(
 
 def _write_arrays(
     storage: Storage,
-    part_path: str,
+    data_key: str,
     batch: EncodedBatch,
     jobs: ChunkJobs,
-) -> tuple[dict[str, Any], int, int]:
-    """Write every array's metadata and chunks concurrently; return the manifest and sizes.
+    place: dict[str, Any],
+) -> tuple[dict[str, Any], int, int, int]:
+    """Write every array's metadata and chunks into the mini-batch's one data file (a ZIP of
+    stored members, :mod:`zarr_skip.store.packed`); return the manifest, the stored and raw
+    bytes of the chunks, and the data file's size.
 
-    The chunks come from ``jobs`` (encoded in the pool since the batch was encoded); an array
-    of several chunks is written as one shard once they are done.
+    The chunks come from ``jobs`` (encoded in the pool since the batch was encoded) and are
+    written as they come; an array of several chunks is one member, a shard. The manifest
+    says where each array's chunk 0 lies in the file (``offset``): its chunks follow back to
+    back (``sizes``).
     """
     manifest: dict[str, Any] = {}
-    docs: dict[str, bytes] = {layout.meta_key(part_path): group_doc()}
-    items: list[tuple[str, Callable[[], Any]]] = []
+    members = [Member(layout.METADATA, partial(group_doc, {layout.DATA_ATTR: place}))]
+    chunk_members: list[tuple[str, dict[str, Any]]] = []  # (member, its manifest entry)
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
         entry = dict(col.spec.to_json(), arrays={})
         multi = len(col.arrays) > 1
         if multi:
-            docs[layout.meta_key(layout.join(part_path, col.spec.name))] = group_doc()
+            members.append(Member(layout.meta_key(col.spec.name), group_doc))
         for aname, arr in col.arrays.items():
-            apath = layout.join(part_path, col.spec.name, aname if multi else "")
+            apath = layout.join(col.spec.name, aname) if multi else col.spec.name
             taken = jobs.take(col.spec.name, aname, arr)
             per, codec, count = taken.per, taken.codec, len(taken.jobs)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
@@ -311,13 +343,11 @@ def _write_arrays(
                 dimension_names=about.dimension_names,
                 attributes=about.attributes,
             )
-            docs[layout.meta_key(apath)] = json.dumps(meta, separators=(",", ":")).encode()
-            key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+            doc = json.dumps(meta, separators=(",", ":")).encode()
+            members.append(Member(layout.meta_key(apath), partial(bytes, doc)))
             sizes: list[int] = []  # filled as the chunks are written
             crcs: list[int] = []  # their crc32c: a reader trusts a chunk only if it is this one
-            if count:
-                items.append((key, partial(_take, taken.jobs, sizes, crcs, count > 1)))
-            entry["arrays"][aname] = {
+            array = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
                 "chunk": per,
@@ -328,19 +358,25 @@ def _write_arrays(
                 "sizes": sizes,
                 "crc32c": crcs,
             }
+            if count:
+                key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
+                members.append(Member(key, partial(_take, taken.jobs, sizes, crcs, count > 1), int(arr.nbytes)))
+                chunk_members.append((key, array))
+            entry["arrays"][aname] = array
             if aname == "values" and count > 1 and "lengths" in col.arrays:
                 lengths = col.arrays["lengths"]
                 first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
-                entry["arrays"][aname]["first_rows"] = first
+                array["first_rows"] = first
         manifest[col.spec.name] = entry
-    items = [(k, lambda d=d: d) for k, d in docs.items()] + items
-    storage.put_many(items, fresh=True)
+    spans, size = storage.publish_zip(data_key, members)
+    for key, array in chunk_members:
+        array["offset"] = spans[key][0]
     nbytes = raw = 0
     for entry in manifest.values():
         for arr in entry["arrays"].values():
             nbytes += sum(arr["sizes"])
             raw += arr["raw"]
-    return manifest, nbytes, raw
+    return manifest, nbytes, raw, size
 
 
 def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | Iterator[bytes]:
@@ -367,23 +403,37 @@ def _shard_pieces(jobs: deque[Future[bytes]], sizes: list[int], crcs: list[int])
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
     """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
+    newer = _newer_run(storage, step_path, ctx)
+    if newer == "":
+        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+    if newer is not None:
+        raise DisplacedWriterError(f"{where}: run {newer} took the step over while this run ({ctx.run}) was writing")
+
+
+def _newer_run(storage: Storage, step_path: str, ctx: RunContext) -> str | None:
+    """A run recorded in the step that started after this one (``""`` when this run's own
+    record is gone), or None."""
     names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
     if ctx.run not in names:
-        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+        return ""
     others = [n for n in names if n != ctx.run]
     blobs = storage.get_many([layout.meta_key(layout.join(step_path, n)) for n in others])
     for name, blob in zip(others, blobs, strict=True):
         rec = run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
         if rec is not None and (rec.started, rec.run) > (ctx.started, ctx.run):
-            raise DisplacedWriterError(
-                f"{where}: run {rec.run} took the step over while this run ({ctx.run}) was writing"
-            )
+            return rec.run
+    return None
 
 
-def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext) -> bool:
-    scan = scan_step(storage, experiment, step)
-    info = scan.info(time.time(), 0.0)
-    if not info.complete or info.run != ctx.run:
+def _maybe_complete(
+    storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext, expected: int
+) -> bool:
+    """Whether this write completed the step (and this writer is the one to say so).
+
+    The run's mini-batch records are read by their keys, without listing the step; only when
+    all are complete is the step listed for a newer run (which would own it instead)."""
+    parts = own_parts(storage, experiment, step, ctx.run, expected)
+    if parts is None or _newer_run(storage, step_path, ctx) is not None:  # or this run's record gone
         return False
     # every writer that sees the step complete gets here; the one whose exclusive create of
     # the completion group stands is told so (and writes the summary), the others are not
@@ -393,22 +443,25 @@ def _maybe_complete(storage: Storage, experiment: str, step: int, step_path: str
         return False
     summary = {
         **records.Place(experiment, step).to_json(),
-        "run": info.run,
-        "expected": info.expected,
-        "rows": info.rows,
-        "nbytes": info.nbytes_stored,  # the format's names: nbytes stored, raw_nbytes logical
-        "raw_nbytes": info.nbytes,
-        "completed": max(p.doc.get("completed", 0.0) for p in scan.parts if p.run == info.run),
+        "run": ctx.run,
+        "expected": expected,
+        "rows": sum(p.rows for p in parts),
+        "nbytes": sum(p.nbytes for p in parts),
+        "raw_nbytes": sum(p.raw_nbytes for p in parts),
+        "completed": max(p.doc.get("completed", 0.0) for p in parts),
     }
     summary["checksum"] = layout.doc_checksum(summary)
     storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
-    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, info.expected, info.rows, info.run)
+    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, summary["rows"], ctx.run)
     return True
 
 
 def _discard(storage: Storage, part_path: str) -> None:
+    """Remove a mini-batch directory or data file (what of it is there)."""
     try:
         storage.delete_prefix(part_path)
+        if part_path.endswith(packed.SUFFIX):
+            storage.delete(part_path)
     except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
         logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
 

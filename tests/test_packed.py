@@ -1,0 +1,197 @@
+"""Packed mini-batches (format 4): one data file per mini-batch, few files, few requests, few
+system calls per write, every offset bounded before use, every column kind exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import _fixture_batch as fx
+import pytest
+import zarr
+from helpers import assert_equal, make_batch
+from zarr.storage import MemoryStore
+
+import zarr_skip as zs
+from zarr_skip.format import layout, records
+from zarr_skip.store import packed
+
+ROOT = Path(__file__).parent.parent
+
+
+class SetCountingStore(MemoryStore):
+    """A MemoryStore that counts the keys stored (what an object store sees as PUTs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored: Counter[str] = Counter()
+
+    async def set(self, key: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        self.stored[key] += 1
+        await super().set(key, value, *args, **kwargs)
+
+    async def set_if_not_exists(self, key: str, value: Any) -> None:
+        self.stored[key] += 1
+        await super().set_if_not_exists(key, value)
+
+
+def test_every_column_kind_round_trips_through_one_data_file(tmp_path: Path) -> None:
+    for location in (tmp_path / "c", MemoryStore()):
+        cache = zs.open_cache(location, fx.FINGERPRINT, chunk_bytes=fx.CHUNK_BYTES)
+        for i in range(2):
+            cache.write(3, fx.batch(3, i), expected=2)
+        view = zs.open_cache(location).load(3)
+        for i, part in enumerate(view.minibatches):
+            assert_equal(part.to_dict(), fx.batch(3, i), f"{location}, mini-batch {i}")
+        assert {p.arrays["uid"]["codes"].file for p in view._parts} == {
+            layout.join(p.path, p.arrays["uid"]["codes"].file.rpartition("/")[2]) for p in view._parts
+        }
+        assert zs.open_cache(location).verify().ok
+
+
+def test_a_step_is_two_files_per_minibatch_and_three_more(tmp_path: Path, fingerprint: dict[str, Any]) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    for i in range(4):
+        cache.write(1, make_batch(64, seed=i), expected=4)
+    step = tmp_path / cache.experiment / "1"
+    files = [p for p in step.rglob("*") if p.is_file()]
+    dirs = [step, *(p for p in step.rglob("*") if p.is_dir())]
+    assert len(files) == 2 * 4 + 3  # a record and a data file each; step, run and completion records
+    assert len(dirs) == 4 + 3  # each mini-batch's, the step's, the run's, the completion's
+    for part in cache.load(1)._parts:
+        here = sorted(p.name for p in (tmp_path / part.path).iterdir())
+        assert len(here) == 2 and here[1] == layout.METADATA and here[0].endswith(packed.SUFFIX)
+
+
+def test_a_minibatch_stores_three_keys_through_a_zarr_store(fingerprint: dict[str, Any]) -> None:
+    store = SetCountingStore()
+    cache = zs.open_cache(store, fingerprint)
+    stored = []
+    for i in range(4):
+        store.stored.clear()
+        cache.write(1, make_batch(64, seed=i), expected=4)
+        stored.append(sum(store.stored.values()))
+        assert [k for k in store.stored if k.endswith(packed.SUFFIX)], "the data file is one key"
+    # the first also records the step (group and run record), the last completes it (marker, summary)
+    assert stored[1:3] == [3, 3] and stored[0] == 5 + 3 and stored[3] == 5  # the first: root, 2 experiment groups
+    store.stored.clear()
+    cache.write(2, make_batch(8), expected=1)
+    assert sum(store.stored.values()) == 7
+    assert max(store.stored.values()) <= 2  # a key is written at most twice (claim, then completion)
+
+
+def _strace() -> str | None:
+    return shutil.which("strace")
+
+
+@pytest.mark.skipif(_strace() is None, reason="strace is not installed")
+def test_a_minibatch_write_makes_at_most_40_file_system_calls(tmp_path: Path) -> None:
+    """Counted as on NFS every one is a round trip: ``strace -f -e trace=%file,mkdir``, between
+    two markers around the write of the second of four mini-batches (and the first and last)."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from conftest import FINGERPRINT, make_batch
+        import zarr_skip as zs
+        cache = zs.open_cache({str(tmp_path / "c")!r}, dict(FINGERPRINT))
+        cache.write(0, make_batch(256, seed=9), expected=1)
+        batches = [make_batch(256, seed=i) for i in range(4)]
+        for i, batch in enumerate(batches):
+            os.access("/MARK-start-%d" % i, os.F_OK)
+            cache.write(1, batch, expected=4)
+            os.access("/MARK-end-%d" % i, os.F_OK)
+        """
+    )
+    out = tmp_path / "trace"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [str(_strace()), "-f", "-qq", "-e", "trace=%file,mkdir", "-o", str(out), sys.executable, "-c", script]
+    subprocess.run(cmd, check=True, env=env, timeout=300, capture_output=True)
+    lines = out.read_text().splitlines()
+    counts = []
+    for i in range(4):
+        start = next(n for n, line in enumerate(lines) if f"/MARK-start-{i}" in line)
+        end = next(n for n, line in enumerate(lines) if f"/MARK-end-{i}" in line)
+        counts.append(sum(1 for line in lines[start + 1 : end] if "resumed>" not in line))
+    assert max(counts) <= 40, counts
+    assert counts[1] <= 32 and counts[2] <= 32, counts  # a mini-batch between the first and the last
+
+
+def _record(root: Path) -> tuple[Path, dict[str, Any]]:
+    (path,) = [p for p in root.rglob("zarr.json") if layout.PART_ATTR in p.read_text()]
+    return path, json.loads(path.read_text())
+
+
+def _edit(path: Path, doc: dict[str, Any], edit: Any) -> None:
+    part = doc["attributes"][layout.PART_ATTR]
+    edit(part)
+    part["checksum"] = layout.doc_checksum(part)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda p: p.update(data_nbytes=10), "lie outside the data file of 10 bytes"),
+        (lambda p: p.update(data_nbytes=-1), "data_nbytes must be an int >= 0"),
+        (lambda p: p.update(container="tar"), "unknown container 'tar'"),
+        (lambda p: p["columns"]["uid"]["arrays"]["values"].update(offset=-3), "offset must be an int >= 0"),
+        (lambda p: p["columns"]["uid"]["arrays"]["values"].update(offset="9"), "offset must be an int >= 0"),
+        (lambda p: p["columns"]["uid"]["arrays"]["values"].update(offset=10**15), "lie outside the data file"),
+        (
+            lambda p: p["columns"]["uid"]["arrays"]["values"].update(
+                offset=p["columns"]["input_ids"]["arrays"]["data"]["offset"]
+            ),
+            "overlap in the data file",
+        ),
+    ],
+    ids=["short file", "negative size", "container", "negative", "not an int", "past the end", "overlap"],
+)
+def test_every_offset_is_bounded_before_use(tmp_path: Path, fingerprint: dict[str, Any], edit: Any, match: str) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(6))
+    path, doc = _record(tmp_path)
+    _edit(path, doc, edit)
+    with pytest.raises(zs.MetadataError, match=match):
+        zs.open_cache(tmp_path).load(1)
+    (problem,) = zs.open_cache(tmp_path).verify().problems
+    assert match.split(" ")[0] in problem.error
+
+
+def test_the_data_file_is_a_zip_of_stored_members_plain_zarr_opens(tmp_path: Path, fingerprint: dict[str, Any]) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint)
+    info = cache.write(1, make_batch(9))
+    (part,) = cache.load(1)._parts
+    (data_file,) = (tmp_path / info.path).glob("*.zip")
+    members = packed.members_of(data_file.read_bytes())  # refuses compressed members
+    for name, arrays in part.arrays.items():
+        for aname, array in arrays.items():
+            inner = array.path[len(array.file or "") + 1 :]
+            key = layout.chunk_key(inner, 0, len(array.shape), array.separator)
+            assert members[key][0] == array.offset, f"{name}/{aname}"
+    with zarr.storage.ZipStore(data_file, mode="r") as zipped:
+        group = zarr.open_group(zipped, mode="r")
+        place = group.attrs[layout.DATA_ATTR]
+        assert (place["step"], place["index"], place["run"]) == (1, 0, cache.run_id)
+        assert sorted(group.keys()) == sorted(part.arrays)
+
+
+def test_records_name_where_each_chunk_lies_and_old_readers_are_refused(
+    tmp_path: Path, fingerprint: dict[str, Any]
+) -> None:
+    cache = zs.open_cache(tmp_path, fingerprint, chunk_bytes=64)
+    cache.write(1, make_batch(40))
+    _, doc = _record(tmp_path)
+    rec = doc["attributes"][layout.PART_ATTR]
+    assert rec["container"] == "zip" and rec["data"].endswith(".zip")
+    records.check_part(rec, "here")  # bounded and consistent
+    assert json.loads((tmp_path / "zarr.json").read_text())["attributes"]["zarr_skip"]["version"] == 4
+    arrays = rec["columns"]["responses"]["arrays"]
+    assert arrays["values"]["shard"] and arrays["values"]["offset"] > 0

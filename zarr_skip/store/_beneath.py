@@ -1,0 +1,55 @@
+"""Opening a file below a directory in one system call, refusing a way out (Linux ``openat2``).
+
+``openat2(root, key, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` resolves ``key`` below the open
+directory ``root`` and fails (``EXDEV``) where a ``..`` or a symbolic link would leave it: the
+containment check and the open in one call, where opening and then asking the kernel where the
+file is (``readlink`` of ``/proc/self/fd``) takes two. It is the fast path of
+:class:`zarr_skip.store._localfs.Tree`: whenever it does not open the file (another kernel, an
+absolute link that stays inside, a missing file), the caller takes the portable path, which
+decides as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine) if sys.platform == "linux" else None
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _syscall() -> object | None:
+    if _SYS_OPENAT2 is None:
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):  # pragma: no cover - no libc to call through
+        return None
+
+
+_CALL = _syscall()
+#: whether openat2 is usable here (False after the kernel said it does not know it)
+available = _CALL is not None
+
+
+def open_beneath(root_fd: int, key: str, flags: int, mode: int = 0o666) -> int | None:
+    """A descriptor of ``key`` below the directory ``root_fd`` opened with ``flags``, or None
+    when this path cannot open it (the caller then opens it the portable way)."""
+    global available
+    if not available:
+        return None
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+    path = key.encode("utf-8", "surrogateescape")
+    fd = _CALL(_SYS_OPENAT2, root_fd, path, ctypes.byref(how), ctypes.sizeof(how))  # type: ignore[operator]
+    if fd >= 0:
+        return int(fd)
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):  # pragma: no cover - old kernel, seccomp
+        available = False
+    return None
