@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zarr_skip.cli._format import terminal_safe
 from zarr_skip.errors import ExperimentNotFoundError
 
 __all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options"]
@@ -38,15 +39,15 @@ class Context:
     def say(self, text: str = "") -> None:
         """A line of the command's output (stdout); silent under ``--json``."""
         if not self.json:
-            print(text, file=sys.stdout)
+            print(terminal_safe(text), file=sys.stdout)
 
     def note(self, text: str) -> None:
         """A remark for the human at the terminal (stderr)."""
-        print(text, file=sys.stderr)
+        print(terminal_safe(text), file=sys.stderr)
 
     def warn(self, text: str) -> None:
         """A warning (stderr), in the same format as the library's logged warnings."""
-        print(LOG_FORMAT % {"levelname": "WARNING", "message": text}, file=sys.stderr)
+        print(terminal_safe(LOG_FORMAT % {"levelname": "WARNING", "message": text}), file=sys.stderr)
 
     def emit(self, doc: Any) -> None:
         """The ``--json`` document (stdout)."""
@@ -75,7 +76,7 @@ class Context:
             return True
         if not sys.stdin or not sys.stdin.isatty():
             raise UsageError(f"cannot ask '{question}': stdin is not a terminal; nothing done (pass --yes)")
-        print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+        print(terminal_safe(f"{question} [y/N] "), end="", file=sys.stderr, flush=True)
         return sys.stdin.readline().strip().lower() in ("y", "yes")
 
     # -- caches -------------------------------------------------------------------------------
