@@ -79,6 +79,20 @@ class Context:
         print(terminal_safe(f"{question} [y/N] "), end="", file=sys.stderr, flush=True)
         return sys.stdin.readline().strip().lower() in ("y", "yes")
 
+    def tokenizer(self) -> Any:
+        """The ``--tokenizer`` to decode with (None: the recorded one, if any), loaded with
+        ``--trust-remote-code`` when that is given."""
+        path = getattr(self.args, "tokenizer", None)
+        if not getattr(self.args, "trust_remote_code", False):
+            return path
+        if path is None:
+            raise UsageError(
+                "--trust-remote-code applies to --tokenizer PATH only (a recorded tokenizer never runs code)"
+            )
+        from zarr_skip.views.tokenizers import load_tokenizer
+
+        return load_tokenizer(path, trust_remote_code=True)
+
     # -- caches -------------------------------------------------------------------------------
 
     def open(self, experiment: str | None = None, fingerprint: Mapping[str, Any] | None = None) -> Any:

@@ -101,6 +101,11 @@ def _tokenizer_option(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="tokenizer.json or model directory to decode with (default: the one the trainer recorded, if here)",
     )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run the tokenizer code of the --tokenizer directory (never a recorded one's)",
+    )
 
 
 def _add(

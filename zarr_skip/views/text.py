@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from zarr_skip.errors import TokenizerNotFoundError
-from zarr_skip.views.tokenizers import ATTR_MODEL, ATTR_TOKENIZER, Decoder, _attributes_of, tokenizer_for
+from zarr_skip.views.tokenizers import (
+    ATTR_MODEL,
+    ATTR_TOKENIZER,
+    Decoder,
+    _attributes_of,
+    recorded_tokenizer_path,
+    tokenizer_for,
+)
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -113,11 +120,12 @@ def require_tokenizer(view: StepView, tokenizer: Any = None) -> Decoder:
         return found
     attrs = _attributes_of(view)
     recorded = attrs.get(ATTR_TOKENIZER) or attrs.get(ATTR_MODEL)
-    why = (
-        f"the recorded tokenizer {recorded!r} is not on this machine"
-        if recorded
-        else "none is recorded in the experiment's attributes"
-    )
+    if not recorded:
+        why = "none is recorded in the experiment's attributes"
+    elif recorded_tokenizer_path(attrs) is None:
+        why = f"the recorded tokenizer {recorded!r} is not on this machine"
+    else:
+        why = f"the recorded tokenizer {recorded!r} does not load"
     raise TokenizerNotFoundError(
         f"step {view.step}: no tokenizer to decode with ({why}); pass tokenizer=PATH (a tokenizer.json or a "
         "model directory), a tokenizers.Tokenizer or a transformers tokenizer (on the CLI: --tokenizer PATH)"
