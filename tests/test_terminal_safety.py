@@ -66,7 +66,6 @@ COMMANDS = [
     ("show", "1", "--rows", "4"),
     ("show", "1", "--text"),
     ("show", "1", "--text", "--uid", "g" + PAYLOAD),
-    ("show", "1", "--text", "--tokens"),
     ("show", "99"),  # an error message naming the experiment
     ("show", "1", "--text", "--uid", "nope" + PAYLOAD),  # an error quoting the argument
     ("verify",),

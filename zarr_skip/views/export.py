@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.format.escapes import utf8_value
 from zarr_skip.views.records import rollout_columns
 from zarr_skip.views.tokenizers import tokenizer_for
 
@@ -152,7 +153,8 @@ def _names(tables: Sequence[dict[str, list[Any]]]) -> list[str]:
 
 def _write_jsonl(tables: Sequence[dict[str, list[Any]]], path: Path) -> list[str]:
     names = _names(tables)
-    with open(path, "w", encoding="utf-8") as f:
+    # a lone surrogate is written \udxxx inside its JSON string: json.loads gives it back exactly
+    with open(path, "w", encoding="utf-8", errors="backslashreplace") as f:
         for t in tables:
             count = len(t["row"])
             for i in range(count):
@@ -174,7 +176,7 @@ def _write_parquet(tables: Sequence[dict[str, list[Any]]], path: Path) -> list[s
             values = t.get(name, [None] * count)
             if name in as_text:
                 values = [None if v is None else json.dumps(_clean(v), ensure_ascii=False, default=str) for v in values]
-            data[name] = values
+            data[name] = [utf8_value(v) for v in values]  # arrow strings are UTF-8: lone surrogates escaped
         arrow.append(pa.table(data))
     table = pa.concat_tables(arrow, promote_options="permissive") if len(arrow) > 1 else arrow[0]
     meta = {"zarr_skip.json_columns": json.dumps(sorted(as_text))}
