@@ -29,7 +29,7 @@ from zarr_skip.views._rows import RolloutReader
 from zarr_skip.views.browse import decoder
 from zarr_skip.views.display import human_age, human_bytes, ratio_text
 from zarr_skip.views.groups import group_html
-from zarr_skip.views.rollouts import summary_html
+from zarr_skip.views.rollouts import page_html, summary_html
 
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
@@ -160,17 +160,21 @@ def _step_section(view: StepView, dec: Any, max_length: int | None, rows: int, t
     if max_length is not None and rollouts:
         share = np.mean([r.truncated for r in rollouts.values()])
         head += f"; {share:.0%} truncated at {max_length}"
-    body = []
+    body: list[str] = []
+    firsts: list[int] = []
     for uid, group in groups:
         items = [rollouts[int(i)] for i in group]
         if uid is None:
-            body.append("".join(summary_html(r) for r in items))
+            body += [summary_html(r) for r in items]
+            firsts += [r.row for r in items]
         else:
             body.append(f'<div class="zs-group" data-uid="{esc(uid)}">{group_html(uid, items, style=False)}</div>')
+            firsts.append(int(group[0]))
+    drawn = page_html(body, firsts)  # at most PAGE_CHARS of rows per step
     hint = legend() if tokens and dec is not None else Markup("")
     if dec is None:
         hint = Markup('<div class="zs-muted">no tokenizer: token ids shown (pass --tokenizer PATH)</div>')
-    return Markup(f'{start}<div class="zs-muted">{esc(head)}</div>{hint}{"".join(body)}</section>')
+    return Markup(f'{start}<div class="zs-muted">{esc(head)}</div>{hint}{drawn}</section>')
 
 
 def report_html(

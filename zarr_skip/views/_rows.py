@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.views.limits import TOKENS_SHOWN
 from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.views.text import chat_messages, decode_ids, token_ids
 from zarr_skip.views.tokenizers import Decoder
@@ -46,7 +47,8 @@ class Rollout:
     length : response tokens.
     max_length : the response length limit, when known (``truncated`` needs it).
     response_text : the decoded response, or ``None`` without a tokenizer.
-    response_tokens : each response token as text (``None`` unless asked for, or without a tokenizer).
+    response_tokens : each response token as text, of the first :data:`~zarr_skip.views.limits.TOKENS_SHOWN`
+        (``None`` unless asked for, or without a tokenizer).
     log_probs : the response tokens' log-probs (as many as tokens), or ``None``.
     prompt_messages : ``raw_prompt`` as ``(role, content)`` pairs, when stored.
     prompt_text : the decoded prompt, or ``None``.
@@ -265,7 +267,8 @@ class RolloutReader:
             length=length,
             max_length=self.max_length,
             response_text=decoder.decode(ids.tolist(), skip_special_tokens=skip) if decoder else None,
-            response_tokens=tuple(decoder.tokens(ids.tolist())) if decoder and tokens else None,
+            # the tokens a view draws (TOKENS_SHOWN): splitting 900k tokens would take seconds
+            response_tokens=tuple(decoder.tokens(ids[:TOKENS_SHOWN].tolist())) if decoder and tokens else None,
             log_probs=log_probs,
             prompt_messages=messages,
             prompt_text=(  # the messages say it better when stored
