@@ -21,7 +21,7 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from zarr_skip.format import checks, chunks, layout
+from zarr_skip.format import checks, chunks, layout, writetokens
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, StepInfo, resolve
 from zarr_skip.lazy import StepView
@@ -294,8 +294,14 @@ class Cache(CacheReading):
         overwrite: bool = False,
         meta_info: Mapping[str, Any] | None = None,
         allow_pickle: bool = False,
+        token: str | bool | None = None,
     ) -> PartInfo:
         """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
+
+        ``token`` makes a retry safe: a string (or True: derived from the batch's content) that
+        is recorded with the mini-batch; when this handle's run already stored a complete
+        mini-batch of ``step`` with the same token (a write that failed after the data landed),
+        that one is returned and nothing is stored again (:mod:`zarr_skip.format.writetokens`).
 
         Raises
         ------
@@ -312,6 +318,7 @@ class Cache(CacheReading):
         layout.step_name(step)
         checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
         checks.check_mapping(meta_info, "meta_info")
+        token = writetokens.check_token(token)
         # the pool compresses the large arrays while the rest is encoded, then every chunk
         # while the step is taken over and an index claimed (store/chunkjobs.py)
         jobs = ChunkJobs(self._storage, self.compression, self.chunk_bytes)
@@ -331,6 +338,7 @@ class Cache(CacheReading):
                 compression=self.compression,
                 lease=self.lease,
                 jobs=jobs,
+                token=writetokens.content_token(encoded) if token is True else token,
             )
         finally:
             jobs.cancel()  # whatever a failed write did not take (nothing after a success)

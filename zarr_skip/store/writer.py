@@ -82,12 +82,22 @@ def write_part(
     compression: chunks.Compression,
     lease: float,
     jobs: ChunkJobs,
+    token: str | None = None,
 ) -> PartInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
-    chunks come from ``jobs`` (the caller cancels what is left of them)."""
+    chunks come from ``jobs`` (the caller cancels what is left of them).
+
+    ``token``: recorded in the claim (and so in the complete record); a complete mini-batch of
+    this run with the same token is returned instead of storing the batch again (a retry of a
+    write whose outcome was lost: :func:`written_with`).
+    """
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
+    if token is not None:
+        earlier = written_with(storage, experiment, step, ctx, token)
+        if earlier is not None:
+            return earlier
     scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite)
     own = [p for p in scan.parts if p.run == ctx.run and p.complete]
     if own:
@@ -100,7 +110,7 @@ def write_part(
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
     while True:
-        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected)
+        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected, token)
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
@@ -139,6 +149,20 @@ def write_part(
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx)
     return PartInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+
+
+def written_with(storage: Storage, experiment: str, step: int, ctx: RunContext, token: str) -> PartInfo | None:
+    """The complete mini-batch of ``step`` this run stored with ``token``, if there is one (the
+    step's completion is finished on the way, as the lost write would have)."""
+    scan = scan_step(storage, experiment, step)
+    for p in scan.parts:
+        if p.run == ctx.run and p.complete and p.doc.get("token") == token:
+            step_path = layout.join(experiment, layout.step_name(step))
+            path = layout.join(step_path, ctx.run, str(p.index))
+            logger.info("step %d: mini-batch %d was stored with this write's token; not stored again", step, p.index)
+            complete = _maybe_complete(storage, experiment, step, step_path, ctx)
+            return PartInfo(step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, complete, path)
+    return None
 
 
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
@@ -224,7 +248,13 @@ def _take_over(
 
 
 def _claim(
-    storage: Storage, place: records.Place, run_path: str, taken: set[int], ctx: RunContext, expected: int
+    storage: Storage,
+    place: records.Place,
+    run_path: str,
+    taken: set[int],
+    ctx: RunContext,
+    expected: int,
+    token: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     for index in range(expected):
         if index in taken:
@@ -242,6 +272,7 @@ def _claim(
             "started": now,
             "heartbeat": now,
             "state": "writing",
+            **({} if token is None else {"token": token}),
         }
         key = layout.meta_key(layout.join(run_path, str(index)))
         if storage.create_if_absent(key, group_doc({layout.PART_ATTR: claim})):
