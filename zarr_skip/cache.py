@@ -296,12 +296,8 @@ class Cache(CacheReading):
         allow_pickle: bool = False,
         token: str | bool | None = None,
     ) -> PartInfo:
-        """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
-
-        ``token`` makes a retry safe: a string (or True: derived from the batch's content) that
-        is recorded with the mini-batch; when this handle's run already stored a complete
-        mini-batch of ``step`` with the same token (a write that failed after the data landed),
-        that one is returned and nothing is stored again (:mod:`zarr_skip.format.writetokens`).
+        """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``;
+        a retry with the same ``token`` (a str, or True: from the content) returns the stored one.
 
         Raises
         ------
