@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError
-from zarr_skip.format import chunks, layout, records
+from zarr_skip.format import checks, chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, owner, writer_alive
 from zarr_skip.store.catalog import list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part, checked_entries
@@ -99,7 +99,7 @@ def verify(
     ]
     exp = cache._exp() if not problems else cache.experiment or ""  # noqa: SLF001 - same package
     all_steps = list_steps(storage, exp) if exp else []
-    wanted = all_steps if step is None else ([step] if isinstance(step, int) else list(step))
+    wanted = all_steps if step is None else checks.check_steps([step] if isinstance(step, int) else step) or []
     checked: list[int] = []
     unbound: list[int] = []
     todo: list[tuple[int, PartRecord, Part]] = []

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, MissingExtraError
+from zarr_skip.format import args
 from zarr_skip.format.arrays import as_numpy
 from zarr_skip.store.reads import read_ranges
 from zarr_skip.store.storage import Storage
@@ -66,12 +67,8 @@ def pandas_module() -> Any:
 def views_table(storage: Storage, views: Sequence[StepView], columns: Sequence[str] | None = None) -> pandas.DataFrame:
     """The rows of ``views`` as one DataFrame (see the module docstring), in view order."""
     pd = pandas_module()
+    columns = args.columns(columns, dict.fromkeys(name for view in views for name in view.columns), where="table")
     chosen = [_chosen(view, columns) for view in views]
-    if columns is not None:
-        known = {name for view in views for name in view.columns}
-        missing = [n for n in columns if n not in known]
-        if missing:
-            raise KeyError(f"no column {', '.join(map(repr, missing))} in the steps asked for")
     wanted = [col._whole() if whole else col._lengths_ranges() for cols in chosen for col, whole in cols]
     got = iter(read_ranges(storage, [r for ranges in wanted for r in ranges]))
     stored = iter([[next(got) for _ in ranges] for ranges in wanted])  # the arrays of each column

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, RowIndexError
 from zarr_skip.views.limits import TOKENS_SHOWN
 from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.views.text import chat_messages, decode_ids, token_ids
@@ -148,7 +149,9 @@ class RolloutReader:
         skip_special_tokens: bool = True,
     ) -> None:
         if "responses" not in view:
-            raise KeyError(f"step {view.step}: no 'responses' column to show (columns: {', '.join(view.columns)})")
+            raise ColumnNotFoundError(
+                f"step {view.step}: no 'responses' column to show (columns: {', '.join(view.columns)})"
+            )
         self.view = view
         self.decoder = decoder
         self.skip_special_tokens = skip_special_tokens
@@ -173,7 +176,7 @@ class RolloutReader:
         """Every row's score (a token-level column summed per row); ``KeyError`` when no column
         holds scores."""
         if self.score_column is None:
-            raise KeyError(
+            raise ColumnNotFoundError(
                 f"step {self.view.step}: no score column (looked for {', '.join(SCORE_COLUMNS)}; "
                 f"columns: {', '.join(self.view.columns)})"
             )
@@ -182,7 +185,9 @@ class RolloutReader:
     def uids(self) -> np.ndarray:
         """Every row's uid, as strings; ``KeyError`` without a ``uid`` column."""
         if "uid" not in self.view:
-            raise KeyError(f"step {self.view.step}: no 'uid' column (columns: {', '.join(self.view.columns)})")
+            raise ColumnNotFoundError(
+                f"step {self.view.step}: no 'uid' column (columns: {', '.join(self.view.columns)})"
+            )
         return np.array([str(u) for u in self.view["uid"][:]], dtype=object)
 
     # -- chosen rows ---------------------------------------------------------------------------
@@ -190,7 +195,7 @@ class RolloutReader:
     def response_texts(self, rows: np.ndarray) -> list[str]:
         """The decoded responses of ``rows`` (reads the responses, and a padded batch's mask)."""
         if self.decoder is None:
-            raise ValueError(f"step {self.view.step}: no tokenizer to decode the responses; pass tokenizer=")
+            raise ConfigError(f"step {self.view.step}: no tokenizer to decode the responses; pass tokenizer=")
         return decode_ids(self.decoder, token_ids(self.view, "responses", rows), self.skip_special_tokens)
 
     def read(self, rows: Sequence[int] | np.ndarray, *, tokens: bool = False, text: bool = True) -> list[Rollout]:
@@ -199,7 +204,7 @@ class RolloutReader:
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         n = len(self.view)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"step {self.view.step}: rows out of range for {n} rows: {idx.tolist()[:10]}")
+            raise RowIndexError(f"step {self.view.step}: rows out of range for {n} rows: {idx.tolist()[:10]}")
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]  # read in row order; hand back in the order asked for
         cols = self._read_columns(sorted_idx)

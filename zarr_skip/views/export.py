@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError, StorageError
+from zarr_skip.format import args, checks
 from zarr_skip.format.escapes import utf8_value
 from zarr_skip.views.records import rollout_columns
 from zarr_skip.views.tokenizers import tokenizer_for
@@ -61,9 +62,11 @@ def _format_of(path: Path, fmt: str | None) -> str:
         suffix = path.suffix.lower().lstrip(".")
         fmt = {"parquet": "parquet", "pq": "parquet", "jsonl": "jsonl", "ndjson": "jsonl"}.get(suffix)
         if fmt is None:
-            raise ConfigError(f"{path}: cannot tell the format from the name; pass format='parquet' or 'jsonl'")
+            raise ConfigError(
+                f"export: path {str(path)!r}: cannot tell the format from the name; pass format='parquet' or 'jsonl'"
+            )
     if fmt not in FORMATS:
-        raise ConfigError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+        raise ConfigError(f"export: format {fmt!r}: choose one of {', '.join(FORMATS)}")
     return fmt
 
 
@@ -94,11 +97,11 @@ def export_rollouts(
     StepNotFoundError, IncompleteStepError
         A step asked for is not there or not complete (nothing is written).
     """
-    out = Path(path)
+    out = Path(args.path(path, "path", "export"))
     fmt = _format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+    chosen = cache.steps() if steps is None else checks.check_steps([steps] if isinstance(steps, int) else steps)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     decoder = tokenizer_for(cache, tokenizer)
@@ -113,11 +116,13 @@ def export_rollouts(
         tables.append(rollout_columns(view, decoder=decoder))
         if progress is not None:
             progress(done, len(views))
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         columns = _write_parquet(tables, tmp) if fmt == "parquet" else _write_jsonl(tables, tmp)
         os.replace(tmp, out)
+    except OSError as exc:
+        raise StorageError(f"export: path {str(out)!r}: cannot write it ({exc})") from exc
     finally:
         tmp.unlink(missing_ok=True)
     rows = sum(len(t["row"]) for t in tables)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError
+
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
 
@@ -31,11 +33,11 @@ def _numpy(value: Any) -> np.ndarray:
 
         t = value.detach()
         if t.is_complex():
-            raise TypeError("complex values cannot be plotted")
+            raise ConfigTypeError("complex values cannot be plotted")
         return t.to(torch.float64).numpy()
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
+        raise ConfigTypeError(f"values of dtype {arr.dtype} cannot be plotted")
     return arr.astype(np.float64)
 
 
@@ -46,7 +48,7 @@ def pick(view: StepView, column: str | None, candidates: Sequence[str], what: st
     for name in candidates:
         if name in view:
             return name
-    raise KeyError(
+    raise ColumnNotFoundError(
         f"step {view.step}: no {what} column (looked for {', '.join(candidates)}; "
         f"columns: {', '.join(view.columns)}); name one with column="
     )
@@ -58,14 +60,14 @@ def lengths_and_width(view: StepView, column: str | None) -> tuple[np.ndarray, i
     col = view[name]
     if col.spec.jagged:
         if col.spec.kind not in ("nested", "rows"):
-            raise TypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
+            raise ConfigTypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
         return col.lengths().astype(np.int64), None
     if column is None and name == "responses" and "response_mask" in view:
         return lengths_and_width(view, "response_mask")
     if len(col.spec.shape) != 1:
-        raise TypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
+        raise ConfigTypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
     if not name.endswith("mask"):
-        raise TypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
+        raise ConfigTypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
     out = np.empty(len(col), dtype=np.int64)
     for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
         block = col[start : start + _BLOCK]
@@ -93,7 +95,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
     padded column, padding included).
     """
     if reduce not in ("sum", "mean"):
-        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+        raise ConfigError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
     name = pick(view, column, SCORE_COLUMNS, "score")
     col = view[name]
     kind = col.spec.kind
@@ -101,7 +103,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
         data = _numpy(col[:]).reshape(len(col), -1)
         return data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
     if kind not in ("nested", "rows"):
-        raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
+        raise ConfigTypeError(f"column {name!r} holds {kind} rows, not numbers")
     lengths = col.lengths().astype(np.int64)
     value = col[:]
     if kind == "nested":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ColumnNotFoundError, GroupNotFoundError
 from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
 from zarr_skip.views.tokenizers import Decoder, tokenizer_for
 
@@ -78,12 +79,12 @@ def per_row_columns(view: StepView) -> list[str]:
 def rows_of_uid(view: StepView, uid: str) -> np.ndarray:
     """The rows whose ``uid`` is ``uid`` (a GRPO group), reading the ``uid`` column only."""
     if "uid" not in view:
-        raise KeyError(f"step {view.step}: no 'uid' column (columns: {', '.join(view)})")
+        raise ColumnNotFoundError(f"step {view.step}: no 'uid' column (columns: {', '.join(view)})")
     uids = np.asarray(_python(view["uid"][:]), dtype=object)
     found = np.flatnonzero(uids == uid)
     if not found.size:
         sample = ", ".join(dict.fromkeys(str(u) for u in uids[:5]))
-        raise KeyError(f"step {view.step}: no rows with uid {uid!r} (uids such as {sample})")
+        raise GroupNotFoundError(f"step {view.step}: no rows with uid {uid!r} (uids such as {sample})")
     return found
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zarr_skip.errors import RowIndexError
 from zarr_skip.views._html import Markup, badge, esc, legend, message, token_spans, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
 from zarr_skip.views.limits import IDS_SHOWN, PAGE_CHARS, TOKENS_SHOWN, clip_text, more
@@ -204,7 +205,7 @@ class RolloutView:
         n = len(reader)
         i = row + n if row < 0 else row
         if not 0 <= i < n:
-            raise IndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
+            raise RowIndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
         self._reader = reader
         self.row = i
         self._rollout: Rollout | None = None

@@ -189,6 +189,8 @@ def load_tokenizer(source: Any, *, trust_remote_code: bool = False) -> Decoder:
     """
     if not isinstance(trust_remote_code, bool):
         raise ConfigTypeError(f"trust_remote_code: expected True or False, got {trust_remote_code!r:.80}")
+    if isinstance(source, (bytes, bytearray, memoryview)):  # has .decode, but is no tokenizer
+        raise TokenizerNotFoundError(f"tokenizer: {source!r:.60} is bytes; pass the path as a str")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
         if not path.exists():
@@ -206,7 +208,8 @@ def load_tokenizer(source: Any, *, trust_remote_code: bool = False) -> Decoder:
     if callable(getattr(source, "decode", None)):
         return _CallableDecoder(source)
     raise TokenizerNotFoundError(
-        f"cannot decode with {type(source).__name__}: pass a path, a tokenizers.Tokenizer or a transformers tokenizer"
+        f"tokenizer: cannot decode with {type(source).__name__}: pass a path, a tokenizers.Tokenizer or a "
+        "transformers tokenizer"
     )
 
 
