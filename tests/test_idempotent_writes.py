@@ -245,3 +245,106 @@ def _wait_dead(pid: int) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"weed pid {pid} still alive")
+
+
+# -- an attempt that failed before completing and could not clean up -------------------------
+
+
+def fail_mid_data(cache: zs.Cache, then: Callable[[], None] | None = None) -> None:
+    """Make the next write fail after its claim and data landed, before its complete record,
+    with its clean-up failing too (the store is gone): ``then()`` kills a server, or without it
+    both raise as a lost connection would."""
+    real_write, real_discard = writer._write_arrays, writer._discard
+    armed = [True]
+
+    def write_arrays(*args: Any, **kwargs: Any) -> Any:
+        out = real_write(*args, **kwargs)
+        if armed[0]:
+            armed[0] = False
+            if then is not None:
+                then()  # the next request (the owner check) fails by itself
+            else:
+                writer._discard = discard  # type: ignore[assignment]
+                raise zs.StorageConnectionError("the connection was reset (injected)")
+        return out
+
+    def discard(*_a: Any, **_k: Any) -> None:
+        writer._discard = real_discard  # type: ignore[assignment]
+        raise zs.StorageConnectionError("the connection was reset during the clean-up (injected)")
+
+    writer._write_arrays = write_arrays  # type: ignore[assignment]
+    _restore.append(lambda: setattr(writer, "_write_arrays", real_write))
+    _restore.append(lambda: setattr(writer, "_discard", real_discard))
+
+
+def test_an_unfinished_attempt_of_the_same_token_gives_its_index_back(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path, FINGERPRINT)
+    fail_mid_data(cache)
+    with pytest.raises(zs.StorageConnectionError):
+        cache.write(1, A, expected=2, token="mb-0")
+    assert cache.experiment is not None
+    (left,) = scan_step(cache._storage, cache.experiment, 1).parts
+    assert left.state == "writing" and left.doc["token"] == "mb-0"  # the claim the clean-up left
+    assert cache.write(1, A, expected=2, token="mb-0").index == 0
+    assert cache.write(1, B, expected=2, token="mb-1").step_complete
+    assert_equal(zs.open_cache(tmp_path).load(1).to_dict(), concat([A, B]))
+
+
+def test_without_a_token_the_unfinished_attempt_keeps_its_index(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path, FINGERPRINT)
+    fail_mid_data(cache)
+    with pytest.raises(zs.StorageConnectionError):
+        cache.write(1, A, expected=2)
+    assert cache.write(1, A, expected=2).index == 1  # index 0 stays claimed by the dead attempt
+    with pytest.raises(zs.StepCompleteError):
+        cache.write(1, B, expected=2)
+
+
+def test_another_writers_unfinished_claim_is_left_alone(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path, FINGERPRINT, run_id="r1")
+    fail_mid_data(cache)
+    with pytest.raises(zs.StorageConnectionError):
+        cache.write(1, A, expected=2, token="mb-0")
+    other = zs.open_cache(tmp_path, FINGERPRINT, run_id="r1")  # same run, another writer
+    assert other.write(1, A, expected=2, token="mb-0").index == 1
+    assert cache.experiment is not None
+    states = sorted((p.index, p.state) for p in scan_step(cache._storage, cache.experiment, 1).parts)
+    assert states == [(0, "writing"), (1, "complete")]
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(300)
+def test_s3_server_killed_mid_write_and_restarted_retry_from_the_same_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import _s3server
+    from _s3server import SeaweedFSError, seaweedfs, seaweedfs_unavailable_reason
+
+    reason = seaweedfs_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    prefix = f"t-{uuid.uuid4().hex[:12]}"
+    with seaweedfs(tmp_path / "s3") as srv:
+        ports = dict(srv.ports)
+        options = dict(srv.storage_options, **_retry())
+        cache = zs.open_cache(srv.s3_url(prefix), FINGERPRINT, storage_options=options)
+        pid = srv.pid
+        fail_mid_data(cache, then=lambda: (os.kill(pid, signal.SIGKILL), _wait_dead(pid)))
+        with pytest.raises(zs.StorageError):
+            cache.write(1, A, expected=2, token="rollout/step-1/mb-0")
+    http = [ports[flag] for flag, _ in _s3server._COMPONENTS.values()]
+    monkeypatch.setattr(_s3server, "_pick_port_pairs", lambda n, rng: list(http))  # the same ports again
+    try:
+        again = seaweedfs(tmp_path / "s3")
+        srv = again.__enter__()
+    except SeaweedFSError as exc:  # a port taken meanwhile: the same handle cannot reach a new one
+        pytest.skip(f"SeaweedFS did not restart on its ports: {exc}")
+    try:
+        assert srv.ports == ports
+        info = cache.write(1, A, expected=2, token="rollout/step-1/mb-0")  # the same handle retries
+        assert info.index == 0
+        assert cache.write(1, B, expected=2, token="rollout/step-1/mb-1").step_complete
+        reader = zs.open_cache(srv.s3_url(prefix), storage_options=srv.storage_options)
+        assert_equal(reader.load(1).to_dict(), concat([A, B]))
+    finally:
+        again.__exit__(None, None, None)

@@ -153,15 +153,22 @@ def write_part(
 
 def written_with(storage: Storage, experiment: str, step: int, ctx: RunContext, token: str) -> PartInfo | None:
     """The complete mini-batch of ``step`` this run stored with ``token``, if there is one (the
-    step's completion is finished on the way, as the lost write would have)."""
+    step's completion is finished on the way, as the lost write would have). An unfinished one
+    this writer left with the token (an earlier attempt that failed before completing, and
+    could not clean up) is deleted, so that the retry may take its index."""
     scan = scan_step(storage, experiment, step)
+    step_path = layout.join(experiment, layout.step_name(step))
     for p in scan.parts:
-        if p.run == ctx.run and p.complete and p.doc.get("token") == token:
-            step_path = layout.join(experiment, layout.step_name(step))
-            path = layout.join(step_path, ctx.run, str(p.index))
+        if p.run != ctx.run or p.doc.get("token") != token:
+            continue
+        path = layout.join(step_path, ctx.run, str(p.index))
+        if p.complete:
             logger.info("step %d: mini-batch %d was stored with this write's token; not stored again", step, p.index)
             complete = _maybe_complete(storage, experiment, step, step_path, ctx)
             return PartInfo(step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, complete, path)
+        if p.doc.get("writer") == ctx.writer:
+            logger.info("step %d: deleting mini-batch %d, left unfinished by an earlier attempt", step, p.index)
+            storage.delete_prefix(path)
     return None
 
 
