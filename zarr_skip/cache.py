@@ -24,7 +24,7 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from zarr_skip.format import checks, chunks, layout
+from zarr_skip.format import checks, chunks, layout, writetokens
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, ResolveAction, StepInfo, resolve
 from zarr_skip.lazy import StepView
@@ -318,8 +318,10 @@ class Cache:
         overwrite: bool = False,
         meta_info: Mapping[str, Any] | None = None,
         allow_pickle: bool = False,
+        token: str | bool | None = None,
     ) -> MinibatchInfo:
-        """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``.
+        """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``;
+        a retry with the same ``token`` (a str, or True: from the content) returns the stored one.
 
         Raises
         ------
@@ -336,6 +338,7 @@ class Cache:
         layout.step_name(step)
         checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
         checks.check_mapping(meta_info, "meta_info")
+        token = writetokens.check_token(token)
         # the pool compresses the large arrays while the rest is encoded, then every chunk
         # while the step is taken over and an index claimed (store/chunkjobs.py)
         jobs = ChunkJobs(self._storage, self.compression, self.chunk_bytes)
@@ -355,6 +358,7 @@ class Cache:
                 compression=self.compression,
                 lease=self.lease,
                 jobs=jobs,
+                token=writetokens.content_token(encoded) if token is True else token,
             )
         finally:
             jobs.cancel()  # whatever a failed write did not take (nothing after a success)
@@ -524,7 +528,7 @@ class Cache:
             steps = step
         damaged = self.damaged_experiments()
         exp = self._exp() if not damaged else self.experiment or ""
-        wanted = None if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+        wanted = checks.check_steps([steps] if isinstance(steps, int) else steps)
         return maintenance.verify(
             self._storage, exp, lease=self.lease, steps=wanted, damaged=damaged, progress=progress
         )

@@ -17,6 +17,9 @@ subclasses the builtin exception it refines, so callers may catch either::
     │   └── StorageConnectionError               the endpoint cannot be reached
     ├── AtomicityError (RuntimeError)            the store cannot create a key exclusively
     ├── StepNotFoundError (KeyError)             no such step
+    ├── ColumnNotFoundError (KeyError)           no column of that name in the step
+    ├── RowIndexError (IndexError)               a row (or page) outside the step
+    ├── GroupNotFoundError (KeyError)            no GRPO group (uid) of that name in the step
     ├── IncompleteStepError (LookupError)        the step exists but is not complete
     ├── StepCompleteError (FileExistsError)      writing into a complete step
     ├── DisplacedWriterError (RuntimeError)      a newer run took the step over
@@ -48,6 +51,7 @@ __all__ = [
     "CacheNotFoundError",
     "CachedStepMissingError",
     "ChecksumError",
+    "ColumnNotFoundError",
     "ConfigError",
     "ConfigTypeError",
     "CorruptCacheError",
@@ -56,6 +60,7 @@ __all__ = [
     "FingerprintMismatchError",
     "FormatVersionError",
     "GroupMismatchError",
+    "GroupNotFoundError",
     "IncompleteStepError",
     "KeyFormatError",
     "MetadataError",
@@ -64,6 +69,7 @@ __all__ = [
     "OutsideCacheError",
     "ReadOnlyCacheError",
     "RemapError",
+    "RowIndexError",
     "SampleIdError",
     "SchemaMismatchError",
     "StepCompleteError",
@@ -138,6 +144,18 @@ class AtomicityError(ZarrSkipError, RuntimeError):
 
 class StepNotFoundError(ZarrSkipError, KeyError):
     """The step does not exist in the cache."""
+
+
+class ColumnNotFoundError(ZarrSkipError, KeyError):
+    """The step holds no column of that name; the message lists those it holds."""
+
+
+class RowIndexError(ZarrSkipError, IndexError):
+    """A row (or a page of rows) outside the step; the message names the argument and the range."""
+
+
+class GroupNotFoundError(ZarrSkipError, KeyError):
+    """No row of the step has that uid (GRPO group)."""
 
 
 class IncompleteStepError(ZarrSkipError, LookupError):

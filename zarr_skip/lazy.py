@@ -15,8 +15,8 @@ import numpy as np
 
 from zarr_skip import tables
 from zarr_skip._deprecation import keyword_only, warn_renamed
-from zarr_skip.errors import MetadataError
-from zarr_skip.format import arrays
+from zarr_skip.errors import ConfigError, MetadataError
+from zarr_skip.format import args, arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
 from zarr_skip.store import reads
@@ -139,14 +139,13 @@ class StepView:
         return sum(p.rows for p in self._parts)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._parts[0].specs
+        return isinstance(name, str) and name in self._parts[0].specs
 
     def __iter__(self) -> Iterator[str]:  # column names, like a mapping
         return iter(self.columns)
 
     def __getitem__(self, name: str) -> LazyColumn:
-        if name not in self._parts[0].specs:
-            raise KeyError(f"step {self.step}: no column {name!r} (columns: {', '.join(self.columns)})")
+        args.column(name, self._parts[0].specs, "column", f"step {self.step}")
         if name not in self._cols:
             self._cols[name] = LazyColumn(self._storage, self.step, self._parts, name, self._allow_pickle)
         return self._cols[name]
@@ -339,10 +338,9 @@ class LazyColumn:
         return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
 
     def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> Any:
+        key = args.rows(key, self._rows, "rows", f"column {self.name!r}", none=False)
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            i = int(key) + (self._rows if key < 0 else 0)
-            if not 0 <= i < self._rows:
-                raise IndexError(f"column {self.name!r}: row {key} out of range for {self._rows} rows")
+            i = int(key)  # made non-negative and checked by args.rows
             value = self._select_range(i, i + 1)  # reads that row's mini-batch only
             if self.spec.kind == "nested":
                 return value.unbind()[0]
@@ -384,8 +382,9 @@ class LazyColumn:
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """``np.asarray(col)``: every row (see :mod:`zarr_skip.format.arrays`); ValueError for
         ``copy=False`` (reading makes a new array, as in zarr) or a numeric dtype of jagged rows."""
+        dtype, copy = args.dtype(dtype, where=f"column {self.name!r}"), args.maybe_flag(copy, "copy")
         if copy is False:
-            raise ValueError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
+            raise ConfigError(f"column {self.name!r}: np.asarray(col, copy=False): reading always makes a new array")
         if self._dict is not None and self.spec.kind in BYTES_KINDS:  # each entry decoded once, as col[:]
             return arrays.with_dtype(self.spec, arrays.object_array(self[:]), dtype)
         stored = self._stored(read_ranges(self._storage, self._whole()))

@@ -15,7 +15,7 @@ from zarr.storage import LocalStore
 
 from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError, ReadOnlyCacheError
-from zarr_skip.format import chunks, layout, records
+from zarr_skip.format import checks, chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
 from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, list_steps, scan_steps, summary_problem
@@ -113,7 +113,7 @@ def verify(
     """
     problems = [Problem(-1, None, None, path, why, "experiment") for path, why in (damaged or {}).items()]
     all_steps = list_steps(storage, experiment) if experiment else []
-    wanted = all_steps if steps is None else list(steps)
+    wanted = all_steps if steps is None else checks.check_steps(steps) or []
     checked: list[int] = []
     unbound: list[int] = []
     todo: list[tuple[int, PartRecord, Part]] = []

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, MissingExtraError
+from zarr_skip.format import args
 from zarr_skip.format.arrays import as_numpy, numpy_values
 from zarr_skip.store.reads import Range, read_ranges
 from zarr_skip.store.storage import Storage
@@ -178,12 +179,8 @@ class _Plan:
 
 
 def _check_columns(views: Sequence[StepView], columns: Sequence[str] | None) -> None:
-    if columns is None:
-        return
-    known = {name for view in views for name in view.columns} | set(schema.TABLE_FIELDS)
-    missing = [n for n in columns if n not in known]
-    if missing:
-        raise KeyError(f"no column {', '.join(map(repr, missing))} in the steps asked for")
+    known = dict.fromkeys([name for view in views for name in view.columns] + list(schema.TABLE_FIELDS))
+    args.columns(columns, known, where="table")
 
 
 def views_table(

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zarr_skip.cli._format import terminal_safe
+
 __all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options", "relative_step"]
 
 #: how the command prints a library log record and its own warnings alike
@@ -36,15 +38,15 @@ class Context:
     def say(self, text: str = "") -> None:
         """A line of the command's output (stdout); silent under ``--json``."""
         if not self.json:
-            print(text, file=sys.stdout)
+            print(terminal_safe(text), file=sys.stdout)
 
     def note(self, text: str) -> None:
         """A remark for the human at the terminal (stderr)."""
-        print(text, file=sys.stderr)
+        print(terminal_safe(text), file=sys.stderr)
 
     def warn(self, text: str) -> None:
         """A warning (stderr), in the same format as the library's logged warnings."""
-        print(LOG_FORMAT % {"levelname": "WARNING", "message": text}, file=sys.stderr)
+        print(terminal_safe(LOG_FORMAT % {"levelname": "WARNING", "message": text}), file=sys.stderr)
 
     def emit(self, doc: Any) -> None:
         """The ``--json`` document (stdout)."""
@@ -73,8 +75,22 @@ class Context:
             return True
         if not sys.stdin or not sys.stdin.isatty():
             raise UsageError(f"cannot ask '{question}': stdin is not a terminal; nothing done (pass --yes)")
-        print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+        print(terminal_safe(f"{question} [y/N] "), end="", file=sys.stderr, flush=True)
         return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+    def tokenizer(self) -> Any:
+        """The ``--tokenizer`` to decode with (None: the recorded one, if any), loaded with
+        ``--trust-remote-code`` when that is given."""
+        path = getattr(self.args, "tokenizer", None)
+        if not getattr(self.args, "trust_remote_code", False):
+            return path
+        if path is None:
+            raise UsageError(
+                "--trust-remote-code applies to --tokenizer PATH only (a recorded tokenizer never runs code)"
+            )
+        from zarr_skip.views.tokenizers import load_tokenizer
+
+        return load_tokenizer(path, trust_remote_code=True)
 
     # -- caches -------------------------------------------------------------------------------
 

@@ -177,7 +177,7 @@ def _export_records(ctx: Context, cache: Any, steps: list[int]) -> int:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     with ctx.bar("export", "step", total=len(steps)) as bar:
         report = export_rollouts(
-            cache, out, steps, format=cast("ExportFormat", fmt), tokenizer=a.tokenizer, progress=bar.callback()
+            cache, out, steps, format=cast("ExportFormat", fmt), tokenizer=ctx.tokenizer(), progress=bar.callback()
         )
     text = "decoded text" if report.tokenizer else "token ids (no tokenizer: pass --tokenizer PATH for text)"
     ctx.say(f"{report.rows} rollouts of {len(report.steps)} step(s) -> {report.path} ({report.format}, {text})")

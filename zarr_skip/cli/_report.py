@@ -35,7 +35,7 @@ def cmd_report(ctx: Context) -> int:
             raise UsageError(f"step(s) {', '.join(map(str, missing))}: not complete steps of {name} (complete: {near})")
     from zarr_skip.views.tokenizers import tokenizer_for
 
-    tokenizer = tokenizer_for(cache, ctx.args.tokenizer)  # --tokenizer wins over the recorded one
+    tokenizer = tokenizer_for(cache, ctx.tokenizer())  # --tokenizer wins over the recorded one
     if tokenizer is None:
         ctx.note("note: no tokenizer given or recorded: the report shows token ids (pass --tokenizer PATH)")
     path = write_report(

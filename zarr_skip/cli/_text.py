@@ -83,7 +83,7 @@ def cmd_show_text(ctx: Context, name: str, cache: Any, step: int) -> int:
         from zarr_skip.cli._context import UsageError
 
         raise UsageError(exc.args[0]) from None
-    decoder = tokenizer_for(view, ctx.args.tokenizer)
+    decoder = tokenizer_for(view, ctx.tokenizer())
     if decoder is None:
         try:
             require_tokenizer(view)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zarr_skip.cli._context import LOG_FORMAT, Context, UsageError, parse_storage_options
+from zarr_skip.cli._format import SafeFormatter, terminal_safe
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
@@ -101,6 +102,11 @@ def _tokenizer_option(p: argparse.ArgumentParser) -> None:
         "--tokenizer",
         metavar="PATH",
         help="tokenizer.json or model directory to decode with (default: the one the trainer recorded, if here)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run the tokenizer code of the --tokenizer directory (never a recorded one's)",
     )
 
 
@@ -357,40 +363,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     except UsageError as exc:
         parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"{PROG}: error: {exc}"), file=sys.stderr)
         return 2
     log = logging.getLogger("zarr_skip")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
     old_level = log.level
     log.addHandler(handler)
     log.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)])
     try:
         return int(args.func(Context(args)))
     except UsageError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"{PROG} {args.command}: error: {exc}"), file=sys.stderr)
         return 2
     except ZarrSkipError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"{PROG} {args.command}: error: {exc}"), file=sys.stderr)
         return _exit_code(exc)
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"{PROG} {args.command}: error: {exc}"), file=sys.stderr)
         return 2
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):  # `zarr-skip ls | head`
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             return 1
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"{PROG} {args.command}: error: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(terminal_safe(f"{PROG}: interrupted"), file=sys.stderr)
         return 130
     except Exception as exc:  # a failure the library did not type (a store's own error, ...)
         if args.verbose:
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"{PROG} {args.command}: error: {type(exc).__name__}: {first} (-v shows the traceback)", file=sys.stderr)
+        text = f"{PROG} {args.command}: error: {type(exc).__name__}: {first} (-v shows the traceback)"
+        print(terminal_safe(text), file=sys.stderr)
         return 1
     finally:
         log.removeHandler(handler)

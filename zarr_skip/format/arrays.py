@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ConfigError
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import NUMPY_NAMES, ColumnSpec, numpy_dtype, torch_dtype
 
@@ -71,11 +72,14 @@ def with_dtype(spec: ColumnSpec, out: np.ndarray, dtype: Any = None) -> np.ndarr
     if dtype is None or np.dtype(dtype) == out.dtype:
         return out
     if spec.kind in ("nested", "rows") and np.dtype(dtype) != object:
-        raise ValueError(
-            f"column {spec.name!r} is jagged: numpy cannot hold its rows as one {np.dtype(dtype)} array; "
+        raise ConfigError(
+            f"column {spec.name!r} is jagged: numpy cannot hold its rows as one array of dtype {np.dtype(dtype)}; "
             "np.asarray(col) gives an object array of rows, col.lengths() their lengths"
         )
-    return out.astype(dtype)
+    try:
+        return out.astype(dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"column {spec.name!r}: dtype {np.dtype(dtype)}: its values cannot be one ({exc})") from None
 
 
 def _as_numpy(

@@ -145,14 +145,14 @@ def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
         # keys, NaN payloads and the like; the exact (slower) row-by-row path runs only then
         if json_loads(b"[" + b",".join(seen[id(r)] for r in unique) + b"]") == unique:
             return blobs, None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # a row nested too deeply: found row by row below
         pass
     blobs = []
     for i, r in enumerate(rows):
         try:
             text = _JSON.encode(r)
             exact = json_loads(text) == r
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             exact = False
         if not exact:
             try:

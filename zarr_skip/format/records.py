@@ -216,6 +216,23 @@ def check_column(doc: Mapping[str, Any], name: str, where: str) -> None:
         _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
     if "lengths" in arrays and "values" not in arrays:
         raise MetadataError(f"{where}: column {name!r} has lengths but no values")
+    if "codes" in arrays:
+        _check_entries(arrays, rows, f"{where}, {name}")
+
+
+def _check_entries(arrays: Mapping[str, Any], rows: int, where: str) -> None:
+    """A dictionary's entries are distinct rows of its mini-batch, so there are at most
+    ``rows`` of them (checked before the lengths that count them are read and widened: a
+    small, very compressible lengths chunk must not make a reader allocate gigabytes)."""
+    lengths = arrays.get("lengths")
+    if not isinstance(lengths, Mapping) or "values" not in arrays:
+        raise MetadataError(f"{where}: a dictionary-encoded column needs lengths and values")
+    entries = lengths["shape"][0]
+    if entries > rows:
+        raise MetadataError(
+            f"{where}/lengths: {entries} dictionary entries recorded for {rows} rows (a dictionary holds "
+            "at most one entry per row: the record was altered)"
+        )
 
 
 def _check_array(a: Any, rows: int | None, where: str) -> None:

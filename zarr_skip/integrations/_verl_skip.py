@@ -32,7 +32,7 @@ from zarr_skip.errors import (
 from zarr_skip.integrations._verl_legacy import LegacySource
 from zarr_skip.integrations._verl_meta import decode_meta, encode_meta
 from zarr_skip.integrations._verl_options import options
-from zarr_skip.trainer.manager import fields_to_mapping, inject_step, record_attributes
+from zarr_skip.trainer.manager import fields_to_mapping, inject_step, record_attributes, write_retrying
 from zarr_skip.trainer.remap import parse_sample_step
 from zarr_skip.trainer.skipconfig import RoleConfig, fingerprint, parameter_sync_step, tokenizer_paths
 
@@ -130,8 +130,14 @@ class ZarrSkipBase(BaseSkip):
         """Store one mini-batch; failures are logged, never raised (training goes on)."""
         try:
             with self._lock:
-                info = self.cache().write(
-                    step, batch, expected=self.expected, meta_info=meta_info, allow_pickle=self.options.allow_pickle
+                info = write_retrying(
+                    self.cache(),
+                    step,
+                    batch,
+                    expected=self.expected,
+                    meta_info=meta_info,
+                    allow_pickle=self.options.allow_pickle,
+                    token=True,  # derived from the batch: a retry finds what an ambiguous failure stored
                 )
         except StepCompleteError:
             logger.info("skip.%s: step %d is already complete; kept the stored one", self.role, step)

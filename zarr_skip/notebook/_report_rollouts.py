@@ -15,7 +15,7 @@ import numpy as np
 from zarr_skip.views._html import Markup, esc, legend
 from zarr_skip.views._rows import Rollout, RolloutReader, take
 from zarr_skip.views.groups import group_html
-from zarr_skip.views.rollouts import summary_html
+from zarr_skip.views.rollouts import page_html, summary_html
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -146,12 +146,17 @@ def step_section(view: StepView, dec: Any, max_length: int | None, rows: int, to
         hint = Markup('<div class="zs-muted">no tokenizer: token ids shown (pass --tokenizer PATH)</div>')
     body = [f'<div class="zs-muted">{esc(_head(view, groups, read))}</div>{hint}']
     body.append(_rollout_list(view.step, [by_row[int(i)] for i in every], truths))
+    drawn: list[str] = []
+    firsts: list[int] = []
     for uid, group in groups:
         items = [by_row[int(i)] for i in group]
         if uid is None:
-            body.append("".join(summary_html(r) for r in items))
+            drawn += [summary_html(r) for r in items]
+            firsts += [r.row for r in items]
             continue
         truth = truths.get(int(group[0]))
         said = f'<div class="zs-truth">ground truth: <b>{esc(truth)}</b></div>' if truth is not None else ""
-        body.append(f'<div class="zs-group" data-uid="{esc(uid)}">{said}{group_html(uid, items, style=False)}</div>')
+        drawn.append(f'<div class="zs-group" data-uid="{esc(uid)}">{said}{group_html(uid, items, style=False)}</div>')
+        firsts.append(int(group[0]))
+    body.append(page_html(drawn, firsts))  # at most PAGE_CHARS of rows per step
     return Markup(f"{start}{''.join(body)}</section>")

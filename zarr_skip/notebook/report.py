@@ -253,7 +253,8 @@ def write_report(cache: Cache, path: str | Path, steps: Sequence[int] | None = N
     out = Path(path)
     page = report_html(cache, steps, **options)
     tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(page, encoding="utf-8")
+    tmp.write_text(page, encoding="utf-8", errors="backslashreplace")  # values are escaped; this is a backstop
+    size = tmp.stat().st_size
     tmp.replace(out)
-    logger.info("wrote the report of %s (%d bytes) to %s", cache.experiment, len(page.encode()), out)
+    logger.info("wrote the report of %s (%d bytes) to %s", cache.experiment, size, out)
     return out

@@ -106,25 +106,29 @@ def write_part(
     compression: chunks.Compression,
     lease: float,
     jobs: ChunkJobs,
+    token: str | None = None,
 ) -> MinibatchInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
-    chunks come from ``jobs`` (the caller cancels what is left of them)."""
+    chunks come from ``jobs`` (the caller cancels what is left of them).
+
+    ``token``: recorded in the claim (and so in the complete record); a complete mini-batch of
+    this run with the same token is returned instead of storing the batch again (a retry of a
+    write whose outcome was lost: :func:`written_with`).
+    """
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
+    if token is not None:
+        earlier = written_with(storage, experiment, step, ctx, token, expected)
+        if earlier is not None:
+            return earlier
     scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite)
-    own = [p for p in scan.parts if p.run == ctx.run and p.complete]
-    if own:
-        first = min(own, key=lambda p: p.index)
-        theirs = [ColumnSpec.from_json(n, d) for n, d in first.doc["columns"].items()]
-        check_same_schema(
-            [c.spec for c in batch.columns], theirs, f"step {step}, new mini-batch vs mini-batch {first.index}"
-        )
+    _check_schema(scan, ctx, batch, step)
     run_path = layout.join(step_path, ctx.run)
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
     while True:
-        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected)
+        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected, token)
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
@@ -167,6 +171,40 @@ def write_part(
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
     return MinibatchInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+
+
+def _check_schema(scan: StepScan, ctx: RunContext, batch: EncodedBatch, step: int) -> None:
+    """SchemaMismatchError unless ``batch`` has the columns of this run's first stored mini-batch."""
+    own = [p for p in scan.parts if p.run == ctx.run and p.complete]
+    if own:
+        first = min(own, key=lambda p: p.index)
+        theirs = [ColumnSpec.from_json(n, d) for n, d in first.doc["columns"].items()]
+        check_same_schema(
+            [c.spec for c in batch.columns], theirs, f"step {step}, new mini-batch vs mini-batch {first.index}"
+        )
+
+
+def written_with(
+    storage: Storage, experiment: str, step: int, ctx: RunContext, token: str, expected: int
+) -> MinibatchInfo | None:
+    """The complete mini-batch of ``step`` this run stored with ``token``, if there is one (the
+    step's completion is finished on the way, as the lost write would have). An unfinished one
+    this writer left with the token (an earlier attempt that failed before completing, and
+    could not clean up) is deleted, so that the retry may take its index."""
+    scan = scan_step(storage, experiment, step)
+    step_path = layout.join(experiment, layout.step_name(step))
+    for p in scan.parts:
+        if p.run != ctx.run or p.doc.get("token") != token:
+            continue
+        path = layout.join(step_path, ctx.run, str(p.index))
+        if p.complete:
+            logger.info("step %d: mini-batch %d was stored with this write's token; not stored again", step, p.index)
+            complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
+            return MinibatchInfo(step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, complete, path)
+        if p.doc.get("writer") == ctx.writer:
+            logger.info("step %d: deleting mini-batch %d, left unfinished by an earlier attempt", step, p.index)
+            storage.delete_prefix(path)
+    return None
 
 
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
@@ -273,7 +311,13 @@ def _record_run(
 
 
 def _claim(
-    storage: Storage, place: records.Place, run_path: str, taken: set[int], ctx: RunContext, expected: int
+    storage: Storage,
+    place: records.Place,
+    run_path: str,
+    taken: set[int],
+    ctx: RunContext,
+    expected: int,
+    token: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     for index in range(expected):
         if index in taken:
@@ -291,6 +335,7 @@ def _claim(
             "started": now,
             "heartbeat": now,
             "state": "writing",
+            **({} if token is None else {"token": token}),
         }
         key = layout.meta_key(layout.join(run_path, str(index)))
         if storage.create_if_absent(key, group_doc({layout.PART_ATTR: claim})):

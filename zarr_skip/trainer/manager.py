@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, StepCompleteError
+from zarr_skip.errors import ConfigError, StepCompleteError, StorageError
 from zarr_skip.format.chunks import Compression
 from zarr_skip.format.specs import is_tensordict
 from zarr_skip.trainer.remap import Remap, RemapError, parse_sample_step, remap
@@ -35,7 +35,10 @@ from zarr_skip.trainer.skipconfig import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SkipManager"]
+__all__ = ["SkipManager", "write_retrying"]
+
+#: times a write that failed in the store is tried again (with the same token: never stored twice)
+WRITE_RETRIES = 2
 
 F = TypeVar("F", bound=Callable[..., Any])
 ROLLOUT_ROLES = ("rollout", "async_rollout")
@@ -76,6 +79,21 @@ class _Role:
                 )
                 logger.info("%s: opened rollout cache at %s", self.cfg.role, self.cfg.dump_dir)
             return self.handle
+
+
+def write_retrying(cache: Any, step: int, batch: Any, *, token: str | bool, **kwargs: Any) -> Any:
+    """``cache.write(step, batch, token=token, **kwargs)``, tried again up to
+    :data:`WRITE_RETRIES` times when the store fails (a lost connection may have lost the reply
+    of a write that landed: the token makes the retry return that mini-batch, not store a
+    second one)."""
+    for attempt in range(WRITE_RETRIES + 1):
+        try:
+            return cache.write(step, batch, token=token, **kwargs)
+        except StorageError as exc:
+            if attempt == WRITE_RETRIES:
+                raise
+            logger.warning("step %d: the store failed (%s); trying the write again with its token", step, exc)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def record_attributes(cache: Any, attributes: Mapping[str, str]) -> Any:
@@ -287,7 +305,7 @@ class SkipManager:
     def _store(rt: _Role, step: int, result: Any) -> None:
         try:
             with rt.lock:
-                rt.cache().write(step, result, expected=1)
+                write_retrying(rt.cache(), step, result, expected=1, token=f"{rt.cfg.role}/step-{step}")
         except StepCompleteError:
             logger.info("%s: step %d was completed by another writer meanwhile; kept that one", rt.cfg.role, step)
         except Exception:  # a failed store must not cost the generated rollout
@@ -430,7 +448,10 @@ class SkipManager:
             data = cls._transfer_queue().kv_batch_get(keys=keys, partition_id=meta.partition_id)
             payload = {**fields_to_mapping(data), "tags": list(meta.tags), "keys": keys}
             try:
-                rt.cache().write(step, payload, expected=rt.expected, meta_info={"global_steps": step})
+                token = f"rollout_tq/step-{step}/mini-batch-{done}"
+                write_retrying(
+                    rt.cache(), step, payload, expected=rt.expected, meta_info={"global_steps": step}, token=token
+                )
             except Exception:  # a failed store must not stop training; the step stays incomplete
                 rt.missed.discard(step)
                 logger.exception(

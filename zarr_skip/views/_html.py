@@ -18,6 +18,8 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
+from zarr_skip.format.escapes import utf8_text
+
 __all__ = [
     "CSS",
     "LOGPROB_BINS",
@@ -38,10 +40,11 @@ class Markup(str):
 
 
 def esc(value: object) -> Markup:
-    """``value`` as HTML text (quotes escaped too, so it is safe inside attributes)."""
+    """``value`` as HTML text (quotes escaped too, so it is safe inside attributes; a lone
+    surrogate shown as ``\\ud800``, so the page can be encoded)."""
     if isinstance(value, Markup):
         return value
-    return Markup(html.escape(str(value), quote=True))
+    return Markup(html.escape(utf8_text(str(value)), quote=True))
 
 
 #: upper bounds of the probability bins tokens are coloured by (p = exp(log-prob)), most

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, RowIndexError
+from zarr_skip.views.limits import TOKENS_SHOWN
 from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.views.text import chat_messages, decode_ids, token_ids
 from zarr_skip.views.tokenizers import Decoder
@@ -46,7 +48,8 @@ class Rollout:
     length : response tokens.
     max_length : the response length limit, when known (``truncated`` needs it).
     response_text : the decoded response, or ``None`` without a tokenizer.
-    response_tokens : each response token as text (``None`` unless asked for, or without a tokenizer).
+    response_tokens : each response token as text, of the first :data:`~zarr_skip.views.limits.TOKENS_SHOWN`
+        (``None`` unless asked for, or without a tokenizer).
     log_probs : the response tokens' log-probs (as many as tokens), or ``None``.
     prompt_messages : ``raw_prompt`` as ``(role, content)`` pairs, when stored.
     prompt_text : the decoded prompt, or ``None``.
@@ -147,7 +150,9 @@ class RolloutReader:
         skip_special_tokens: bool = True,
     ) -> None:
         if "responses" not in view:
-            raise KeyError(f"step {view.step}: no 'responses' column to show (columns: {', '.join(view.columns)})")
+            raise ColumnNotFoundError(
+                f"step {view.step}: no 'responses' column to show (columns: {', '.join(view.columns)})"
+            )
         self.view = view
         self.decoder = decoder
         self.skip_special_tokens = skip_special_tokens
@@ -172,7 +177,7 @@ class RolloutReader:
         """Every row's score (a token-level column summed per row); ``KeyError`` when no column
         holds scores."""
         if self.score_column is None:
-            raise KeyError(
+            raise ColumnNotFoundError(
                 f"step {self.view.step}: no score column (looked for {', '.join(SCORE_COLUMNS)}; "
                 f"columns: {', '.join(self.view.columns)})"
             )
@@ -181,7 +186,9 @@ class RolloutReader:
     def uids(self) -> np.ndarray:
         """Every row's uid, as strings; ``KeyError`` without a ``uid`` column."""
         if "uid" not in self.view:
-            raise KeyError(f"step {self.view.step}: no 'uid' column (columns: {', '.join(self.view.columns)})")
+            raise ColumnNotFoundError(
+                f"step {self.view.step}: no 'uid' column (columns: {', '.join(self.view.columns)})"
+            )
         return np.array([str(u) for u in self.view["uid"][:]], dtype=object)
 
     # -- chosen rows ---------------------------------------------------------------------------
@@ -189,7 +196,7 @@ class RolloutReader:
     def response_texts(self, rows: np.ndarray) -> list[str]:
         """The decoded responses of ``rows`` (reads the responses, and a padded batch's mask)."""
         if self.decoder is None:
-            raise ValueError(f"step {self.view.step}: no tokenizer to decode the responses; pass tokenizer=")
+            raise ConfigError(f"step {self.view.step}: no tokenizer to decode the responses; pass tokenizer=")
         return decode_ids(self.decoder, token_ids(self.view, "responses", rows), self.skip_special_tokens)
 
     def read(self, rows: Sequence[int] | np.ndarray, *, tokens: bool = False, text: bool = True) -> list[Rollout]:
@@ -198,7 +205,7 @@ class RolloutReader:
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         n = len(self.view)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"step {self.view.step}: rows out of range for {n} rows: {idx.tolist()[:10]}")
+            raise RowIndexError(f"step {self.view.step}: rows out of range for {n} rows: {idx.tolist()[:10]}")
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]  # read in row order; hand back in the order asked for
         cols = self._read_columns(sorted_idx)
@@ -266,7 +273,8 @@ class RolloutReader:
             length=length,
             max_length=self.max_length,
             response_text=decoder.decode(ids.tolist(), skip_special_tokens=skip) if decoder else None,
-            response_tokens=tuple(decoder.tokens(ids.tolist())) if decoder and tokens else None,
+            # the tokens a view draws (TOKENS_SHOWN): splitting 900k tokens would take seconds
+            response_tokens=tuple(decoder.tokens(ids[:TOKENS_SHOWN].tolist())) if decoder and tokens else None,
             log_probs=log_probs,
             prompt_messages=messages,
             prompt_text=(  # the messages say it better when stored

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zarr_skip.format import args
 from zarr_skip.views._rows import Decoder, RolloutReader
 from zarr_skip.views.finding import PAGE_ROWS
 from zarr_skip.views.finding import find as _find
@@ -35,7 +36,7 @@ def decoder(view: Any, tokenizer: Any = None) -> Decoder | None:
 
 def _max_length(view: StepView, max_length: int | None) -> int | None:
     if max_length is not None:
-        return int(max_length)
+        return args.count(max_length, "max_length", low=1, where=f"step {view.step}")
     fp = getattr(getattr(view, "cache", None), "fingerprint", None) or {}
     return int(fp["max_response_length"]) if "max_response_length" in fp else None
 
@@ -47,6 +48,7 @@ def reader(view: StepView, tokenizer: Any = None, max_length: int | None = None)
 
 def rollout(view: StepView, row: int, *, tokenizer: Any = None, max_length: int | None = None) -> RolloutView:
     """Row ``row`` in full: prompt, response, badges, tokens coloured by log-prob."""
+    row = args.row(row, len(view), "row", f"step {view.step}")
     return RolloutView(reader(view, tokenizer, max_length), row)
 
 
@@ -54,6 +56,7 @@ def group(
     view: StepView, uid: object = None, *, row: int | None = None, tokenizer: Any = None, max_length: int | None = None
 ) -> GroupView:
     """The GRPO group ``uid`` (or the group of row ``row``), its responses side by side."""
+    row = None if row is None else args.row(row, len(view), "row", f"step {view.step}")
     return GroupView(reader(view, tokenizer, max_length), uid, row=row)
 
 
@@ -73,4 +76,5 @@ def page(
     view: StepView, k: int = 0, size: int = PAGE_ROWS, *, tokenizer: Any = None, max_length: int | None = None
 ) -> RolloutList:
     """Page ``k`` of the step, ``size`` rows a page."""
+    k, size = args.whole(k, "k", f"step {view.step}"), args.count(size, "size", low=1, where=f"step {view.step}")
     return _page(reader(view, tokenizer, max_length), k, size)

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError, StorageError
+from zarr_skip.format import args, checks
+from zarr_skip.format.escapes import utf8_value
 from zarr_skip.views.records import rollout_columns
 from zarr_skip.views.tokenizers import tokenizer_for
 
@@ -91,7 +93,7 @@ def format_of(
     if fmt is None:
         if by_name is None:
             raise ConfigError(
-                f"{path}: cannot tell the format from the name; name it {', '.join(SUFFIXES)} "
+                f"path {path}: cannot tell the format from the name; name it {', '.join(SUFFIXES)} "
                 f"or pass format= (one of {', '.join(known)})"
             )
         return by_name
@@ -99,7 +101,7 @@ def format_of(
         raise ConfigError(f"format {fmt!r}: choose one of {', '.join(known)}")
     if by_name is not None and by_name[0] != fmt:
         raise ConfigError(
-            f"format {fmt!r} but {path} is named as {by_name[0]} ({found}); rename it or drop the format to use "
+            f"format {fmt!r} but path {path} is named as {by_name[0]} ({found}); rename it or drop the format to use "
             f"{by_name[0]}"
         )
     return fmt, bool(by_name and by_name[1])
@@ -120,7 +122,7 @@ def check_outside(cache: Cache, path: str | os.PathLike[str]) -> None:
     out, base = Path(path).resolve(), root.resolve()
     if out == base or base in out.parents:
         raise ConfigError(
-            f"{path} is inside the cache at {root} that it exports; write it outside the cache (nothing was written)"
+            f"path {path} is inside the cache at {root} that it exports; write it outside the cache (nothing was written)"
         )
 
 
@@ -158,12 +160,14 @@ def export_rollouts(
         The format is unknown or contradicts the name, or ``path`` is inside the cache's own
         tree (nothing is written).
     """
-    out = Path(path)
+    out = Path(args.path(path, "path", "export"))
+    if out.is_dir():
+        raise ConfigError(f"export: path {str(out)!r} is a directory; name the file to write ({', '.join(SUFFIXES)})")
     check_outside(cache, out)
     fmt, gz = format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+    chosen = cache.steps() if steps is None else checks.check_steps([steps] if isinstance(steps, int) else steps)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     decoder = tokenizer_for(cache, tokenizer)
@@ -178,11 +182,13 @@ def export_rollouts(
         tables.append(rollout_columns(view, decoder=decoder, arrays=fmt == "parquet"))
         if progress is not None:
             progress(done, len(views))
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         columns = FORMATS[fmt](tables, tmp, gz)
         os.replace(tmp, out)
+    except OSError as exc:
+        raise StorageError(f"export: path {str(out)!r}: cannot write it ({exc})") from exc
     finally:
         tmp.unlink(missing_ok=True)
     rows = sum(_rows(t) for t in tables)
@@ -234,7 +240,11 @@ def write_jsonl(tables: Sequence[Mapping[str, Sequence[Any]]], path: Path, gzip:
     import gzip as gzip_module
 
     names = _names(tables)
-    opened = gzip_module.open(path, "wt", encoding="utf-8") if gzip else open(path, "w", encoding="utf-8")
+    # a lone surrogate is written \udxxx inside its JSON string: json.loads gives it back exactly
+    if gzip:
+        opened: Any = gzip_module.open(path, "wt", encoding="utf-8", errors="backslashreplace")
+    else:
+        opened = open(path, "w", encoding="utf-8", errors="backslashreplace")
     with opened as f:
         for t in tables:
             for i in range(_rows(t)):
@@ -254,6 +264,8 @@ def write_parquet(tables: Sequence[Mapping[str, Sequence[Any]]], path: Path, gzi
         raise ConfigError(f"{path}: parquet compresses its own pages; name the file .parquet")
     pa = _pyarrow()
     names = _names(tables)
+    # arrow strings are UTF-8: lone surrogates escaped
+    tables = [{n: v if isinstance(v, np.ndarray) else [utf8_value(x) for x in v] for n, v in t.items()} for t in tables]
     as_text = {n for n in names if not all(_nested_ok(pa, t[n]) for t in tables if n in t)}
     arrays = [{n: _arrow(pa, t[n], n in as_text) for n in t} for t in tables]
     for name in names:  # a column of other types in other steps: JSON text throughout (no nulls made up)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from zarr_skip.errors import ConfigError, ConfigTypeError, RowIndexError
+from zarr_skip.format import args
 from zarr_skip.views._rows import RolloutReader
 from zarr_skip.views.rollouts import RolloutList
 
@@ -32,7 +34,7 @@ SEARCH_BLOCK = 256
 def _score_mask(scores: np.ndarray, score: Any) -> np.ndarray:
     if isinstance(score, tuple):
         if len(score) != 2:
-            raise ValueError(f"score: a value or a (low, high) pair, got {score!r}")
+            raise ConfigError(f"score: a value or a (low, high) pair, got {score!r}")
         lo, hi = score
         ok = np.isfinite(scores)
         if lo is not None:
@@ -53,7 +55,7 @@ def _matcher(text: str, regex: bool, case: bool) -> re.Pattern[str]:
     try:
         return re.compile(text if regex else re.escape(text), flags)
     except re.error as exc:
-        raise ValueError(f"text: not a regular expression: {text!r} ({exc})") from None
+        raise ConfigError(f"text: not a regular expression: {text!r} ({exc})") from None
 
 
 def _search(
@@ -61,7 +63,7 @@ def _search(
 ) -> tuple[np.ndarray, bool]:
     """Rows whose decoded response matches, in order; and whether the search stopped early."""
     if reader.decoder is None:
-        raise ValueError(
+        raise ConfigError(
             f"step {reader.view.step}: a text search needs a tokenizer to decode the responses; pass tokenizer="
         )
     found: list[int] = []
@@ -109,16 +111,16 @@ def find_rows(
     order_by = {k: v for k, v in (("longest", longest), ("shortest", shortest), ("best", best), ("worst", worst))}
     chosen = {k: v for k, v in order_by.items() if v is not None}
     if len(chosen) > 1:
-        raise ValueError(f"find: one of longest, shortest, best, worst at a time (got {', '.join(chosen)})")
+        raise ConfigError(f"find: one of longest, shortest, best, worst at a time (got {', '.join(chosen)})")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit: expected a non-negative number or None, got {limit}")
+        raise ConfigError(f"limit: expected a non-negative number or None, got {limit}")
     rows = np.arange(len(reader), dtype=np.int64)
     if uid is not None:
         rows = rows[_uid_mask(reader.uids()[rows], uid)]
     lengths = reader.lengths() if truncated is not None or longest is not None or shortest is not None else None
     if truncated is not None:
         if reader.max_length is None:
-            raise ValueError(
+            raise ConfigError(
                 f"step {reader.view.step}: the maximum response length is unknown; "
                 "pass max_length= to find truncated rows"
             )
@@ -132,7 +134,7 @@ def find_rows(
     if chosen:
         ((how, k),) = chosen.items()
         if k < 0:
-            raise ValueError(f"{how}: expected a non-negative number, got {k}")
+            raise ConfigError(f"{how}: expected a non-negative number, got {k}")
         key = lengths if how in ("longest", "shortest") else scores
         assert key is not None
         values = key[rows].astype(np.float64)
@@ -152,12 +154,47 @@ def _describe(criteria: dict[str, Any]) -> str:
     return ", ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v!r}" for k, v in criteria.items() if v is not None)
 
 
+def check_criteria(criteria: dict[str, Any], where: str) -> dict[str, Any]:
+    """The criteria of :func:`find_rows`, each of the type it takes (see there)."""
+    out = dict(criteria)
+    for name in ("longest", "shortest", "best", "worst"):
+        out[name] = args.maybe_count(out.get(name), name, where=where)
+    for name in ("truncated",):
+        out[name] = args.maybe_flag(out.get(name), name, where)
+    for name in ("regex", "case"):
+        if name in out:
+            out[name] = args.flag(out[name], name, where)
+    text = out.get("text")
+    if text is not None and not isinstance(text, str):
+        raise ConfigTypeError(f"{where}: text: expected a str to search for, got {type(text).__name__} {text!r:.40}")
+    out["score"] = _score(out.get("score"), where)
+    uid = out.get("uid")
+    uids = uid if isinstance(uid, (list, tuple, set, frozenset, np.ndarray)) else [uid]
+    if uid is not None and not all(isinstance(u, (str, int, np.integer)) for u in uids):
+        raise ConfigTypeError(f"{where}: uid: expected a uid (str) or a list of them, got {uid!r:.60}")
+    return {k: v for k, v in out.items() if k in criteria or v is not None}
+
+
+def _score(score: Any, where: str) -> Any:
+    """``score``: None, a number, or a ``(low, high)`` pair of numbers or None."""
+
+    def number(v: Any, ok_none: bool) -> bool:
+        return (v is None and ok_none) or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool))
+
+    if score is None or number(score, False):
+        return score
+    if isinstance(score, (tuple, list)) and len(score) == 2 and all(number(v, True) for v in score):
+        return tuple(score)
+    raise ConfigTypeError(f"{where}: score: expected a number or a (low, high) pair (None: open), got {score!r:.60}")
+
+
 def find(reader: RolloutReader, *, limit: int | None = PAGE_ROWS, **criteria: Any) -> RolloutList:
     """:func:`find_rows` as a list to show (see there for the criteria)."""
     unknown = sorted(set(criteria) - set(CRITERIA))
     if unknown:
-        raise TypeError(f"find: unknown criteria {', '.join(unknown)} (known: {', '.join(CRITERIA)})")
-    rows, total = find_rows(reader, limit=limit, **criteria)
+        raise ConfigTypeError(f"find: unknown criteria {', '.join(unknown)} (known: {', '.join(CRITERIA)})")
+    limit = args.maybe_count(limit, "limit", where=f"step {reader.view.step}: find")
+    rows, total = find_rows(reader, limit=limit, **check_criteria(criteria, f"step {reader.view.step}: find"))
     what = _describe({k: v for k, v in criteria.items() if k not in ("regex", "case")}) or "all rows"
     title = f"step {reader.view.step}: rows with {what}"
     if total is None:
@@ -171,13 +208,15 @@ def find(reader: RolloutReader, *, limit: int | None = PAGE_ROWS, **criteria: An
 
 def page(reader: RolloutReader, k: int = 0, size: int = PAGE_ROWS) -> RolloutList:
     """Page ``k`` (from 0; negative counts from the end) of the step, ``size`` rows a page."""
-    if size <= 0:
-        raise ValueError(f"size: expected a positive number of rows, got {size}")
+    size = args.count(size, "size", low=1, where=f"step {reader.view.step}: page")
     n = len(reader)
     pages = max(1, math.ceil(n / size))
     i = k + pages if k < 0 else k
     if not 0 <= i < pages:
-        raise IndexError(f"step {reader.view.step}: page {k} out of range: {pages} pages of {size} rows")
+        raise RowIndexError(
+            f"step {reader.view.step}: page {k} out of range: {pages} pages of {size} rows "
+            "(k: from 0, negative from the end)"
+        )
     start, stop = i * size, min(n, (i + 1) * size)
     title = f"step {reader.view.step}: page {i} of {pages} (rows {start}–{max(start, stop - 1)} of {n})"
     note = f"next: .page({i + 1})" if i + 1 < pages else "last page"

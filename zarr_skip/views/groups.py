@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zarr_skip.errors import ConfigTypeError, GroupNotFoundError, RowIndexError
 from zarr_skip.views._html import Markup, badge, esc, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
 from zarr_skip.views.rollouts import (
@@ -36,17 +37,19 @@ def group_rows(reader: RolloutReader, uid: object = None, *, row: int | None = N
         No ``uid`` column, or no row has this uid.
     """
     if (uid is None) == (row is None):
-        raise TypeError("group: give a uid or row=, not both")
+        raise ConfigTypeError("group: give a uid or row=, not both")
     uids = reader.uids()  # the uid column, whole: a few bytes per row
     if row is not None:
         n = len(uids)
         if not -n <= row < n:
-            raise IndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
+            raise RowIndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
         uid = uids[row]
     key = str(uid)
     rows = np.flatnonzero(uids == key)
     if not rows.size:
-        raise KeyError(f"step {reader.view.step}: no row has uid {key!r} ({len(set(uids.tolist()))} uids in the step)")
+        raise GroupNotFoundError(
+            f"step {reader.view.step}: no row has uid {key!r} ({len(set(uids.tolist()))} uids in the step)"
+        )
     return key, rows
 
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError
+
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
 
@@ -31,12 +33,12 @@ def _numpy(value: Any) -> np.ndarray:
 
         t = value.detach()
         if t.is_complex():
-            raise TypeError("complex values cannot be plotted")
+            raise ConfigTypeError("complex values cannot be plotted")
         out: np.ndarray = t.to(torch.float64).numpy()
         return out
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
-        raise TypeError(f"values of dtype {arr.dtype} cannot be plotted")
+        raise ConfigTypeError(f"values of dtype {arr.dtype} cannot be plotted")
     return arr.astype(np.float64)
 
 
@@ -47,7 +49,7 @@ def pick(view: StepView, column: str | None, candidates: Sequence[str], what: st
     for name in candidates:
         if name in view:
             return name
-    raise KeyError(
+    raise ColumnNotFoundError(
         f"step {view.step}: no {what} column (looked for {', '.join(candidates)}; "
         f"columns: {', '.join(view.columns)}); name one with column="
     )
@@ -59,14 +61,14 @@ def lengths_and_width(view: StepView, column: str | None) -> tuple[np.ndarray, i
     col = view[name]
     if col.spec.jagged:
         if col.spec.kind not in ("nested", "rows"):
-            raise TypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
+            raise ConfigTypeError(f"column {name!r} holds {col.spec.kind} rows, not tokens")
         return col.lengths().astype(np.int64), None
     if column is None and name == "responses" and "response_mask" in view:
         return lengths_and_width(view, "response_mask")
     if len(col.spec.shape) != 1:
-        raise TypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
+        raise ConfigTypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
     if not name.endswith("mask"):
-        raise TypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
+        raise ConfigTypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
     out = np.empty(len(col), dtype=np.int64)
     for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
         block = col[start : start + _BLOCK]
@@ -94,7 +96,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
     padded column, padding included).
     """
     if reduce not in ("sum", "mean"):
-        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+        raise ConfigError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
     name = pick(view, column, SCORE_COLUMNS, "score")
     col = view[name]
     kind = col.spec.kind
@@ -103,7 +105,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
         reduced: np.ndarray = data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
         return reduced
     if kind not in ("nested", "rows"):
-        raise TypeError(f"column {name!r} holds {kind} rows, not numbers")
+        raise ConfigTypeError(f"column {name!r} holds {kind} rows, not numbers")
     lengths = col.lengths().astype(np.int64)
     value = col[:]
     if kind == "nested":

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, GroupNotFoundError
 from zarr_skip.format.specs import NUMPY_NAMES, torch_dtype
 from zarr_skip.views import schema
 from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
@@ -71,7 +71,7 @@ def rows_of_uid(view: StepView, uid: str) -> np.ndarray:
         ``uid`` begins several uids (the message lists them).
     """
     if "uid" not in view:
-        raise KeyError(f"step {view.step}: no 'uid' column (columns: {', '.join(view)})")
+        raise ColumnNotFoundError(f"step {view.step}: no 'uid' column (columns: {', '.join(view)})")
     uids = np.asarray([str(u) for u in _python(view["uid"][:])], dtype=object)
     found = np.flatnonzero(uids == uid)
     if found.size:
@@ -82,7 +82,9 @@ def rows_of_uid(view: StepView, uid: str) -> np.ndarray:
         raise ConfigError(f"step {view.step}: uid prefix {uid!r} begins {len(begun)} uids ({shown}); give more of it")
     if not begun:
         sample = ", ".join(dict.fromkeys(str(u) for u in uids[:5]))
-        raise KeyError(f"step {view.step}: no rows with uid {uid!r} or a uid beginning so (uids such as {sample})")
+        raise GroupNotFoundError(
+            f"step {view.step}: no rows with uid {uid!r} or a uid beginning so (uids such as {sample})"
+        )
     return np.flatnonzero(uids == begun[0])
 
 

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zarr_skip.errors import RowIndexError
 from zarr_skip.views._html import Markup, badge, esc, legend, message, token_spans, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
+from zarr_skip.views.limits import IDS_SHOWN, PAGE_CHARS, TOKENS_SHOWN, clip_text, more
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -77,17 +79,23 @@ def ids_text(ids: np.ndarray | None, limit: int | None = None) -> str:
     if ids is None:
         return ""
     text = " ".join(str(int(i)) for i in ids[:limit])
-    return text + (f" … ({len(ids) - limit} more ids)" if limit is not None and len(ids) > limit else "")
+    return text + (more(len(ids) - limit, "ids") if limit is not None and len(ids) > limit else "")
+
+
+def text_html(text: str) -> Markup:
+    """``text`` escaped, cut to :data:`~zarr_skip.views.limits.TEXT_CHARS` with a visible marker."""
+    shown, rest = clip_text(text)
+    return Markup(esc(shown) + (f'<span class="zs-muted zs-more">{esc(rest)}</span>' if rest else ""))
 
 
 def prompt_html(r: Rollout) -> Markup:
     if r.prompt_messages:
-        body = "".join(message(role, content) for role, content in r.prompt_messages)
+        body = "".join(message(role, text_html(content)) for role, content in r.prompt_messages)
         what = f"{len(r.prompt_messages)} message{'s' if len(r.prompt_messages) != 1 else ''}"
     elif r.prompt_text is not None:
-        body, what = f'<div class="zs-text">{esc(r.prompt_text)}</div>', "decoded"
+        body, what = f'<div class="zs-text">{text_html(r.prompt_text)}</div>', "decoded"
     elif r.prompt_ids is not None:
-        body, what = f'<div class="zs-text">{esc(ids_text(r.prompt_ids))}</div>', "token ids"
+        body, what = f'<div class="zs-text">{text_html(ids_text(r.prompt_ids, IDS_SHOWN))}</div>', "token ids"
     else:
         return Markup("")
     n = "" if r.prompt_ids is None else f", {len(r.prompt_ids)} tokens"
@@ -95,17 +103,22 @@ def prompt_html(r: Rollout) -> Markup:
 
 
 def response_html(r: Rollout) -> Markup:
-    text = r.response_text if r.response_text is not None else ids_text(r.response_ids)
-    return Markup(f'<div class="zs-text zs-response">{esc(text)}</div>')
+    text = r.response_text if r.response_text is not None else ids_text(r.response_ids, IDS_SHOWN)
+    return Markup(f'<div class="zs-text zs-response">{text_html(text)}</div>')
 
 
 def tokens_html(r: Rollout, *, opened: bool = True, key: bool = True) -> Markup:
     """The response's tokens coloured by log-prob (exact values on hover), folded unless
     ``opened``, under the colours' legend when ``key``."""
-    tokens = list(r.response_tokens) if r.response_tokens is not None else [f"{int(i)} " for i in r.response_ids]
-    lp = None if r.log_probs is None else r.log_probs.tolist()
+    ids = r.response_ids[:TOKENS_SHOWN]
+    tokens = list(r.response_tokens)[:TOKENS_SHOWN] if r.response_tokens is not None else [f"{int(i)} " for i in ids]
+    lp = None if r.log_probs is None else r.log_probs[:TOKENS_SHOWN].tolist()
     title = "response tokens" + (" coloured by log-prob" if lp is not None else " (no log-prob column)")
-    spans = token_spans(tokens, lp, r.response_ids.tolist())
+    spans = token_spans(tokens, lp, ids.tolist())
+    if len(r.response_ids) > TOKENS_SHOWN:
+        spans = Markup(
+            spans + f'<span class="zs-muted zs-more">{esc(more(len(r.response_ids) - TOKENS_SHOWN, "tokens"))}</span>'
+        )
     shown = legend() if lp is not None and key else Markup("")
     return Markup(
         f"<details{' open' if opened else ''}><summary>{esc(title)}</summary>{shown}"
@@ -143,6 +156,22 @@ def summary_html(r: Rollout) -> Markup:
     return Markup(f'<details class="zs-rollout" data-row="{r.row}"><summary>{head}</summary>{body}</details>')
 
 
+def page_html(drawn: Sequence[str], rows: Sequence[int], budget: int = PAGE_CHARS) -> Markup:
+    """Rows drawn one after the other until the page holds ``budget`` characters; the rows past
+    it are named in a marker (see :data:`~zarr_skip.views.limits.PAGE_CHARS`)."""
+    out: list[str] = []
+    size = 0
+    for k, html in enumerate(drawn):
+        if out and size + len(html) > budget:
+            left = [str(r) for r in rows[k:]]
+            note = f"{more(len(left), 'rows')} not drawn (the page reached its size limit): rows {', '.join(left[:20])}"
+            out.append(f'<div class="zs-muted zs-more">{esc(note + (" …" if len(left) > 20 else ""))}</div>')
+            break
+        out.append(html)
+        size += len(html)
+    return Markup("".join(out))
+
+
 def wrapped(text: str, indent: str = "  ") -> list[str]:
     lines = []
     for line in text.splitlines() or [""]:
@@ -156,12 +185,14 @@ def rollout_text(r: Rollout) -> str:
     if r.prompt_messages:
         lines.append("prompt:")
         for role, content in r.prompt_messages:
-            lines += [f"  [{role}]"] + wrapped(content, "    ")
+            lines += [f"  [{role}]"] + wrapped("".join(clip_text(content)), "    ")
     elif r.prompt_text is not None or r.prompt_ids is not None:
         lines.append("prompt:")
-        lines += wrapped(r.prompt_text if r.prompt_text is not None else ids_text(r.prompt_ids, TEXT_IDS))
+        text = r.prompt_text if r.prompt_text is not None else ids_text(r.prompt_ids, TEXT_IDS)
+        lines += wrapped("".join(clip_text(text)))
     lines.append("response:")
-    lines += wrapped(r.response_text if r.response_text is not None else ids_text(r.response_ids, TEXT_IDS))
+    text = r.response_text if r.response_text is not None else ids_text(r.response_ids, TEXT_IDS)
+    lines += wrapped("".join(clip_text(text)))
     if r.response_text is None:
         lines.append(f"({NO_TOKENIZER})")
     return "\n".join(lines)
@@ -174,7 +205,7 @@ class RolloutView:
         n = len(reader)
         i = row + n if row < 0 else row
         if not 0 <= i < n:
-            raise IndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
+            raise RowIndexError(f"step {reader.view.step}: row {row} out of range for {n} rows")
         self._reader = reader
         self.row = i
         self._rollout: Rollout | None = None
@@ -246,7 +277,9 @@ class RolloutList(Rows):
             head += f'<div class="zs-muted">{esc(self.note)}</div>'
         if items and items[0].response_text is None:
             head += f'<div class="zs-muted">{esc(NO_TOKENIZER)}</div>'
-        body = "".join(summary_html(r) for r in items) or '<div class="zs-muted">no rows</div>'
+        body = (
+            page_html([summary_html(r) for r in items], [r.row for r in items]) or '<div class="zs-muted">no rows</div>'
+        )
         return wrap(head + f'<div class="zs-list">{body}</div>')
 
     def __repr__(self) -> str:

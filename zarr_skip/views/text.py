@@ -11,8 +11,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from zarr_skip.errors import TokenizerNotFoundError
-from zarr_skip.views.tokenizers import ATTR_MODEL, ATTR_TOKENIZER, Decoder, _attributes_of, tokenizer_for
+from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, TokenizerNotFoundError
+from zarr_skip.format import args
+from zarr_skip.views.tokenizers import (
+    ATTR_MODEL,
+    ATTR_TOKENIZER,
+    Decoder,
+    _attributes_of,
+    recorded_tokenizer_path,
+    tokenizer_for,
+)
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -51,20 +59,16 @@ class Message(NamedTuple):
 def row_index(rows: Rows, n: int, where: str = "") -> slice | np.ndarray:
     """``rows`` as a slice of step 1 or an array of row numbers in ``[0, n)``.
 
-    Raises IndexError for a row out of range (negative rows count from the end).
+    Raises RowIndexError for a row out of range (negative rows count from the end), and
+    ConfigTypeError for a selection that is not rows (:func:`zarr_skip.format.args.rows`).
     """
+    rows = args.rows(rows, n, "rows", where.rstrip(": "))
     if rows is None:
         return slice(0, n)
     if isinstance(rows, slice):
         start, stop, stride = rows.indices(n)
         return slice(start, max(start, stop)) if stride == 1 else np.arange(start, stop, stride)
-    if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
-        rows = [int(rows)]
-    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-    idx = np.where(idx < 0, idx + n, idx)
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        raise IndexError(f"{where}row {rows!r} out of range for {n} rows")
-    return idx
+    return np.asarray([rows] if isinstance(rows, int) else rows, dtype=np.int64)
 
 
 def _as_rows(value: Any) -> list[np.ndarray]:
@@ -131,11 +135,12 @@ def require_tokenizer(view: StepView, tokenizer: Any = None) -> Decoder:
         return found
     attrs = _attributes_of(view)
     recorded = attrs.get(ATTR_TOKENIZER) or attrs.get(ATTR_MODEL)
-    why = (
-        f"the recorded tokenizer {recorded!r} is not on this machine"
-        if recorded
-        else "none is recorded in the experiment's attributes"
-    )
+    if not recorded:
+        why = "none is recorded in the experiment's attributes"
+    elif recorded_tokenizer_path(attrs) is None:
+        why = f"the recorded tokenizer {recorded!r} is not on this machine"
+    else:
+        why = f"the recorded tokenizer {recorded!r} does not load"
     raise TokenizerNotFoundError(
         f"step {view.step}: no tokenizer to decode with ({why}); pass tokenizer=PATH (a tokenizer.json or a "
         "model directory), a tokenizers.Tokenizer or a transformers tokenizer (on the CLI: --tokenizer PATH)"
@@ -160,8 +165,24 @@ def decode_column(
     skip_special_tokens: bool = True,
 ) -> list[str]:
     """:meth:`zarr_skip.StepView.text`: ``column``'s rows decoded, reading those rows only."""
+    where = f"step {view.step}"
+    spec = view[args.column(column, view.columns, "column", where)].spec
+    if spec.kind not in ("nested", "tensor", "ndarray", "rows") or not _integer(spec.dtype):
+        raise ConfigTypeError(
+            f"{where}: column {column!r} holds {spec.kind} rows of {spec.dtype}, not token ids "
+            "(text decodes integer token ids: 'responses', 'prompts', 'input_ids')"
+        )
+    skip_special_tokens = args.flag(skip_special_tokens, "skip_special_tokens", where)
     decoder = require_tokenizer(view, tokenizer)  # before any read: a missing one fails fast
     return decode_ids(decoder, token_ids(view, column, rows), skip_special_tokens)
+
+
+def _integer(dtype: str) -> bool:
+    """Whether a logical dtype (a torch or numpy name) holds integers (token ids)."""
+    try:
+        return np.dtype(dtype).kind in "iu"
+    except TypeError:
+        return False  # bfloat16 and other torch-only dtypes: floats
 
 
 def chat_messages(value: Any) -> list[Message]:
@@ -202,7 +223,9 @@ def _content(content: Any) -> str:
 def chat_rows(view: StepView, rows: Rows = None, column: str = "raw_prompt") -> list[list[Message]]:
     """:meth:`zarr_skip.StepView.messages`: each row's chat prompt, reading those rows only."""
     if column not in view:
-        raise KeyError(f"step {view.step}: no column {column!r} with chat messages (columns: {', '.join(view)})")
+        raise ColumnNotFoundError(
+            f"step {view.step}: no column {column!r} with chat messages (columns: {', '.join(view)})"
+        )
     col = view[column]
     values = col[row_index(rows, len(col), f"step {view.step}, column {column!r}: ")]
     return [chat_messages(v) for v in list(values)]

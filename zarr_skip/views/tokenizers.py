@@ -10,12 +10,13 @@ A :class:`Decoder` is what every view needs: ``decode(ids)`` for a whole sequenc
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from zarr_skip.errors import MissingExtraError, TokenizerNotFoundError
+from zarr_skip.errors import ConfigTypeError, MissingExtraError, TokenizerNotFoundError
 
 __all__ = [
     "ATTR_MODEL",
@@ -31,6 +32,11 @@ __all__ = [
 #: tokenizer and model were; the tokenizer path wins over the model path
 ATTR_TOKENIZER = "tokenizer"
 ATTR_MODEL = "model"
+
+_log = logging.getLogger(__name__)
+
+#: recorded paths already warned about (one warning per path and process)
+_WARNED: set[str] = set()
 
 #: ids a character may span before a token's text is emitted even though incomplete
 _GIVE_UP = 8
@@ -132,7 +138,7 @@ def _tokenizers_module() -> Any:
         ) from None
 
 
-def _from_path(path: Path) -> Decoder:
+def _from_path(path: Path, trust_remote_code: bool = False) -> Decoder:
     file = path / "tokenizer.json" if path.is_dir() else path
     if file.is_file():
         tokenizers = _tokenizers_module()
@@ -150,14 +156,17 @@ def _from_path(path: Path) -> Decoder:
                 "needs the 'transformers' package"
             ) from None
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise TokenizerNotFoundError(f"{path}: no tokenizer found in this directory ({exc})") from exc
+            # never the directory's own code (an auto_map) unless the caller asked for it
+            tok = transformers.AutoTokenizer.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as exc:
+            raise TokenizerNotFoundError(f"{path}: no tokenizer found in this directory ({exc!r:.300})") from exc
         return _CallableDecoder(tok)
     raise TokenizerNotFoundError(f"{path}: not a tokenizer file or directory")
 
 
-def load_tokenizer(source: Any) -> Decoder:
+def load_tokenizer(source: Any, *, trust_remote_code: bool = False) -> Decoder:
     """A :class:`Decoder` for ``source``; nothing is ever downloaded.
 
     Parameters
@@ -165,6 +174,10 @@ def load_tokenizer(source: Any) -> Decoder:
     source : a :class:`Decoder` (returned as it is), a ``tokenizers.Tokenizer``, anything with
         ``decode`` / ``batch_decode`` (a ``transformers`` tokenizer), or the path of a local
         ``tokenizer.json`` or of a directory holding one (a model directory).
+    trust_remote_code : passed to ``transformers.AutoTokenizer.from_pretrained`` for a model
+        directory without ``tokenizer.json``: True runs the directory's own tokenizer code (its
+        ``auto_map``); only for a path you chose. A path recorded in a cache is always loaded
+        with False (:func:`tokenizer_for`).
 
     Raises
     ------
@@ -174,6 +187,10 @@ def load_tokenizer(source: Any) -> Decoder:
     MissingExtraError
         Reading a tokenizer.json needs ``tokenizers`` (``pip install 'zarr-skip[text]'``).
     """
+    if not isinstance(trust_remote_code, bool):
+        raise ConfigTypeError(f"trust_remote_code: expected True or False, got {trust_remote_code!r:.80}")
+    if isinstance(source, (bytes, bytearray, memoryview)):  # has .decode, but is no tokenizer
+        raise TokenizerNotFoundError(f"tokenizer: {source!r:.60} is bytes; pass the path as a str")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
         if not path.exists():
@@ -181,7 +198,7 @@ def load_tokenizer(source: Any) -> Decoder:
                 f"tokenizer {str(source)!r} is not a local file or directory; zarr_skip never downloads "
                 "tokenizers: pass the path of a tokenizer.json or of a model directory holding one"
             )
-        return _from_path(path)
+        return _from_path(path, trust_remote_code)
     if isinstance(source, (_TokenizersDecoder, _CallableDecoder)):
         return source
     if type(source).__module__.startswith("tokenizers") and hasattr(source, "decode_batch"):
@@ -191,7 +208,8 @@ def load_tokenizer(source: Any) -> Decoder:
     if callable(getattr(source, "decode", None)):
         return _CallableDecoder(source)
     raise TokenizerNotFoundError(
-        f"cannot decode with {type(source).__name__}: pass a path, a tokenizers.Tokenizer or a transformers tokenizer"
+        f"tokenizer: cannot decode with {type(source).__name__}: pass a path, a tokenizers.Tokenizer or a "
+        "transformers tokenizer"
     )
 
 
@@ -204,18 +222,37 @@ def recorded_tokenizer_path(attributes: Mapping[str, Any]) -> str | None:
     return None
 
 
-def tokenizer_for(cache: Any, explicit: Any = None) -> Decoder | None:
+def tokenizer_for(cache: Any, explicit: Any = None, *, trust_remote_code: bool = False) -> Decoder | None:
     """The tokenizer to read ``cache`` with: ``explicit`` when given, else the one its experiment
     recorded (:data:`ATTR_TOKENIZER`, else :data:`ATTR_MODEL`) when that path exists locally,
     else None (views then show token ids and say how to pass one).
 
-    ``cache`` is a :class:`zarr_skip.Cache`, a step view loaded from one, or None.
+    ``cache`` is a :class:`zarr_skip.Cache`, a step view loaded from one, or None. A recorded
+    path is loaded with ``trust_remote_code=False`` whatever is asked (a cache written by
+    someone else must not choose code to run); one that does not load (not a tokenizer, a model
+    directory whose tokenizer needs a missing package) gives None and one warning naming it.
+    ``trust_remote_code`` applies to ``explicit`` alone, which must load (else
+    :class:`TokenizerNotFoundError`).
     """
     if explicit is not None:
-        return load_tokenizer(explicit)
+        return load_tokenizer(explicit, trust_remote_code=trust_remote_code)
     attributes = _attributes_of(cache)
     path = recorded_tokenizer_path(attributes)
-    return None if path is None else load_tokenizer(path)
+    if path is None:
+        return None
+    try:
+        return load_tokenizer(path, trust_remote_code=False)
+    except (TokenizerNotFoundError, MissingExtraError) as exc:
+        if path not in _WARNED:
+            _WARNED.add(path)
+            _log.warning(
+                "the tokenizer recorded in the cache, %r, does not load (%s): showing token ids; pass "
+                "tokenizer= (a path, a tokenizers.Tokenizer or a transformers tokenizer; on the CLI "
+                "--tokenizer PATH) to read text",
+                path,
+                exc,
+            )
+        return None
 
 
 def _attributes_of(cache: Any) -> Mapping[str, Any]:

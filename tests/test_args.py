@@ -1,0 +1,82 @@
+"""The argument checks of the reading API (``zarr_skip/format/args.py``), alone: each bad value
+is the typed error refining the right builtin, naming the argument and the value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zarr_skip as zs
+from zarr_skip.format import args
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(3, 3), (-1, 9), (np.int64(2), 2), (slice(1, 3), slice(1, 3)), (None, None), ([], []), ([1, -1], [1, 9])],
+)
+def test_rows_accepts_and_normalises(value: Any, expected: Any) -> None:
+    got = args.rows(value, 10)
+    assert (got.tolist() if isinstance(got, np.ndarray) else got) == expected
+
+
+def test_a_mask_is_rows() -> None:
+    assert args.rows(np.arange(10) % 3 == 0, 10).tolist() == [0, 3, 6, 9]
+    with pytest.raises(zs.RowIndexError, match="boolean mask"):
+        args.rows(np.array([True, False]), 10)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "builtin"),
+    [
+        (10, zs.RowIndexError, IndexError),
+        (-11, zs.RowIndexError, IndexError),
+        (10**20, zs.RowIndexError, IndexError),
+        ([0, 10**20], zs.RowIndexError, IndexError),
+        (np.array([10], dtype=np.uint64), zs.RowIndexError, IndexError),
+        (True, zs.ConfigTypeError, TypeError),
+        (1.5, zs.ConfigTypeError, TypeError),
+        ("1", zs.ConfigTypeError, TypeError),
+        ([0.5], zs.ConfigTypeError, TypeError),
+        ([[0]], zs.ConfigTypeError, TypeError),
+        ({0}, zs.ConfigTypeError, TypeError),
+        (slice("a", None), zs.ConfigTypeError, TypeError),
+        (slice(0, 3, 0), zs.ConfigError, ValueError),
+    ],
+)
+def test_bad_rows(value: Any, error: type, builtin: type) -> None:
+    with pytest.raises(error, match="here: rows") as exc:
+        args.rows(value, 10, "rows", "here")
+    assert isinstance(exc.value, builtin)
+
+
+def test_none_may_be_refused() -> None:
+    with pytest.raises(zs.ConfigTypeError, match="rows"):
+        args.rows(None, 3, none=False)
+
+
+def test_counts_flags_columns_dtypes_paths() -> None:
+    assert args.count(3, "size", low=1) == 3 and args.maybe_count(None, "limit") is None
+    with pytest.raises(zs.ConfigError, match=r"size: expected an int in 1 \.\."):
+        args.count(0, "size", low=1)
+    with pytest.raises(zs.ConfigTypeError, match="limit: expected an int, got str"):
+        args.maybe_count("3", "limit")
+    assert args.flag(np.bool_(True), "case") is True and args.maybe_flag(None, "copy") is None
+    with pytest.raises(zs.ConfigTypeError, match="case: expected True or False"):
+        args.flag("yes", "case")
+    assert args.column("a", ["a", "b"]) == "a"
+    with pytest.raises(zs.ColumnNotFoundError, match=r"column: no column 'c' \(columns: a, b\)"):
+        args.column("c", ["a", "b"])
+    with pytest.raises(zs.ConfigTypeError, match="wrap one name in a list"):
+        args.columns("a", ["a"])
+    assert args.columns(("a",), ["a"]) == ["a"] and args.columns(None) is None
+    assert args.dtype("f4") == np.float32 and args.dtype(None) is None
+    with pytest.raises(zs.ConfigTypeError, match="dtype: expected a numpy dtype"):
+        args.dtype("nope")
+    with pytest.raises(zs.ConfigError, match="cannot hold a column"):
+        args.dtype([("a", "f4")])
+    assert args.path("x.jsonl") == "x.jsonl"
+    for bad, error in ((3, zs.ConfigTypeError), ("", zs.ConfigError), (b"x", zs.ConfigTypeError)):
+        with pytest.raises(error, match="path"):
+            args.path(bad)
