@@ -34,6 +34,7 @@ RANKS: dict[str, int] = {
     "plots": 8,
     "cli": 8,
     "integrations": 8,
+    "data": 8,
     "demo": 9,
 }
 #: imports that go up on purpose, lazily inside a function
