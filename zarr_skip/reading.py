@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from zarr_skip.errors import ReadOnlyCacheError
+from zarr_skip.errors import ConfigError, ReadOnlyCacheError
 from zarr_skip.store.catalog import experiment_info, update_experiment_info
 
 if TYPE_CHECKING:
@@ -28,8 +28,18 @@ if TYPE_CHECKING:
     from zarr_skip.views.groups import GroupView
     from zarr_skip.views.rollouts import RolloutList, RolloutView
     from zarr_skip.views.text import Message
+    from zarr_skip.views.training import TrainingExport
 
 __all__ = ["CacheReading", "StepReading"]
+
+#: the export options that only choose training records (format "sft" or "dpo")
+_TRAINING_DEFAULTS: dict[str, object] = {
+    "score": "score",
+    "min_score": None,
+    "best_of": 1,
+    "pairs": 1,
+    "token_ids": False,
+}
 
 
 class StepReading:
@@ -138,10 +148,40 @@ class CacheReading:
         *,
         format: str | None = None,
         tokenizer: Any = None,
-    ) -> ExportReport:
+        score: str = "score",
+        min_score: float | None = None,
+        best_of: int = 1,
+        pairs: int | str = 1,
+        token_ids: bool = False,
+    ) -> ExportReport | TrainingExport:
         """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
         with decoded text when a tokenizer is known: see
-        :func:`zarr_skip.views.export.export_rollouts`."""
+        :func:`zarr_skip.views.export.export_rollouts`.
+
+        ``format="sft"`` or ``"dpo"`` writes training records in TRL's conversational formats
+        instead (``.jsonl`` or ``.parquet`` by the suffix), chosen by ``score``, ``min_score``,
+        ``best_of`` (SFT) and ``pairs`` (DPO), with the token ids too when ``token_ids``: see
+        :func:`zarr_skip.views.training.export_training`.
+        """
+        if format in ("sft", "dpo"):
+            from zarr_skip.views.training import export_training
+
+            return export_training(
+                cast("Cache", self),
+                path,
+                steps,
+                format=format,
+                tokenizer=tokenizer,
+                score=score,
+                min_score=min_score,
+                best_of=best_of,
+                pairs=pairs,
+                token_ids=token_ids,
+            )
+        chosen = {"score": score, "min_score": min_score, "best_of": best_of, "pairs": pairs, "token_ids": token_ids}
+        given = [name for name, value in chosen.items() if value != _TRAINING_DEFAULTS[name]]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: these choose training records; pass format='sft' or 'dpo'")
         from zarr_skip.views.export import export_rollouts
 
         return export_rollouts(cast("Cache", self), path, steps, format=format, tokenizer=tokenizer)

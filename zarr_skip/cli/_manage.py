@@ -187,6 +187,10 @@ def cmd_export(ctx: Context) -> int:
     cache = ctx.open(name)
     if steps is None:
         steps = cache.steps()
+    if a.format in ("sft", "dpo"):
+        from zarr_skip.cli._training import export_training_records
+
+        return export_training_records(ctx, cache, steps)
     if a.format != "verl":
         return _export_records(ctx, cache, steps)
     with ctx.bar("export", "step", total=len(steps)) as bar:

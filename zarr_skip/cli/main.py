@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``zarr-skip``."""
     from zarr_skip.cli import _inspect as ins
     from zarr_skip.cli import _manage as man
+    from zarr_skip.cli import _training as tr
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -247,15 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
         "examples:\n  zarr-skip export runs/cache all rollouts.parquet --format parquet\n"
         "  zarr-skip export runs/cache 12 13 rollouts.jsonl --format jsonl --tokenizer ~/models/qwen\n"
         "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
-        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested",
+        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --layout nested\n"
+        "  zarr-skip export runs/cache all sft.jsonl --format sft --min-score 1\n"
+        "  zarr-skip export runs/cache 12-20 dpo.parquet --format dpo --pairs 2",
         common,
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="+", help="steps (N, A-B or all)")
     p.add_argument("dest", metavar="OUT")
     p.add_argument(
-        "--format", choices=["verl", "parquet", "jsonl"], default="verl", help="output format (default verl)"
+        "--format",
+        choices=["verl", "parquet", "jsonl", *tr.FORMATS],
+        default="verl",
+        help="output format (default verl)",
     )
+    tr.add_options(p)
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
     p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
     _tokenizer_option(p)
