@@ -19,7 +19,9 @@ from zarr_skip.store.catalog import experiment_info, update_experiment_info
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
+
+    import pandas
 
     from zarr_skip.cache import Cache
     from zarr_skip.lazy import StepView
@@ -185,3 +187,20 @@ class CacheReading:
         from zarr_skip.views.export import export_rollouts
 
         return export_rollouts(cast("Cache", self), path, steps, format=format, tokenizer=tokenizer)
+
+    def rescore(
+        self,
+        fn: Callable[[dict[str, Any]], float | Mapping[str, float]],
+        *,
+        steps: int | Iterable[int] | None = None,
+        columns: Sequence[str] | None = None,
+        score: str = "score",
+        tokenizer: Any = None,
+    ) -> pandas.DataFrame:
+        """New scores beside the stored ones: ``fn`` called on each rollout (its prompt's chat
+        ``messages``, decoded ``response`` and row's ``columns``), as a pandas DataFrame keyed by
+        ``step``, ``minibatch``, ``row`` (``pip install 'zarr-skip[pandas]'``): see
+        :func:`zarr_skip.views.rescore.rescore_rollouts`."""
+        from zarr_skip.views.rescore import rescore_rollouts
+
+        return rescore_rollouts(cast("Cache", self), fn, steps, columns=columns, score=score, tokenizer=tokenizer)
