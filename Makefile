@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench --preset medium --out benchmarks/results
 	$(PY) -m benchmarks.bench_tables --out benchmarks/results
 	$(PY) -m benchmarks.write_floor --preset medium --out benchmarks/results/realistic
+	$(PY) -m benchmarks.bench_data --preset medium --steps 8 --out benchmarks/results
 
 clean:
 	rm -rf demo_cache .pytest_cache .hypothesis build *.egg-info
