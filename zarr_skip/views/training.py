@@ -212,9 +212,9 @@ def _texts(view: StepView, rows: Sequence[int], decoder: Decoder, ids: bool) -> 
     """Per row asked for: its prompt ``messages``, ``response`` text and (with ``ids``) token ids."""
     if not rows:
         return {}
-    cols = rollout_columns(view, list(rows), decoder=decoder, extra=False)
-    prompt_ids = token_ids(view, "prompts", list(rows)) if ids and "prompts" in view else None
-    response_ids = token_ids(view, "responses", list(rows)) if ids else None
+    cols = rollout_columns(view, rows=list(rows), decoder=decoder, extra=False)
+    prompt_ids = token_ids(view, "prompts", rows=list(rows)) if ids and "prompts" in view else None
+    response_ids = token_ids(view, "responses", rows=list(rows)) if ids else None
     found = {}
     for k, row in enumerate(rows):
         messages = cols["messages"][k]
