@@ -52,7 +52,7 @@ def _reader(source: RolloutSource, group: list[Block]) -> Any:
 
 
 def block_columns(source: RolloutSource, block: Block) -> dict[str, np.ndarray]:
-    """The rows of ``block`` as numpy columns: the index, then each column (jagged and dense
+    """The rows of ``block`` (a whole mini-batch) as numpy columns: the index, then each column (jagged and dense
     rows as arrays, an object array of them when their shapes differ; objects as Python values)."""
     view = source.view(block.step)
     n = block.rows
@@ -61,8 +61,9 @@ def block_columns(source: RolloutSource, block: Block) -> dict[str, np.ndarray]:
         "minibatch": np.full(n, block.minibatch, dtype=np.int64),
         "row": np.arange(block.start, block.stop, dtype=np.int64),
     }
-    for name in source.columns:
-        value = view[name][block.start : block.stop]
+    # a block is a whole mini-batch here: all its columns fetched in one batch of reads
+    values = view.minibatches[block.minibatch].to_dict(source.columns)
+    for name, value in values.items():
         if isinstance(value, torch.Tensor) and not value.is_nested:
             out[name] = _numpy(value)
         elif isinstance(value, np.ndarray) and value.dtype != object:
