@@ -159,9 +159,15 @@ class RolloutSource:
     # -- reading rows ----------------------------------------------------------------------------
 
     def read(self, block: Block) -> list[dict[str, Any]]:
-        """The items of ``block``'s rows: its columns each read as one slice (their chunks once)."""
+        """The items of ``block``'s rows: its columns each read as one slice (their chunks once),
+        or a whole mini-batch's columns in one batch of reads."""
         view = self.view(block.step)
-        columns = {name: split_rows(view[name][block.start : block.stop]) for name in self.columns}
+        minibatch = view.minibatches[block.minibatch]
+        if len(minibatch) == block.rows:  # a whole mini-batch: all its columns in one batch of reads
+            read = minibatch.to_dict(self.columns)
+        else:
+            read = {name: view[name][block.start : block.stop] for name in self.columns}
+        columns = {name: split_rows(value) for name, value in read.items()}
         items = []
         for k in range(block.rows):
             item: dict[str, Any] = {"step": block.step, "minibatch": block.minibatch, "row": block.start + k}
