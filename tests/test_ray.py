@@ -18,6 +18,7 @@ import zarr_skip as zs
 from zarr_skip.errors import MissingExtraError
 
 ray = pytest.importorskip("ray")
+pd = pytest.importorskip("pandas")
 pytest.importorskip("ray.data")
 
 from zarr_skip.integrations.ray import read_rollouts  # noqa: E402
@@ -77,8 +78,17 @@ def test_rows_and_per_step_figures_equal_load(ray_cluster: None, tmp_path: Path)
     assert got == pytest.approx(per_step_means(cache))
     rescored = ds.map(lambda r: {"step": r["step"], "n": len(r["responses"])}).sum("n")  # the rescore recipe
     assert rescored == sum(len(cache.load(s)["responses"][i]) for s in cache.steps() for i in range(12))
-    projected = read_rollouts(tmp_path / "cache", steps=[3], columns=["uid"])
-    assert projected.columns() == ["step", "minibatch", "row", "uid"] and projected.count() == 12
+    projected = read_rollouts(tmp_path / "cache", steps=[3], columns=["uid", "extra_info", "responses"])
+    assert projected.columns() == ["step", "minibatch", "row", "uid", "extra_info", "responses"]
+    projected.write_parquet(str(tmp_path / "parquet"))
+    back = pd.concat([pd.read_parquet(f) for f in sorted((tmp_path / "parquet").glob("*.parquet"))])
+    back = back.sort_values("row")
+    view = cache.load(3)
+    assert back["row"].tolist() == list(range(12))
+    assert [dict(x) for x in back["extra_info"]] == list(view["extra_info"][:])
+    # jagged rows are Ray's variable-shaped tensors in parquet (read back as its tensor elements)
+    responses = [np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x).tolist() for x in back["responses"]]
+    assert responses == [r.tolist() for r in view["responses"][:].unbind()]
 
 
 def test_a_read_task_per_minibatch_or_per_run_of_them(tmp_path: Path) -> None:
