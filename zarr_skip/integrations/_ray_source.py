@@ -39,7 +39,8 @@ class RolloutDatasource(Datasource):
             meta = BlockMetadata(
                 num_rows=sum(b.rows for b in group), size_bytes=None, input_files=None, exec_stats=None
             )
-            tasks.append(ReadTask(_reader(self.source, group), meta, per_task_row_limit=per_task_row_limit))
+            limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}
+            tasks.append(ReadTask(_reader(self.source, group), meta, **limit))
         return tasks
 
 
