@@ -34,6 +34,7 @@ RANKS: dict[str, int] = {
     "cli": 8,
     "__main__": 9,  # python -m zarr_skip: the CLI
     "integrations": 8,
+    "data": 8,
     "demo": 9,
 }
 #: imports that go up on purpose, lazily inside a function

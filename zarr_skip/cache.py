@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from zarr.abc.store import Store
 
@@ -48,13 +48,26 @@ from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import MinibatchInfo, RunContext, write_part
 from zarr_skip.views import display, schema
 from zarr_skip.views.export import ExportFormat, ExportReport, export_rollouts
+from zarr_skip.views.rescore import rescore_rollouts
 from zarr_skip.views.schema import Reduce
+from zarr_skip.views.training import TrainingExport, export_training
 
 if TYPE_CHECKING:
     import pandas
 
 
 logger = logging.getLogger(__name__)
+
+#: the formats of training records (:func:`zarr_skip.views.training.export_training`)
+TrainingFormat = Literal["sft", "dpo"]
+#: the export options that only choose training records (format "sft" or "dpo")
+_TRAINING_DEFAULTS: dict[str, object] = {
+    "score": "score",
+    "min_score": None,
+    "best_of": 1,
+    "pairs": 1,
+    "token_ids": False,
+}
 
 #: seconds a writer may go without a heartbeat before its mini-batch counts as abandoned
 DEFAULT_LEASE = 60.0
@@ -501,13 +514,56 @@ class Cache:
         path: str | os.PathLike[str],
         *,
         steps: int | Iterable[int] | None = None,
-        format: ExportFormat | None = None,
+        format: ExportFormat | TrainingFormat | None = None,
         tokenizer: Any = None,
-    ) -> ExportReport:
+        score: str = "score",
+        min_score: float | None = None,
+        best_of: int = 1,
+        pairs: int | str = 1,
+        token_ids: bool = False,
+    ) -> ExportReport | TrainingExport:
         """One record per rollout of ``steps`` (default: all complete) as parquet or JSON Lines,
         with decoded text when a tokenizer is known: see
-        :func:`zarr_skip.views.export.export_rollouts`."""
-        return export_rollouts(self, path, steps, format=format, tokenizer=tokenizer)
+        :func:`zarr_skip.views.export.export_rollouts`.
+
+        ``format="sft"`` or ``"dpo"`` writes training records in TRL's conversational formats
+        instead (``.jsonl`` or ``.parquet`` by the suffix), chosen by ``score``, ``min_score``,
+        ``best_of`` (SFT) and ``pairs`` (DPO), with the token ids too when ``token_ids``: see
+        :func:`zarr_skip.views.training.export_training`.
+        """
+        if format in ("sft", "dpo"):
+            return export_training(
+                self,
+                path,
+                steps,
+                format=format,
+                tokenizer=tokenizer,
+                score=score,
+                min_score=min_score,
+                best_of=best_of,
+                pairs=pairs,
+                token_ids=token_ids,
+            )
+        chosen = {"score": score, "min_score": min_score, "best_of": best_of, "pairs": pairs, "token_ids": token_ids}
+        given = [name for name, value in chosen.items() if value != _TRAINING_DEFAULTS[name]]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: these choose training records; pass format='sft' or 'dpo'")
+        return export_rollouts(self, path, steps, format=cast("ExportFormat | None", format), tokenizer=tokenizer)
+
+    def rescore(
+        self,
+        fn: Callable[[dict[str, Any]], float | Mapping[str, float]],
+        *,
+        steps: int | Iterable[int] | None = None,
+        columns: Sequence[str] | None = None,
+        score: str = "score",
+        tokenizer: Any = None,
+    ) -> pandas.DataFrame:
+        """New scores beside the stored ones: ``fn`` called on each rollout (its prompt's chat
+        ``messages``, decoded ``response`` and row's ``columns``), as a pandas DataFrame keyed by
+        ``step``, ``minibatch``, ``row`` (``pip install 'zarr-skip[pandas]'``): see
+        :func:`zarr_skip.views.rescore.rescore_rollouts`."""
+        return rescore_rollouts(self, fn, steps, columns=columns, score=score, tokenizer=tokenizer)
 
     # -- maintenance ------------------------------------------------------------------------
 

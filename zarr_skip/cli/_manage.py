@@ -220,6 +220,10 @@ def cmd_export(ctx: Context) -> int:
     steps = parse_steps(tokens, allow_all=True, complete=cache.steps)
     if steps is None:
         steps = cache.steps()
+    if a.format in ("sft", "dpo"):
+        from zarr_skip.cli._training import export_training_records
+
+        return export_training_records(ctx, cache, steps)
     if a.format != "verl":
         return _export_records(ctx, cache, steps)
     _check_verl_out(cache, a.dest)

@@ -283,6 +283,7 @@ def _add_import(sub: Any) -> None:
 
 def _add_export(sub: Any) -> None:
     from zarr_skip.cli import _manage as man
+    from zarr_skip.cli import _training as tr
 
     p = _add(
         sub,
@@ -298,7 +299,9 @@ def _add_export(sub: Any) -> None:
         "examples:\n  zarr-skip export runs/cache all rollouts.parquet\n"
         "  zarr-skip export runs/cache 12 13 -o rollouts.jsonl.gz --tokenizer ~/models/qwen\n"
         "  zarr-skip export runs/cache 12 13 dumps/ --format verl\n"
-        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --format verl --layout nested",
+        "  zarr-skip export runs/cache all dumps/ -e rollout_tq --format verl --layout nested\n"
+        "  zarr-skip export runs/cache all sft.jsonl --format sft --min-score 1\n"
+        "  zarr-skip export runs/cache 12-20 dpo.parquet --format dpo --pairs 2",
         [_common()],
     )
     p.add_argument("location", metavar="LOCATION")
@@ -306,10 +309,11 @@ def _add_export(sub: Any) -> None:
     p.add_argument("-o", "--output", metavar="OUT", help="the file (or with --format verl the directory) to write")
     p.add_argument(
         "--format",
-        choices=["verl", "parquet", "jsonl"],
+        choices=["verl", "parquet", "jsonl", *tr.FORMATS],
         default=None,
-        help="output format (default: from OUT's suffix: .parquet, .jsonl, .jsonl.gz; verl only when given)",
+        help="output format (default: from OUT's suffix: .parquet, .jsonl, .jsonl.gz; verl, sft, dpo only if given)",
     )
+    tr.add_options(p)
     p.add_argument("--layout", choices=["auto", "flat", "nested"], default="auto", help="verl layout")
     p.add_argument("--overwrite", action="store_true", help="replace what exists (verl step directories, OUT)")
     _tokenizer_option(p)

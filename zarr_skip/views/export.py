@@ -122,7 +122,8 @@ def check_outside(cache: Cache, path: str | os.PathLike[str]) -> None:
     out, base = Path(path).resolve(), root.resolve()
     if out == base or base in out.parents:
         raise ConfigError(
-            f"path {path} is inside the cache at {root} that it exports; write it outside the cache (nothing was written)"
+            f"path {path} is inside the cache at {root} that it exports; write it outside the cache "
+            "(nothing was written)"
         )
 
 

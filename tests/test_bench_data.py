@@ -1,0 +1,24 @@
+"""benchmarks/bench_data.py runs end to end on a tiny preset (the torch parts; Ray is measured by
+``make bench``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_the_data_benchmark_runs(tmp_path: Path) -> None:
+    from benchmarks.bench_data import main
+
+    main(["--preset", "tiny", "--steps", "2", "--items", "10", "--reps", "1", "--parts", "iterable,map",
+          "--out", str(tmp_path)])  # fmt: skip
+    res = json.loads((tmp_path / "data.json").read_text())
+    torch_part = res["torch"]
+    assert torch_part["iterable"]["rows"] == torch_part["to_dict"]["rows"] == 2 * 32
+    assert torch_part["map"]["rows"] == 10 and torch_part["map"]["bytes_read"] > 0
+    assert res["targets"]["iterable_ratio"]["value"] > 0 and res["sizes"]["row_decoded"] > 0
+    assert "RolloutIterableDataset" in (tmp_path / "data.md").read_text()
+    assert not list(tmp_path.glob(".bench-tmp-*"))

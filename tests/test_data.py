@@ -1,0 +1,235 @@
+"""zarr_skip.data: the map-style and iterable torch datasets, their sharding and the collate."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import zarr_skip as zs
+from zarr_skip.data import RolloutDataset, RolloutIterableDataset, collate_rollouts
+from zarr_skip.data._plan import resolve_rank, shard_blocks
+from zarr_skip.data._source import Block
+from zarr_skip.errors import ConfigError
+from zarr_skip.synthetic import text_rollouts
+
+FP = {"experiment_name": "data", "n": 4}
+#: each step's mini-batch sizes (rows)
+MINIBATCHES = {1: (5, 7), 2: (12,), 3: (3, 4, 5)}
+COLUMNS = ["responses", "old_log_probs", "hidden", "score", "uid", "extra_info", "response_length"]
+
+
+def split(batch: dict[str, Any], sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """``batch`` cut into mini-batches of ``sizes`` rows."""
+    out, start = [], 0
+    for size in sizes:
+        part = {}
+        for name, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.is_nested:
+                rows = list(value.unbind())[start : start + size]
+                part[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+            else:
+                part[name] = value[start : start + size]
+        out.append(part)
+        start += size
+    return out
+
+
+def fill(location: Any) -> dict[int, dict[str, Any]]:
+    """Write :data:`MINIBATCHES` steps of readable rollouts (with a dense ``hidden`` column)."""
+    cache = zs.open_cache(location, FP, chunk_bytes=256)  # small chunks: a block spans several
+    written = {}
+    for step, sizes in MINIBATCHES.items():
+        batch = dict(text_rollouts(3, 4, seed=7, step=step, max_response=40))
+        batch["hidden"] = torch.arange(12 * 3, dtype=torch.float32).reshape(12, 3) + 100 * step
+        for part in split(batch, sizes):
+            cache.write(step, part, expected=len(sizes))
+        written[step] = batch
+    return written
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "cache"
+    fill(path)
+    return path
+
+
+def keys(items: Any) -> list[tuple[int, int]]:
+    return [(int(it["step"]), int(it["row"])) for it in items]
+
+
+ALL_ROWS = sorted((s, r) for s, sizes in MINIBATCHES.items() for r in range(sum(sizes)))
+
+
+def assert_item_equals_load(item: dict[str, Any], cache: zs.Cache) -> None:
+    view = cache.load(item["step"])
+    mb_starts = np.cumsum([0] + [len(m) for m in view.minibatches])
+    assert mb_starts[item["minibatch"]] <= item["row"] < mb_starts[item["minibatch"] + 1]
+    for name in COLUMNS:
+        want = view[name][item["row"]]
+        got = item[name]
+        if isinstance(want, torch.Tensor):
+            assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want), name
+        elif isinstance(want, np.generic):
+            assert isinstance(got, torch.Tensor) and got.dim() == 0 and got.item() == want.item(), name
+        else:
+            assert got == want and not isinstance(got, (np.ndarray, torch.Tensor)), name
+
+
+def test_map_items_equal_load_and_pickle_without_handles(local: Path) -> None:
+    ds = RolloutDataset(local, columns=COLUMNS)
+    assert len(ds) == len(ALL_ROWS)
+    cache = zs.open_cache(local)
+    assert keys(ds[i] for i in range(len(ds))) == ALL_ROWS
+    for i in (0, 4, 5, 11, 12, 30, -1):
+        assert_item_equals_load(ds[i], cache)
+    item = ds[0]
+    assert item["responses"].dim() == 1 and item["hidden"].shape == (3,) and isinstance(item["uid"], str)
+    assert isinstance(item["extra_info"], dict)
+    ds[3]  # opens the store and loads a step
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.source._cache is None and not clone.source._views
+    assert keys([clone[7]]) == [ALL_ROWS[7]]
+    with pytest.raises(IndexError, match="out of range for 36 rows"):
+        ds[36]
+
+
+def test_map_through_dataloader_workers(local: Path) -> None:
+    ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, 3])
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_rollouts)
+    batches = list(loader)
+    got = [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)]
+    assert got == [k for k in ALL_ROWS if k[0] in (1, 3)]
+    assert set(batches[0]) == {"step", "minibatch", "row", "responses", "responses_len", "score"}
+
+
+def epoch_rows(location: Any, *, world: int, workers: int, **kw: Any) -> list[list[tuple[int, int]]]:
+    """Each rank's rows of one epoch through a DataLoader with ``workers`` workers."""
+    out = []
+    for rank in range(world):
+        ds = RolloutIterableDataset(location, columns=["responses", "uid"], rank=rank, world_size=world, **kw)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        out.append(keys(loader))
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_row_once_across_two_ranks_by_two_workers(local: Path, shuffle: bool) -> None:
+    per_rank = epoch_rows(local, world=2, workers=2, shuffle=shuffle, seed=3, block_rows=4, buffer_blocks=2)
+    seen = Counter(k for rows in per_rank for k in rows)
+    assert sorted(seen) == ALL_ROWS and set(seen.values()) == {1}
+    assert abs(len(per_rank[0]) - len(per_rank[1])) <= 2  # shares of 4 shards differ by one row at most
+    if not shuffle:
+        assert sorted(per_rank[0] + per_rank[1]) == ALL_ROWS
+
+
+def test_seed_and_epoch_fix_the_order(local: Path) -> None:
+    def order(seed: int, epoch: int) -> list[tuple[int, int]]:
+        ds = RolloutIterableDataset(local, columns=["uid"], shuffle=True, seed=seed, block_rows=3, buffer_blocks=3)
+        ds.set_epoch(epoch)
+        return keys(ds)
+
+    first = order(1, 0)
+    assert order(1, 0) == first and sorted(first) == ALL_ROWS
+    assert first != ALL_ROWS  # shuffled
+    assert order(1, 1) != first and order(2, 0) != first
+    assert keys(RolloutIterableDataset(local, columns=["uid"])) == ALL_ROWS  # no shuffle: stored order
+
+
+def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2)
+    assert len(ds) == 36
+    reads: list[int] = []
+    original = ds.source.read
+
+    def traced(block: Block) -> list[dict[str, Any]]:
+        reads.append(block.rows)
+        return original(block)
+
+    monkeypatch.setattr(ds.source, "read", traced)
+    cache = zs.open_cache(local)
+    it = iter(ds)
+    first = [next(it) for _ in range(3)]
+    assert sum(reads) <= 8  # a buffer of two blocks of four rows, not a step
+    items = first + list(it)
+    assert keys(items) == ALL_ROWS and max(reads) <= 4
+    for item in items:
+        assert_item_equals_load(item, cache)
+
+
+def test_ranks_from_torch_distributed(local: Path, tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert resolve_rank(None, None) == (0, 1)
+        assert resolve_rank(1, 3) == (1, 3)  # the arguments win
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ConfigError, match="0 <= rank < world_size"):
+        resolve_rank(2, 2)
+
+
+def test_shard_plan_is_exact_and_balanced() -> None:
+    blocks = [Block(s, 0, 0, n) for s, n in enumerate([5, 1, 9, 0, 4])]
+    for shards in (1, 2, 3, 7, 25):
+        for shuffle in (False, True):
+            rows = []
+            sizes = []
+            for shard in range(shards):
+                pieces = shard_blocks(blocks, shards, shard, shuffle=shuffle, seed=1, epoch=2)
+                sizes.append(sum(p.rows for p in pieces))
+                rows += [(p.step, r) for p in pieces for r in range(p.start, p.stop)]
+            assert sorted(rows) == sorted((b.step, r) for b in blocks for r in range(b.rows))
+            assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.s3
+def test_on_s3(s3_server: Any) -> None:
+    url = s3_server.s3_url(f"t-{uuid.uuid4().hex[:12]}")
+    from zarr_skip.store._s3 import open_s3_store
+
+    fill(open_s3_store(url, s3_server.storage_options))
+    ds = RolloutDataset(url, columns=COLUMNS, storage_options=s3_server.storage_options)
+    cache = zs.open_cache(url, storage_options=s3_server.storage_options)
+    assert len(ds) == 36
+    assert_item_equals_load(ds[20], cache)
+    # obstore's runtime does not survive fork(): S3 workers start by forkserver (or spawn)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
+    assert keys(loader) == ALL_ROWS
+    per_rank = []
+    for rank in range(2):
+        it = RolloutIterableDataset(
+            url, columns=["uid"], storage_options=s3_server.storage_options, rank=rank, world_size=2, block_rows=5
+        )
+        per_rank.append(keys(it))  # in this process (the workers are shown above)
+    assert sorted(per_rank[0] + per_rank[1]) == ALL_ROWS and len(per_rank[1]) == 18
+
+
+def test_store_objects_and_bad_columns_are_refused(local: Path) -> None:
+    with pytest.raises(ConfigError, match="not a store object"):
+        RolloutDataset(zs.open_cache(local).storage.store)  # type: ignore[arg-type]
+    with pytest.raises(KeyError, match="step 1: no column 'nope'"):
+        RolloutDataset(local, columns=["nope"])
+
+
+def test_collate_pads_or_nests_jagged_columns() -> None:
+    items = [
+        {"step": 1, "row": 0, "ids": torch.tensor([1, 2, 3]), "h": torch.ones(2), "uid": "a"},
+        {"step": 1, "row": 1, "ids": torch.tensor([4]), "h": torch.zeros(2), "uid": "b"},
+    ]
+    batch = collate_rollouts(items, pad_value=-1)
+    assert batch["ids"].tolist() == [[1, 2, 3], [4, -1, -1]] and batch["ids_len"].tolist() == [3, 1]
+    assert batch["h"].shape == (2, 2) and batch["uid"] == ["a", "b"] and batch["row"].dtype == torch.int64
+    nested = collate_rollouts(items, jagged="nested")
+    assert nested["ids"].is_nested and [t.tolist() for t in nested["ids"].unbind()] == [[1, 2, 3], [4]]
+    with pytest.raises(ConfigError, match="choose 'pad' or 'nested'"):
+        collate_rollouts(items, jagged="ragged")

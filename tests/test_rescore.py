@@ -1,0 +1,72 @@
+"""Cache.rescore: a new verifier over cached rollouts, its scores beside the stored ones."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_data import MINIBATCHES, fill
+
+import zarr_skip as zs
+from zarr_skip.errors import ConfigTypeError, MissingExtraError
+from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer
+
+pytest.importorskip("pandas")
+
+
+def boxed(rollout: dict[str, Any]) -> float:
+    """A verifier: 1 when the response's last \\boxed{} answer is the ground truth."""
+    found = re.findall(r"\\boxed\{([^}]*)\}", rollout["response"])
+    return float(bool(found) and found[-1].strip() == rollout["reward_model"]["ground_truth"])
+
+
+def test_new_scores_beside_the_stored_ones(tmp_path: Path) -> None:
+    written = fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    seen: list[dict[str, Any]] = []
+
+    def verifier(rollout: dict[str, Any]) -> float:
+        seen.append(rollout)
+        return boxed(rollout)
+
+    table = cache.rescore(verifier, steps=[1, 3], tokenizer=TOKENIZER_PATH)
+    assert list(table.columns) == ["step", "minibatch", "row", "uid", "score", "new_score"]
+    assert table[["step", "row"]].values.tolist() == [[s, r] for s in (1, 3) for r in range(12)]
+    assert table["minibatch"].tolist() == [0] * 5 + [1] * 7 + [0] * 3 + [1] * 4 + [2] * 5
+    stored = np.concatenate([written[s]["score"] for s in (1, 3)])
+    assert table["score"].tolist() == stored.astype(float).tolist()
+    # the synthetic scores are those of the same check: the new verifier agrees with them
+    assert table["new_score"].tolist() == table["score"].tolist()
+    tok = shipped_tokenizer()
+    first = seen[0]
+    assert first["response"] == tok.decode(written[1]["responses"].unbind()[0].tolist(), skip_special_tokens=True)
+    assert first["messages"] == written[1]["raw_prompt"][0] and first["uid"] == written[1]["uid"][0]
+    assert {"extra_info", "data_source", "acc"} <= set(first)
+
+
+def test_several_scores_and_chosen_columns(tmp_path: Path) -> None:
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    table = cache.rescore(
+        lambda r: {"length": len(r["response"]), "right": boxed(r)},
+        steps=2,
+        columns=["reward_model"],
+        tokenizer=TOKENIZER_PATH,
+    )
+    assert list(table.columns) == ["step", "minibatch", "row", "uid", "score", "length", "right"]
+    assert len(table) == sum(MINIBATCHES[2])
+    with pytest.raises(ConfigTypeError, match="step 2, row 0: the rescoring function returned 'x'"):
+        cache.rescore(lambda r: "x", steps=2, tokenizer=TOKENIZER_PATH)  # type: ignore[arg-type, return-value]
+    with pytest.raises(KeyError, match="step 2: no column 'nope'"):
+        cache.rescore(boxed, steps=2, columns=["nope"], tokenizer=TOKENIZER_PATH)
+
+
+def test_without_pandas_a_missing_extra_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(tmp_path / "cache")
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(MissingExtraError, match=r"zarr-skip\[pandas\]"):
+        zs.open_cache(tmp_path / "cache").rescore(boxed)

@@ -1,0 +1,136 @@
+"""Training exports: SFT and DPO records in TRL's conversational formats, from a cache whose
+scores are known (best, worst, ties, groups of one score, min_score), by API and CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import zarr_skip as zs
+from zarr_skip.cli.main import main
+from zarr_skip.errors import ConfigError, TokenizerNotFoundError
+from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
+
+FP = {"experiment_name": "training", "n": 4}
+#: the scores of step 1's four groups of four answers (rows 0-3, 4-7, 8-11, 12-15)
+SCORES = [1, 0, 1, 0.5] + [0.5] * 4 + [0, 0, 0, 0.25] + [math.nan, 2, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    path = tmp_path_factory.mktemp("training") / "cache"
+    batch = dict(text_rollouts(4, 4, seed=3, step=1, max_response=40))
+    batch["score"] = np.array(SCORES, dtype=np.float32)
+    cache = zs.open_cache(path, FP)
+    cache.write(1, batch)
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    return path, batch
+
+
+def answer(batch: dict[str, Any], row: int) -> str:
+    ids = batch["responses"].unbind()[row].tolist()
+    return shipped_tokenizer().decode(ids, skip_special_tokens=True)
+
+
+def prompt(batch: dict[str, Any], row: int) -> list[dict[str, str]]:
+    return [{"role": m["role"], "content": m["content"]} for m in batch["raw_prompt"][row]]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sft_best_answer_of_each_group(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    path, batch = written
+    cache = zs.open_cache(path)
+    report = cache.export(tmp_path / "sft.jsonl", format="sft")
+    records = read_jsonl(tmp_path / "sft.jsonl")
+    assert [r["row"] for r in records] == [0, 4, 11, 13]  # ties: the first in stored order
+    assert report.records == 4 and report.groups == 4 and report.file_format == "jsonl"
+    first = records[0]
+    assert first["messages"] == [*prompt(batch, 0), {"role": "assistant", "content": answer(batch, 0)}]
+    assert first["step"] == 1 and first["uid"] == batch["uid"][0] and first["score"] == 1.0
+    assert "completion_ids" not in first
+
+
+def test_sft_best_of_and_min_score(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cache = zs.open_cache(written[0])
+    cache.export(tmp_path / "a.jsonl", format="sft", best_of=2)
+    assert [r["row"] for r in read_jsonl(tmp_path / "a.jsonl")] == [0, 2, 4, 5, 11, 8, 13, 15]
+    cache.export(tmp_path / "b.jsonl", format="sft", best_of=4, min_score=1)
+    rows = read_jsonl(tmp_path / "b.jsonl")
+    assert [(r["row"], r["score"]) for r in rows] == [(0, 1.0), (2, 1.0), (13, 2.0), (15, 1.0)]
+
+
+def test_dpo_pairs_best_against_worst(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    path, batch = written
+    cache = zs.open_cache(path)
+    report = cache.export(tmp_path / "dpo.jsonl", format="dpo", token_ids=True)
+    records = read_jsonl(tmp_path / "dpo.jsonl")
+    # group 2 (rows 4-7) has one score: no pair; the NaN of row 12 is never chosen
+    assert [(r["chosen_row"], r["rejected_row"]) for r in records] == [(0, 1), (11, 8), (13, 14)]
+    assert [(r["score_chosen"], r["score_rejected"]) for r in records] == [(1, 0), (0.25, 0), (2, 0)]
+    assert report.records == 3 and report.groups == 4
+    r = records[0]
+    assert r["prompt"] == prompt(batch, 0) and r["uid"] == batch["uid"][0] and r["step"] == 1
+    assert r["chosen"] == [{"role": "assistant", "content": answer(batch, 0)}]
+    assert r["rejected"] == [{"role": "assistant", "content": answer(batch, 1)}]
+    assert r["chosen_ids"] == batch["responses"].unbind()[0].tolist()
+    assert r["rejected_ids"] == batch["responses"].unbind()[1].tolist()
+    assert r["prompt_ids"] == batch["prompts"].unbind()[0].tolist()
+
+
+def test_dpo_more_pairs_and_min_score(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cache = zs.open_cache(written[0])
+    cache.export(tmp_path / "a.jsonl", format="dpo", pairs=3)
+    pairs = [(r["chosen_row"], r["rejected_row"]) for r in read_jsonl(tmp_path / "a.jsonl")]
+    assert pairs == [(0, 1), (2, 1), (11, 8), (11, 9), (11, 10), (13, 14)]
+    cache.export(tmp_path / "b.jsonl", format="dpo", pairs="all", min_score=1)
+    assert [(r["chosen_row"], r["rejected_row"]) for r in read_jsonl(tmp_path / "b.jsonl")] == [
+        (0, 1),
+        (2, 1),
+        (13, 14),
+    ]
+
+
+def test_parquet_holds_the_same_records(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    cache = zs.open_cache(written[0])
+    for fmt in ("sft", "dpo"):
+        cache.export(tmp_path / f"{fmt}.jsonl", format=fmt)
+        report = cache.export(tmp_path / f"{fmt}.parquet", format=fmt)
+        assert report.file_format == "parquet"
+        assert pq.read_table(tmp_path / f"{fmt}.parquet").to_pylist() == read_jsonl(tmp_path / f"{fmt}.jsonl")
+
+
+def test_from_the_cli(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    loc = str(written[0])
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", loc, "1", str(out), "--format", "sft", "--min-score", "1"]) == 0
+    assert [r["row"] for r in read_jsonl(out)] == [0, 13]
+    assert main(["export", loc, "1", str(out), "--format", "sft"]) == 2  # exists, no --overwrite
+    dpo = tmp_path / "dpo.parquet"
+    assert main(["export", loc, "all", str(dpo), "--format", "dpo", "--pairs", "all", "--token-ids"]) == 0
+    assert main(["export", loc, "all", str(tmp_path / "x.jsonl"), "--format", "dpo", "--pairs", "some"]) == 2
+
+
+def test_bad_requests_name_what_to_do(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cache = zs.open_cache(written[0])
+    with pytest.raises(ConfigError, match=r"name the file \.jsonl or \.parquet"):
+        cache.export(tmp_path / "out.csv", format="sft")
+    with pytest.raises(KeyError, match="step 1: no per-row column 'reward'"):
+        cache.export(tmp_path / "out.jsonl", format="sft", score="reward")
+    with pytest.raises(ConfigError, match="best_of: these choose training records"):
+        cache.export(tmp_path / "out.jsonl", best_of=2)
+    with pytest.raises(TokenizerNotFoundError, match="not a local file"):
+        cache.export(tmp_path / "out.jsonl", format="sft", tokenizer=tmp_path / "none.json")
+    plain = zs.open_cache(tmp_path / "plain", FP)
+    plain.write(1, text_rollouts(1, 2, step=1))
+    with pytest.raises(TokenizerNotFoundError, match="none is recorded"):
+        plain.export(tmp_path / "out.jsonl", format="dpo")
+    assert not list(tmp_path.glob("*.jsonl")) and not list(tmp_path.glob(".*"))  # nothing written

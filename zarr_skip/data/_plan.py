@@ -1,0 +1,69 @@
+"""Pure planning of an epoch: which rows each rank and DataLoader worker reads, in what order.
+
+No I/O: the blocks (contiguous rows of one mini-batch) are known beforehand. The blocks are put in
+one order per epoch (shuffled from ``seed`` and the epoch, the same on every rank), the rows of
+that order are cut into ``shards`` runs of equal size (sizes differ by at most one row), and a
+shard reads its run block by block. So every row belongs to exactly one shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from zarr_skip.data._source import Block
+from zarr_skip.errors import ConfigError
+
+__all__ = ["buffers", "resolve_rank", "shard_blocks", "shuffled"]
+
+
+def shuffled(count: int, seed: int, *key: int) -> np.ndarray:
+    """A permutation of ``range(count)`` fixed by ``seed`` and ``key`` (epoch, shard, ...)."""
+    return np.random.default_rng([int(seed), *map(int, key)]).permutation(count)
+
+
+def shard_blocks(
+    blocks: Sequence[Block], shards: int, shard: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0
+) -> list[Block]:
+    """The pieces of ``blocks`` that shard ``shard`` of ``shards`` reads this epoch, in order."""
+    if not 0 <= shard < shards:
+        raise ConfigError(f"shard {shard} of {shards}: the shard must lie in [0, {shards})")
+    order = shuffled(len(blocks), seed, epoch) if shuffle else np.arange(len(blocks))
+    total = sum(b.rows for b in blocks)
+    lo, hi = total * shard // shards, total * (shard + 1) // shards
+    out = []
+    pos = 0
+    for k in order:
+        b = blocks[int(k)]
+        first, last = max(lo, pos), min(hi, pos + b.rows)
+        if first < last:
+            out.append(Block(b.step, b.minibatch, b.start + first - pos, b.start + last - pos))
+        pos += b.rows
+        if pos >= hi:
+            break
+    return out
+
+
+def buffers(pieces: Sequence[Block], size: int) -> Iterator[list[Block]]:
+    """``pieces`` in groups of ``size`` (what is held in memory at once)."""
+    if size < 1:
+        raise ConfigError(f"buffer_blocks={size}: hold at least one block")
+    for k in range(0, len(pieces), size):
+        yield list(pieces[k : k + size])
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: the arguments when given, else ``torch.distributed``'s when it is
+    initialised, else one process."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+    rank = 0 if rank is None else int(rank)
+    world_size = 1 if world_size is None else int(world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
+    return rank, world_size

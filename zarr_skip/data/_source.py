@@ -1,0 +1,215 @@
+"""Where a dataset's rows come from: a picklable description of the cache, opened per process.
+
+A :class:`RolloutSource` holds the location, experiment, steps, columns and storage options, and
+opens the cache (and each step's lazy view) on first use in the process that reads: a worker of
+a ``DataLoader`` or a Ray task gets a copy without open handles and opens the store itself.
+Rows are read through the public handle only (:meth:`zarr_skip.Cache.load`, the
+:class:`~zarr_skip.StepView` and its :class:`~zarr_skip.LazyColumn` row indexing).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from zarr_skip.cache import Cache, open_cache
+from zarr_skip.errors import ConfigError, StepNotFoundError
+from zarr_skip.lazy import StepView
+
+__all__ = ["Block", "RolloutSource", "as_item_value", "split_rows"]
+
+#: the fields every item has before its columns
+INDEX = ("step", "minibatch", "row")
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Contiguous rows ``[start, stop)`` of one mini-batch of a step (rows counted in the step)."""
+
+    step: int
+    minibatch: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+class RolloutSource:
+    """The rows of the complete steps of one experiment, opened lazily in each process.
+
+    Parameters
+    ----------
+    location : a path or an ``s3://`` URL (a zarr Store object does not travel to other processes).
+    experiment : the experiment to read (default: the only one stored).
+    steps : the steps to read (default: every complete step, at the time of the first use).
+    columns : the columns of each row (default: every column of the first step).
+    storage_options : for URLs: endpoint, credentials, ...
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        *,
+        experiment: str | None = None,
+        steps: int | Iterable[int] | None = None,
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(location, (str, os.PathLike)):
+            raise ConfigError(
+                f"location {location!r}: pass a path or an s3:// URL (with storage_options), not a store object: "
+                "each DataLoader worker or Ray task opens the store itself"
+            )
+        self.location = os.fspath(location)
+        self.experiment = experiment
+        self.storage_options = dict(storage_options) if storage_options is not None else None
+        self._steps = None if steps is None else ([steps] if isinstance(steps, int) else [int(s) for s in steps])
+        self._columns = None if columns is None else list(columns)
+        self._cache: Cache | None = None
+        self._pid = os.getpid()
+        self._views: dict[int, StepView] = {}
+        self._blocks: list[Block] | None = None
+
+    # -- pickling: the description travels, the open handles do not ---------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "location": self.location,
+            "experiment": self.experiment,
+            "storage_options": self.storage_options,
+            "_steps": self.steps,
+            "_columns": self.columns,
+            "_blocks": self.blocks(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache = None
+        self._pid = os.getpid()
+        self._views = {}
+
+    # -- the cache and its steps ---------------------------------------------------------------
+
+    @property
+    def cache(self) -> Cache:
+        if self._pid != os.getpid():  # a forked DataLoader worker: open the store anew
+            self._cache, self._views, self._pid = None, {}, os.getpid()
+        if self._cache is None:
+            self._cache = open_cache(self.location, experiment=self.experiment, storage_options=self.storage_options)
+            if self.experiment is None:
+                self.experiment = self._cache.experiment
+        return self._cache
+
+    @property
+    def steps(self) -> list[int]:
+        if self._steps is None:
+            self._steps = self.cache.steps()
+            if not self._steps:
+                raise StepNotFoundError(
+                    f"no complete steps in experiment {self.cache.experiment!r} at {self.location}: "
+                    "write some, or pass steps="
+                )
+        return list(self._steps)
+
+    def view(self, step: int) -> StepView:
+        """The lazy view of ``step``, loaded once per process."""
+        cache = self.cache  # first: a forked worker drops the parent's views
+        if step not in self._views:
+            self._views[step] = cache.load(step)
+        return self._views[step]
+
+    @property
+    def columns(self) -> list[str]:
+        if self._columns is None:
+            self._columns = self.view(self.steps[0]).columns
+        for name in self._columns:
+            if name in INDEX:
+                raise ConfigError(f"column {name!r}: the name is taken by the index fields {', '.join(INDEX)}")
+        return list(self._columns)
+
+    def blocks(self, block_rows: int | None = None) -> list[Block]:
+        """Every step's mini-batches as blocks in order (each split into runs of at most
+        ``block_rows`` rows when given), checking that each step has the columns asked for."""
+        if self._blocks is None:
+            found = []
+            for step in self.steps:
+                view = self.view(step)
+                missing = [c for c in self.columns if c not in view]
+                if missing:
+                    raise KeyError(
+                        f"step {step}: no column {', '.join(map(repr, missing))} at {self.location} "
+                        f"(columns: {', '.join(view.columns)}); pass columns= that every step has"
+                    )
+                start = 0
+                for index, mb in enumerate(view.minibatches):
+                    found.append(Block(step, index, start, start + len(mb)))
+                    start += len(mb)
+            self._blocks = found
+        if block_rows is None:
+            return list(self._blocks)
+        return [piece for b in self._blocks for piece in _pieces(b, block_rows)]
+
+    # -- reading rows ----------------------------------------------------------------------------
+
+    def read(self, block: Block) -> list[dict[str, Any]]:
+        """The items of ``block``'s rows: its columns each read as one slice (their chunks once),
+        or a whole mini-batch's columns in one batch of reads."""
+        view = self.view(block.step)
+        minibatch = view.minibatches[block.minibatch]
+        if len(minibatch) == block.rows:  # a whole mini-batch: all its columns in one batch of reads
+            read = minibatch.to_dict(self.columns)
+        else:
+            read = {name: view[name][block.start : block.stop] for name in self.columns}
+        columns = {name: split_rows(value) for name, value in read.items()}
+        items = []
+        for k in range(block.rows):
+            item: dict[str, Any] = {"step": block.step, "minibatch": block.minibatch, "row": block.start + k}
+            for name, rows in columns.items():
+                item[name] = as_item_value(rows[k])
+            items.append(item)
+        return items
+
+    def item(self, block: Block, row: int) -> dict[str, Any]:
+        """The item of one row (counted in the step) of ``block``: that row of each column."""
+        view = self.view(block.step)
+        item: dict[str, Any] = {"step": block.step, "minibatch": block.minibatch, "row": row}
+        for name in self.columns:
+            item[name] = as_item_value(view[name][row])
+        return item
+
+
+def _pieces(block: Block, size: int) -> list[Block]:
+    if size < 1:
+        raise ConfigError(f"block_rows={size}: give a positive number of rows")
+    return [
+        Block(block.step, block.minibatch, s, min(s + size, block.stop)) for s in range(block.start, block.stop, size)
+    ]
+
+
+def split_rows(value: Any) -> list[Any]:
+    """A column slice (NestedTensor, tensor, array or list) as a list of its rows."""
+    if isinstance(value, torch.Tensor):
+        return list(value.unbind()) if value.is_nested else list(value.unbind(0))
+    if isinstance(value, np.ndarray):
+        return list(value) if value.dtype != object else value.tolist()
+    return list(value)
+
+
+def as_item_value(value: Any) -> Any:
+    """One row of a column as an item holds it: numeric rows as tensors, objects as Python values."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.dtype != np.uint64:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        if value.dtype.kind in "biuf":
+            return torch.from_numpy(np.asarray(value).copy())
+        return value.item()
+    return value

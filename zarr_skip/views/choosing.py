@@ -1,0 +1,73 @@
+"""Pure choices for training exports: which answers of a group to keep, which pairs to make.
+
+No I/O: a group is the list of its answers' scores, in stored order; the answers are named by
+their position in that list. Ties are broken by that order (the earlier answer first), so the
+same cache always gives the same records. A score that is NaN (or None) counts as no score:
+such an answer is never chosen or paired.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from zarr_skip.errors import ConfigError
+
+__all__ = ["best_answers", "check_best_of", "check_pairs", "group_rows", "preference_pairs"]
+
+
+def _scored(scores: Sequence[float | None]) -> list[tuple[int, float]]:
+    return [(i, float(s)) for i, s in enumerate(scores) if s is not None and not math.isnan(float(s))]
+
+
+def check_best_of(best_of: int) -> int:
+    if isinstance(best_of, bool) or not isinstance(best_of, int) or best_of < 1:
+        raise ConfigError(f"best_of={best_of!r}: keep at least one answer a group (a whole number >= 1)")
+    return best_of
+
+
+def check_pairs(pairs: int | str) -> int | str:
+    if pairs == "all" or (isinstance(pairs, int) and not isinstance(pairs, bool) and pairs >= 1):
+        return pairs
+    raise ConfigError(f"pairs={pairs!r}: give the most pairs a group yields (a whole number >= 1) or 'all'")
+
+
+def best_answers(scores: Sequence[float | None], best_of: int = 1, min_score: float | None = None) -> list[int]:
+    """The ``best_of`` highest scored answers that reach ``min_score``, best first (ties: the
+    earlier answer first)."""
+    check_best_of(best_of)
+    kept = [(i, s) for i, s in _scored(scores) if min_score is None or s >= min_score]
+    kept.sort(key=lambda t: (-t[1], t[0]))
+    return [i for i, _ in kept[:best_of]]
+
+
+def preference_pairs(scores: Sequence[float | None], pairs: int | str = 1) -> list[tuple[int, int]]:
+    """``(chosen, rejected)`` pairs of a group: chosen among its best answers (those with the top
+    score), rejected among its worst (the bottom score); none when all scores are equal.
+
+    ``pairs=k`` gives up to ``k`` pairs, the i-th pairing the i-th best with the i-th worst
+    answer (each list in stored order, taken round) until every best and every worst answer is
+    used once; ``pairs="all"`` gives every best answer with every worst one.
+    """
+    check_pairs(pairs)
+    scored = _scored(scores)
+    if not scored:
+        return []
+    top = max(s for _, s in scored)
+    bottom = min(s for _, s in scored)
+    if top == bottom:
+        return []
+    best = [i for i, s in scored if s == top]
+    worst = [i for i, s in scored if s == bottom]
+    if pairs == "all":
+        return [(b, w) for b in best for w in worst]
+    count = min(int(pairs), max(len(best), len(worst)))
+    return [(best[k % len(best)], worst[k % len(worst)]) for k in range(count)]
+
+
+def group_rows(uids: Sequence[object]) -> list[list[int]]:
+    """Rows of the same ``uid`` (a GRPO group), groups in order of their first row."""
+    groups: dict[object, list[int]] = {}
+    for row, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(row)
+    return list(groups.values())
