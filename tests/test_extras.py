@@ -17,6 +17,7 @@ import torch
 import zarr_skip as zs
 from zarr_skip import plots
 from zarr_skip.cli.main import main
+from zarr_skip.integrations.ray import read_rollouts
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -68,11 +69,13 @@ CASES: list[tuple[str, tuple[str, ...], Callable[[zs.Cache, Path], Any]]] = [
     ("export", ("pyarrow",), lambda c, t: c.export(t / "r.parquet")),
     ("text", ("tokenizers",), lambda c, t: c.load(1).text(tokenizer=t / "tokenizer.json")),
     ("tensordict", ("tensordict",), lambda c, t: _read_legacy(t)),
+    ("tensordict", ("tensordict",), lambda c, t: c.load(1).to_tensordict()),
     ("s3", ("obstore", "s3fs"), lambda c, t: zs.open_cache("s3://bucket/cache", FP)),
+    ("ray", ("ray",), lambda c, t: read_rollouts(c.location)),
 ]
 
 
-@pytest.mark.parametrize(("extra", "modules", "use"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("extra", "modules", "use"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_missing_extra_is_named(
     cache: zs.Cache,
     tmp_path: Path,

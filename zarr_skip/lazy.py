@@ -15,7 +15,7 @@ import numpy as np
 
 from zarr_skip import tables
 from zarr_skip._deprecation import keyword_only, warn_renamed
-from zarr_skip.errors import ConfigError, MetadataError
+from zarr_skip.errors import ConfigError, MetadataError, MissingExtraError
 from zarr_skip.format import args, arrays
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
@@ -180,8 +180,13 @@ class StepView:
         }
 
     def to_tensordict(self) -> Any:
-        """Tensor columns as a TensorDict (needs the optional ``tensordict`` package)."""
-        from tensordict import TensorDict
+        """Tensor columns as a TensorDict (needs ``pip install 'zarr-skip[tensordict]'``)."""
+        try:
+            from tensordict import TensorDict
+        except ImportError as exc:
+            raise MissingExtraError(
+                f"step {self.step}: to_tensordict() needs tensordict: pip install 'zarr-skip[tensordict]'"
+            ) from exc
 
         data = {n: v for n, v in self.to_dict().items() if self.schema[n].container == "torch"}
         return TensorDict(data, batch_size=[len(self)])
