@@ -159,10 +159,13 @@ def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
 
 
 #: raw bytes per chunk aimed for in the integer values of a jagged column compressed with blosc
-#: (token ids): reading a few rows reads chunks of about this size. Measured on the realistic
-#: medium step (``benchmarks/results/packed.md``): token ids in 64 KiB chunks take 4% more bytes
-#: than in 512 KiB, float32 log-probs 9% (so they keep ``chunk_bytes``)
-VALUES_CHUNK_BYTES = 64 << 10
+#: (token ids). Smaller chunks were tried: on a quiet machine (realistic medium step, 4
+#: mini-batches, 7 reps, ``benchmarks/few_rows.py --values-chunk``), 64 KiB chunks left the cold
+#: read of 64 random rows as it was (15.2-15.3 ms against 14.4-15.0 ms at 512 KiB: it is bound by
+#: opening the step and the records, not by the chunks it decodes) while the whole column's read
+#: went from 13.6-14.1 ms to 17.6-20.8 ms and the step took 1.2% more bytes, so the values keep
+#: the default chunk size; the knob stays for arrays where a few rows do cost their chunks
+VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
 
 
 def chunk_target(name: str, codec: Compression, dtype: np.dtype, chunk_bytes: int) -> int:
