@@ -23,6 +23,7 @@ __all__ = [
     "FINGERPRINT",
     "ChunkRegion",
     "CountingStore",
+    "KeyRegion",
     "Keys",
     "assert_equal",
     "chunk_region",
@@ -369,3 +370,49 @@ class Keys:
         found = [k for k in self.list(array) if re.fullmatch(r"c([./]\d+)*", k[len(array) :])]
         assert found, f"no chunk of {column!r} below {data}"
         return found
+
+    def data_file(self, part_path: str) -> str:
+        """The key of the packed data file of the mini-batch at ``part_path`` (its record names it)."""
+        from zarr_skip.format import layout
+
+        record = json.loads(self.read(f"{part_path}/zarr.json"))["attributes"][layout.PART_ATTR]
+        return f"{part_path}/{record['data']}"
+
+    def region(self, part_path: str, column: str) -> KeyRegion:
+        """The chunk member of ``column`` (``name`` or ``name/values``) inside the data file of
+        the mini-batch at ``part_path``: ``(key, offset, length)`` with read and splice."""
+        from zarr_skip.store.packed import members_of
+
+        key = self.data_file(part_path)
+        found = members_of(self.read(key))
+        (name,) = [n for n in found if n.rpartition("/")[0] == column and n.rpartition("/")[2].startswith("c.")]
+        return KeyRegion(self, key, *found[name])
+
+    def splice(self, key: str, offset: int, length: int, data: bytes) -> None:
+        """Replace ``length`` bytes at ``offset`` of the object at ``key`` with ``data`` by
+        reading it, splicing and writing it back (a shorter ``data`` cuts the object there)."""
+        assert len(data) <= length, "a region cannot grow inside its object"
+        whole = self.read(key)
+        tail = whole[offset + length :] if len(data) == length else b""
+        self.write(key, whole[:offset] + data + tail)
+
+
+class KeyRegion:
+    """A byte range of one object (a chunk member of a packed data file) on any backend,
+    handled like the chunk file it was in format 3: read, overwritten (a shorter value cuts
+    the object there), unlinked (the whole object goes), named as error messages name it."""
+
+    def __init__(self, keys: Keys, key: str, offset: int, length: int) -> None:
+        self.keys, self.key, self.offset, self.length = keys, key, offset, length
+
+    def __str__(self) -> str:
+        return self.keys.path(self.key)
+
+    def read_bytes(self) -> bytes:
+        return self.keys.read(self.key)[self.offset : self.offset + self.length]
+
+    def write_bytes(self, data: bytes) -> None:
+        self.keys.splice(self.key, self.offset, self.length, data)
+
+    def unlink(self) -> None:
+        self.keys.delete(self.key)

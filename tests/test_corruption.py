@@ -1,4 +1,8 @@
-"""Damaged caches give typed errors naming what and where, never wrong data."""
+"""Damaged caches give typed errors naming what and where, never wrong data.
+
+Damage to keys (a data file's chunk region truncated, emptied, the data file or a record gone,
+garbage or edited records) runs over the ``location`` fixture (memory, a directory, S3) through
+``helpers.Keys``. The bit flips stay on a local directory: they are what a disk does to files."""
 
 from __future__ import annotations
 
@@ -7,18 +11,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ChunkRegion, chunk_region, make_batch, write_sharded
+from helpers import ChunkRegion, Keys, chunk_region, make_batch, write_sharded
 
 import zarr_skip as zs
 
 
-@pytest.fixture
-def written(tmp_path: Path, fingerprint: dict) -> tuple[Path, zs.Cache, Any]:
-    cache = zs.open_cache(tmp_path, fingerprint)
+def _write(where: Any, fingerprint: dict) -> tuple[zs.Cache, Any]:
+    cache = zs.open_cache(where, fingerprint)
     cache.write(5, make_batch(6, seed=1), expected=2)
     info = cache.write(5, make_batch(6, seed=2), expected=2)
     cache.write(6, make_batch(3, seed=3))
-    return tmp_path, cache, info
+    return cache, info
+
+
+@pytest.fixture
+def written(tmp_path: Path, fingerprint: dict) -> tuple[Path, zs.Cache, Any]:
+    """On a local directory, whose files get bit flips."""
+    return (tmp_path, *_write(tmp_path, fingerprint))
+
+
+@pytest.fixture
+def keyed(location: Any, fingerprint: dict) -> tuple[Keys, zs.Cache, Any]:
+    """The same cache on every backend, damaged through its keys."""
+    cache, info = _write(location, fingerprint)
+    return Keys(location), cache, info
 
 
 def chunk_file(root: Path, info: Any, column: str) -> ChunkRegion:
@@ -60,9 +76,9 @@ def test_every_single_bit_flip_in_a_chunk_is_caught(written: Any) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "empty"])
-def test_missing_or_truncated_chunk(written: Any, damage: str) -> None:
-    root, cache, info = written
-    path = chunk_file(root, info, "old_log_probs")
+def test_missing_or_truncated_chunk(keyed: Any, damage: str) -> None:
+    keys, cache, info = keyed
+    path = keys.region(info.path, "old_log_probs")
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:-7])
     elif damage == "delete":
@@ -77,42 +93,41 @@ def test_missing_or_truncated_chunk(written: Any, damage: str) -> None:
     assert {p.path for p in problems} == {str(path)}
 
 
-def test_deleted_minibatch_metadata(written: Any) -> None:
-    root, cache, info = written
-    (root / info.path / "zarr.json").unlink()
+def test_deleted_minibatch_metadata(keyed: Any) -> None:
+    keys, cache, info = keyed
+    keys.delete(f"{info.path}/zarr.json")
     with pytest.raises(zs.MissingDataError, match=r"step 5 was recorded complete"):
         cache.load(5)
     assert cache.load(6)["uid"][:]  # the rest still loads
 
 
-def test_garbage_minibatch_metadata(written: Any) -> None:
-    root, cache, info = written
-    (root / info.path / "zarr.json").write_bytes(b"\x00garbage{")
+def test_garbage_minibatch_metadata(keyed: Any) -> None:
+    keys, cache, info = keyed
+    keys.write(f"{info.path}/zarr.json", b"\x00garbage{")
     with pytest.raises(zs.MissingDataError):
         cache.load(5)
     problems = cache.verify(5).problems
     assert problems and problems[0].kind == "metadata"
 
 
-def test_altered_minibatch_metadata_fails_its_checksum(written: Any) -> None:
-    root, cache, info = written
-    meta = root / info.path / "zarr.json"
-    doc = json.loads(meta.read_text())
+def test_altered_minibatch_metadata_fails_its_checksum(keyed: Any) -> None:
+    keys, cache, info = keyed
+    meta = f"{info.path}/zarr.json"
+    doc = json.loads(keys.read(meta))
     doc["attributes"]["zarr_skip.part"]["columns"]["input_ids"]["arrays"]["data"]["shape"][0] = 5
-    meta.write_text(json.dumps(doc))
+    keys.write(meta, json.dumps(doc).encode())
     with pytest.raises(zs.MetadataError, match="checksum mismatch"):
         cache.load(5)
 
 
-def test_garbage_step_and_root_metadata(written: Any) -> None:
-    root, cache, info = written
-    step_meta = root / "exp_proj/GBS4_N2_in8_out16/5/zarr.json"
-    step_meta.write_text("not json")
+def test_garbage_step_and_root_metadata(keyed: Any, location: Any) -> None:
+    keys, cache, info = keyed
+    keys.write("exp_proj/GBS4_N2_in8_out16/5/zarr.json", b"not json")
     assert len(cache.load(5)) == 12  # the summary is only a cache: the mini-batches decide
     assert [i.complete for i in cache.status()] == [True, True]
-    (root / "zarr.json").write_text("{{{")
+    keys.write("zarr.json", b"{{{")
     with pytest.raises(zs.MetadataError, match=r"zarr.json: not valid JSON"):
-        zs.open_cache(root)
+        zs.open_cache(location)
 
 
 @pytest.fixture
