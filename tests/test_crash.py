@@ -46,7 +46,10 @@ def test_sigkill_at_random_points_never_yields_a_wrong_complete_step(
         mid_step += incomplete > 0
         if complete == STEPS:  # start over so every kill lands during writes
             zs.open_cache(location, fingerprint).gc(keep_last=0)
-    assert mid_step >= KILLS * 0.6, f"only {mid_step} of {KILLS} kills landed while a step was being written"
+    # the property is checked after every kill above; this only shows the kills did land mid-step.
+    # How many do is the machine's schedule (28 of 50 on a quiet CI machine with format 4's faster
+    # writes, more under load), so ask for a tenth: fewer than 5 of 50 would mean a broken test
+    assert mid_step >= KILLS // 10, f"only {mid_step} of {KILLS} kills landed while a step was being written"
     # a new run completes whatever the killed ones left behind
     cache = zs.open_cache(location, fingerprint, run_id="final")
     for step in range(STEPS):
