@@ -20,7 +20,7 @@ from zarr_skip.views.signals import StepSignals, step_signals
 if TYPE_CHECKING:
     from zarr_skip.cache import Cache
 
-__all__ = ["cmd_compare", "register"]
+__all__ = ["EPILOG", "HELP", "add_arguments", "cmd_compare"]
 
 HELP = "compare two runs step by step: score, accuracy, lengths, truncation, same-score groups"
 EPILOG = """\
@@ -35,25 +35,14 @@ examples:
 """
 
 
-def register(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Add ``compare`` to the sub-command parsers ``sub``."""
-    p: argparse.ArgumentParser = sub.add_parser(
-        "compare",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        parents=parents,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    p.set_defaults(func=cmd_compare)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``compare`` (its parser made by :func:`zarr_skip.cli.main.build_parser`)."""
     p.add_argument("location", metavar="A")
     p.add_argument("other", metavar="B")
     p.add_argument("--steps", nargs="+", default=[], metavar="STEP", help="steps to compare (default: common ones)")
     p.add_argument("--experiment-b", metavar="NAME", help="the experiment in B (default: as -e)")
     p.add_argument("--by-source", action="store_true", help="also each data source")
     p.add_argument("--plot", metavar="FILE", help="draw the signals of both runs into FILE (.png, .svg, .pdf)")
-    return p
 
 
 def _open(ctx: Context, location: str, experiment: str | None) -> tuple[str, Cache]:

@@ -150,10 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(sub)
     _add_export(sub)
     _add_report(sub)
+    _add_compare(sub)
+    return parser
+
+
+def _add_compare(sub: Any) -> None:
     from zarr_skip.cli import _compare
 
-    _compare.register(sub, [_common()])
-    return parser
+    p = _add(sub, "compare", _compare.cmd_compare, _compare.HELP, _compare.EPILOG, [_common()])
+    _compare.add_arguments(p)
 
 
 def _add_ls(sub: Any) -> None:
