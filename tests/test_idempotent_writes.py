@@ -312,6 +312,20 @@ def test_another_writers_unfinished_claim_is_left_alone(tmp_path: Path) -> None:
     assert states == [(0, "writing"), (1, "complete")]
 
 
+def _wait_serving(url: str, options: dict[str, Any], seconds: float = 60.0) -> None:
+    """Until a restarted server answers reads of the cache (its filer can answer 500 for a
+    moment after the gateway is up): the retry under test needs a server that is back."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            zs.open_cache(url, storage_options=options).status()
+            return
+        except zs.StorageError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @pytest.mark.s3
 @pytest.mark.timeout(300)
 def test_s3_server_killed_mid_write_and_restarted_retry_from_the_same_handle(
@@ -341,6 +355,7 @@ def test_s3_server_killed_mid_write_and_restarted_retry_from_the_same_handle(
         pytest.skip(f"SeaweedFS did not restart on its ports: {exc}")
     try:
         assert srv.ports == ports
+        _wait_serving(srv.s3_url(prefix), srv.storage_options)
         info = cache.write(1, A, expected=2, token="rollout/step-1/mb-0")  # the same handle retries
         assert info.index == 0
         assert cache.write(1, B, expected=2, token="rollout/step-1/mb-1").step_complete
