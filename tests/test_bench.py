@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -425,3 +426,15 @@ def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -
 
     assert part_sizes(SimpleNamespace(nbytes=100, raw_nbytes=400)) == (100, 400)  # before the rename
     assert part_sizes(SimpleNamespace(nbytes=400, nbytes_stored=100)) == (100, 400)  # numpy's names
+
+
+@pytest.mark.parametrize(
+    "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "load", "suite",
+             "summary", "write_floor"],
+)  # fmt: skip
+def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    module = importlib.import_module(f"benchmarks.{name}")
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--help"])
+    assert stop.value.code == 0
+    assert "--require-quiet" in capsys.readouterr().out or name == "summary"
