@@ -13,7 +13,10 @@ token ids, masks and log-probs (NestedTensors), per-row lengths, strings and per
   NestedTensor's values and offsets, strings as strings, per-row objects as JSON strings)
   written by ``pyarrow.parquet.write_table`` with zstd level 1, into one file;
 * ``lance``: the same Table through ``lance.write_dataset`` (its defaults);
-* ``plain_dump``: the plain dump (:mod:`benchmarks.baseline`), for scale.
+* ``plain_dump``: the plain dump (:mod:`benchmarks.baseline`), for scale;
+* ``zarr_skip_lz4`` and ``zarr_skip_none``: zarr_skip written with ``compression="lz4"``
+  (blosc-lz4 level 5, shuffled) and ``compression=None``: the trade-off between bytes and the
+  speed of a cold read, on the same step in the same run (``benchmarks/README.md``).
 
 Building the Table is part of the timed write, as the conversion of the TransferQueue payload
 is part of zarr_skip's write in ``bench.py``. Operations, each timed (the open included) after
@@ -62,7 +65,9 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 STEP = 1
 COLUMN = "responses"
 ROWS = 64
-FORMATS = ("zarr_skip", "parquet", "lance", "plain_dump")
+FORMATS = ("zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none")
+#: zarr_skip with other compressions than the default: the bytes / cold-read trade-off
+VARIANTS: dict[str, str | None] = {"zarr_skip_lz4": "lz4", "zarr_skip_none": None}
 OPS = ("write", "read", "column", "rows64")
 OP_LABEL = {
     "write": "write",
@@ -121,15 +126,16 @@ def _row_groups_holding(meta: Any, rows: Sequence[int]) -> tuple[list[int], list
 
 
 class ZarrSkipPeer:
-    """zarr_skip through its public API."""
+    """zarr_skip through its public API (``compression`` as ``open_cache`` takes it)."""
 
-    def __init__(self, preset: Any) -> None:
+    def __init__(self, preset: Any, compression: str | None = "auto") -> None:
         self.fp = fingerprint(preset)
+        self.compression = compression
 
     def write(self, mapping: Mapping[str, Any], d: Path) -> None:
         import zarr_skip as zs
 
-        zs.open_cache(str(d), fingerprint=self.fp).write(STEP, dict(mapping))
+        zs.open_cache(str(d), fingerprint=self.fp, compression=self.compression).write(STEP, dict(mapping))
 
     def _view(self, d: Path) -> Any:
         import zarr_skip as zs
@@ -225,6 +231,7 @@ def make_peers(preset: Any, wanted: Sequence[str]) -> dict[str, Any]:
     except ImportError:
         log("lance is not installed (pip install 'zarr-skip[bench]'): left out")
     peers["plain_dump"] = PlainDumpPeer()
+    peers.update({name: ZarrSkipPeer(preset, compression) for name, compression in VARIANTS.items()})
     return {k: v for k, v in peers.items() if k in wanted}
 
 
@@ -389,7 +396,8 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"parquet: pyarrow, zstd level 1, one row group; the {ROWS} rows read the row groups that hold them. "
         f"Lance: `lance.write_dataset` defaults, `take()`. Peers' reads give Arrow tables (per-row objects "
-        f"stay JSON strings), zarr_skip's Python objects. {DEFINITION}. Ratios > 1: the peer is slower or larger.",
+        f"stay JSON strings), zarr_skip's Python objects. {DEFINITION}. zarr_skip_lz4 / zarr_skip_none: "
+        f'zarr_skip written with `compression="lz4"` / `None`. Ratios > 1: the peer is slower or larger.',
         "",
     ]
     return "\n".join(lines)

@@ -264,14 +264,18 @@ def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: 
                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads((out / "peers_small.json").read_text())
-    assert r["formats"] == ["zarr_skip", "parquet", "lance", "plain_dump"]
+    assert r["formats"] == ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none"]
     for f in r["formats"]:  # one kept sample of every operation (the warm-up dropped), bytes, files
         assert all(len(r["samples_s"][f][op]) == 1 for op in bench_peers.OPS)
         assert r["disk"][f]["files"] >= 1 and r["disk"][f]["bytes_allocated"] > 0
     assert r["disk"]["parquet"]["files"] == 1 and r["summary"]["vs_zarr_skip"]["zarr_skip"]["write"] == 1.0
     assert r["load"]["verdict"] and r["cold_method"] == "fadvise"
     md = (out / "peers_small.md").read_text()
-    assert "| metric | zarr_skip | parquet | lance | plain_dump | parquet / zarr_skip |" in md
+    names = ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none"]
+    assert "| metric | " + " | ".join(names) + " | parquet / zarr_skip |" in md
+    # the compression variants trade bytes for speed: none stores more than lz4, lz4 more than the default
+    b = {f: r["disk"][f]["bytes_allocated"] for f in r["formats"]}
+    assert b["zarr_skip_none"] > b["zarr_skip_lz4"] > b["zarr_skip"]
     assert not list(out.glob(".bench-tmp-peers-*"))
 
 
