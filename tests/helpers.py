@@ -388,6 +388,14 @@ class Keys:
         (name,) = [n for n in found if n.rpartition("/")[0] == column and n.rpartition("/")[2].startswith("c.")]
         return KeyRegion(self, key, *found[name])
 
+    def member(self, part_path: str, name: str) -> KeyRegion:
+        """Member ``name`` (e.g. ``input_ids/zarr.json``) of the data file of the mini-batch at
+        ``part_path``, as a :class:`KeyRegion`."""
+        from zarr_skip.store.packed import members_of
+
+        key = self.data_file(part_path)
+        return KeyRegion(self, key, *members_of(self.read(key))[name])
+
     def splice(self, key: str, offset: int, length: int, data: bytes) -> None:
         """Replace ``length`` bytes at ``offset`` of the object at ``key`` with ``data`` by
         reading it, splicing and writing it back (a shorter ``data`` cuts the object there)."""

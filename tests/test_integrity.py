@@ -1,9 +1,17 @@
 """Issue 15, points 1, 2, 6 and 7: what a reader trusts comes from records bound to their
-place, every number in a record is checked before use, and damaged metadata is a typed error."""
+place, every number in a record is checked before use, and damaged metadata is a typed error.
+
+Moving, swapping and editing keys (step and mini-batch 'directories', run and mini-batch
+records, members of data files, step summaries, the experiment record) runs over the
+``location`` fixture (memory, a directory, S3) through ``helpers.Keys``: a copy tool or another
+program can do that to any backend. The forged chunks, crafted or oversized numbers and deep
+JSON stay on a local directory: what they check is the reading of a record's bytes once
+fetched, the same code whatever the backend, so more backends would add cases and no coverage."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import uuid
@@ -12,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ChunkRegion, CountingStore, assert_equal, chunk_region, concat, make_batch, members_of_file
+from helpers import CountingStore, KeyRegion, Keys, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.format import chunks, layout, records
@@ -22,45 +30,51 @@ from zarr_skip.store.storage import Storage
 EXP = "exp_proj/GBS4_N2_in8_out16"
 
 
-@pytest.fixture
-def three(tmp_path: Path, fingerprint: dict) -> tuple[Path, dict[int, dict[str, Any]]]:
+def _write_three(location: Any, fingerprint: dict) -> dict[int, dict[str, Any]]:
     """Steps 1..3 of two mini-batches of 6 rows each (so same-size chunks abound)."""
-    cache = zs.open_cache(tmp_path, fingerprint, chunk_bytes=48)
+    cache = zs.open_cache(location, fingerprint, chunk_bytes=48)
     written = {}
     for step in (1, 2, 3):
         batches = [make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i) for i in range(2)]
         for b in batches:
             cache.write(step, b, expected=2)
         written[step] = concat(batches)
-    return tmp_path, written
+    return written
 
 
-def _run_dir(root: Path, step: int) -> Path:
-    (run,) = [d for d in (root / EXP / str(step)).iterdir() if d.is_dir()]
+@pytest.fixture
+def three(tmp_path: Path, fingerprint: dict) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """The three steps on a local directory, for the tests of what a record's bytes say."""
+    return tmp_path, _write_three(tmp_path, fingerprint)
+
+
+@pytest.fixture
+def keyed(location: Any, fingerprint: dict) -> tuple[Keys, dict[int, dict[str, Any]]]:
+    """The three steps on every backend, moved and edited through their keys."""
+    written = _write_three(location, fingerprint)
+    return Keys(location), written
+
+
+def _run(keys: Keys, step: int) -> str:
+    """The run 'directory' of ``step`` (its one run)."""
+    (run,) = keys.dirs(f"{EXP}/{step}")
     return run
 
 
-def _record_path(root: Path, step: int, index: int) -> Path:
-    return _run_dir(root, step) / str(index) / "zarr.json"
+def _record(keys: Keys, step: int, index: int) -> str:
+    return f"{_run(keys, step)}/{index}/zarr.json"
 
 
-def _chunk(root: Path, step: int, index: int, column: str) -> ChunkRegion:
+def _chunk(keys: Keys, step: int, index: int, column: str) -> KeyRegion:
     """The chunk member of ``column`` in mini-batch ``index``'s data file."""
-    return chunk_region(_run_dir(root, step) / str(index), column)
+    return keys.region(f"{_run(keys, step)}/{index}", column)
 
 
-def _swap_bytes(a: ChunkRegion, b: ChunkRegion) -> None:
+def _swap_bytes(a: KeyRegion, b: KeyRegion) -> None:
     """Swap two chunk members of one size between (or within) data files."""
     da, db = a.read_bytes(), b.read_bytes()
     a.write_bytes(db)
     b.write_bytes(da)
-
-
-def _member(root: Path, step: int, index: int, name: str) -> ChunkRegion:
-    """Member ``name`` (e.g. ``input_ids/zarr.json``) of mini-batch ``index``'s data file."""
-    part = _run_dir(root, step) / str(index)
-    file = part / json.loads((part / "zarr.json").read_text())["attributes"][layout.PART_ATTR]["data"]
-    return ChunkRegion(file, *members_of_file(file)[name])
 
 
 def _edit(path: Path, attr: str, fn: Any) -> None:
@@ -70,20 +84,19 @@ def _edit(path: Path, attr: str, fn: Any) -> None:
     path.write_text(json.dumps(doc))
 
 
-def _swap(a: Path, b: Path) -> None:
-    tmp = a.with_name(a.name + ".tmp")
-    a.rename(tmp)
-    b.rename(a)
-    tmp.rename(b)
+def _record_path(root: Path, step: int, index: int) -> Path:
+    """A mini-batch record's file, for the local tests."""
+    (run,) = [d for d in (root / EXP / str(step)).iterdir() if d.is_dir()]
+    return run / str(index) / "zarr.json"
 
 
 # -- point 1: moved and swapped files -----------------------------------------------------------
 
 
-def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> None:
-    root, written = three
-    _swap(root / EXP / "1", root / EXP / "2")
-    cache = zs.open_cache(root)
+def test_swapped_step_directories_are_refused_naming_both_places(keyed: Any, location: Any) -> None:
+    keys, written = keyed
+    keys.swap(f"{EXP}/1", f"{EXP}/2")
+    cache = zs.open_cache(location)
     with pytest.raises(zs.MetadataError, match=r"belongs to experiment '.*', step 2,.* but lies at .*step 1"):
         cache.load(1)
     assert_equal(cache.load(3).to_dict(), written[3])  # the rest still loads
@@ -92,13 +105,14 @@ def test_swapped_step_directories_are_refused_naming_both_places(three: Any) -> 
 
 
 @pytest.mark.parametrize("other", [(1, 1), (2, 0)], ids=["same step", "another step"])
-def test_swapped_same_size_chunks_are_a_checksum_error(three: Any, other: tuple[int, int]) -> None:
-    root, _ = three
-    a, b = _chunk(root, 1, 0, "input_ids"), _chunk(root, *other, "input_ids")
+def test_swapped_same_size_chunks_are_a_checksum_error(keyed: Any, location: Any, other: tuple[int, int]) -> None:
+    keys, _ = keyed
+    a, b = _chunk(keys, 1, 0, "input_ids"), _chunk(keys, *other, "input_ids")
     assert a.length == b.length and a.read_bytes() != b.read_bytes()
     _swap_bytes(a, b)
-    cache = zs.open_cache(root)
-    with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{a}.*another chunk"):
+    cache = zs.open_cache(location)
+    where = re.escape(str(a))
+    with pytest.raises(zs.ChecksumError, match=rf"step 1, mini-batch 0, column 'input_ids'.*{where}.*another chunk"):
         cache.load(1)["input_ids"][:]
     with pytest.raises(zs.ChecksumError):
         cache.load(other[0])["input_ids"][:]
@@ -108,35 +122,34 @@ def test_swapped_same_size_chunks_are_a_checksum_error(three: Any, other: tuple[
     assert all(f"it is step {other[0]}, mini-batch {other[1]}, column 'input_ids', chunk" in p.error for p in problems)
 
 
-def test_swapped_minibatch_records_and_directories(three: Any) -> None:
-    root, _ = three
-    _swap(_record_path(root, 1, 0).parent, _record_path(root, 1, 1).parent)
-    cache = zs.open_cache(root)
+def test_swapped_minibatch_records_and_directories(keyed: Any, location: Any) -> None:
+    keys, _ = keyed
+    keys.swap(f"{_run(keys, 1)}/0", f"{_run(keys, 1)}/1")
+    cache = zs.open_cache(location)
     with pytest.raises(zs.MetadataError, match=r"mini-batch 1 but lies at .*mini-batch 0"):
         cache.load(1)
     assert "misplaced" in {p.kind for p in cache.verify(1).problems}
 
 
-def test_a_run_record_swapped_with_one_expecting_another_count(tmp_path: Path, fingerprint: dict) -> None:
-    cache = zs.open_cache(tmp_path, fingerprint)
+def test_a_run_record_swapped_with_one_expecting_another_count(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
     cache.write(1, make_batch(4, seed=1), expected=1)
     for i in range(2):
         cache.write(2, make_batch(4, seed=2 + i), expected=2)
-    a, b = _run_dir(tmp_path, 1) / "zarr.json", _run_dir(tmp_path, 2) / "zarr.json"
-    da, db = a.read_bytes(), b.read_bytes()
-    a.write_bytes(db)
-    b.write_bytes(da)
-    assert not zs.open_cache(tmp_path).verify().ok
+    keys = Keys(location)
+    a, b = f"{_run(keys, 1)}/zarr.json", f"{_run(keys, 2)}/zarr.json"
+    keys.swap(a, b)
+    assert not zs.open_cache(location).verify().ok
     for step in (1, 2):  # without summaries the run records decide: step 2 would "complete" at 1 of 2
-        (tmp_path / EXP / str(step) / "zarr.json").write_text('{"zarr_format":3,"node_type":"group"}')
+        keys.write(f"{EXP}/{step}/zarr.json", b'{"zarr_format":3,"node_type":"group"}')
     with pytest.raises(zs.MetadataError, match=r"belongs to .*step 1, .*but lies at .*step 2"):
-        zs.open_cache(tmp_path).load(2)
+        zs.open_cache(location).load(2)
     # even with the place fields edited away and checksums recomputed, the count disagrees
-    for path in (a, b):
-        _edit(path, layout.RUN_ATTR, lambda r: r.pop("step"))
+    for key in (a, b):
+        keys.edit(key, layout.RUN_ATTR, lambda r: r.pop("step"))
     with pytest.raises(zs.MetadataError, match=r"written for 2 mini-batches, its run's record says 1"):
-        zs.open_cache(tmp_path).load(2)
-    assert not zs.open_cache(tmp_path).verify().ok
+        zs.open_cache(location).load(2)
+    assert not zs.open_cache(location).verify().ok
 
 
 def _copy_store(src: Any, dst: Any) -> None:
@@ -174,43 +187,43 @@ def test_a_whole_cache_moved_elsewhere_reads_and_verifies_clean(
     assert report.ok and report.steps == (4,) and report.unbound == ()
 
 
-def test_records_of_older_writers_read_as_before_and_verify_calls_them_unbound(three: Any) -> None:
-    root, written = three
+def test_records_of_older_writers_read_as_before_and_verify_calls_them_unbound(keyed: Any, location: Any) -> None:
+    keys, written = keyed
     for i in range(2):  # what zarr_skip 0.2 wrote: no place, no crc32c per chunk
-        _edit(
-            _record_path(root, 2, i),
+        keys.edit(
+            _record(keys, 2, i),
             layout.PART_ATTR,
             lambda r: (
                 [r.pop(k) for k in ("experiment", "step", "expected")]
                 + [a.pop("crc32c") for c in r["columns"].values() for a in c["arrays"].values()]
             ),
         )
-    cache = zs.open_cache(root)
+    cache = zs.open_cache(location)
     assert_equal(cache.load(2).to_dict(), written[2])
     report = cache.verify()
     assert report.ok and report.unbound == (2,)
 
 
-def test_a_step_summary_is_checked_against_its_records(three: Any) -> None:
-    root, written = three
-    step_doc = root / EXP / "2" / "zarr.json"
-    _edit(step_doc, layout.STEP_ATTR, lambda s: s.update(rows=s["rows"] + 1))
-    cache = zs.open_cache(root)
+def test_a_step_summary_is_checked_against_its_records(keyed: Any, location: Any) -> None:
+    keys, written = keyed
+    step_doc = f"{EXP}/2/zarr.json"
+    keys.edit(step_doc, layout.STEP_ATTR, lambda s: s.update(rows=s["rows"] + 1))
+    cache = zs.open_cache(location)
     assert_equal(cache.load(2).to_dict(), written[2])  # the records decide
     (problem,) = cache.verify().problems
-    assert problem.kind == "summary" and "rows=13" in problem.error and problem.path == str(step_doc)
-    doc = json.loads(step_doc.read_text())
+    assert problem.kind == "summary" and "rows=13" in problem.error and problem.path == keys.path(step_doc)
+    doc = json.loads(keys.read(step_doc))
     doc["attributes"][layout.STEP_ATTR]["rows"] = 12  # right again, but the checksum is not
-    step_doc.write_text(json.dumps(doc))
-    (problem,) = zs.open_cache(root).verify().problems
+    keys.write(step_doc, json.dumps(doc).encode())
+    (problem,) = zs.open_cache(location).verify().problems
     assert "checksum mismatch" in problem.error
 
 
 @pytest.mark.parametrize("damage", ["swapped", "deleted"])
-def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage: str) -> None:
+def test_array_metadata_plain_zarr_would_misread_is_reported(keyed: Any, location: Any, damage: str) -> None:
     """zarr_skip reads chunks by its records; a plain zarr reader by the arrays' zarr.json."""
-    root, written = three
-    a = _member(root, 1, 0, "input_ids/zarr.json")
+    keys, written = keyed
+    a = keys.member(f"{_run(keys, 1)}/0", "input_ids/zarr.json")
     doc = a.read_bytes()
     if damage == "swapped":  # another array's document: another stored dtype, the same length
         theirs = doc.replace(b'"data_type":"uint', b'"data_type":"int', 1)
@@ -218,7 +231,7 @@ def test_array_metadata_plain_zarr_would_misread_is_reported(three: Any, damage:
         a.write_bytes(theirs.replace(b"}", b" }", 1))
     else:
         a.write_bytes(b" " * len(doc))
-    cache = zs.open_cache(root)
+    cache = zs.open_cache(location)
     assert_equal(cache.load(1).to_dict(), written[1])
     found = {(p.column, p.kind) for p in cache.verify().problems}
     assert ("input_ids", "zarr metadata") in found
@@ -419,25 +432,28 @@ def test_deeply_nested_json_is_a_metadata_error(three: Any, where: str) -> None:
 
 
 @pytest.mark.parametrize("edit", ["fingerprint value", "attribute name", "deleted"])
-def test_a_damaged_experiment_record_is_reported_not_an_empty_cache(three: Any, fingerprint: dict, edit: str) -> None:
-    root, _ = three
-    path = root / EXP / "zarr.json"
-    text = path.read_text()
+def test_a_damaged_experiment_record_is_reported_not_an_empty_cache(
+    keyed: Any, location: Any, fingerprint: dict, edit: str
+) -> None:
+    keys, _ = keyed
+    key = f"{EXP}/zarr.json"
+    text = keys.read(key)
     if edit == "fingerprint value":
-        path.write_text(text.replace('"max_prompt_length":8', '"max_prompt_length":9'))
+        keys.write(key, text.replace(b'"max_prompt_length":8', b'"max_prompt_length":9'))
     elif edit == "attribute name":
-        path.write_text(text.replace('"zarr_skip.experiment"', '"zarr_skip.experimenu"'))
+        keys.write(key, text.replace(b'"zarr_skip.experiment"', b'"zarr_skip.experimenu"'))
     else:
-        path.unlink()
-    assert json.loads(path.read_text() if path.exists() else "{}") is not None  # still valid JSON
-    cache = zs.open_cache(root)
-    with pytest.raises(zs.MetadataError, match=rf"{path}.*(checksum mismatch|no experiment record)"):
+        keys.delete(key)
+    assert json.loads(keys.read(key) if keys.exists(key) else "{}") is not None  # still valid JSON
+    path = keys.path(key)
+    cache = zs.open_cache(location)
+    with pytest.raises(zs.MetadataError, match=rf"{re.escape(path)}.*(checksum mismatch|no experiment record)"):
         cache.load(1)
     (problem,) = cache.verify().problems
-    assert problem.kind == "experiment" and str(path) in problem.error
+    assert problem.kind == "experiment" and path in problem.error
     if edit == "fingerprint value":
         with pytest.raises(zs.MetadataError, match="experiment record checksum mismatch"):
-            zs.open_cache(root, fingerprint)
+            zs.open_cache(location, fingerprint)
 
 
 def test_a_column_s_entries_are_checked_when_it_is_first_used(three: Any, monkeypatch: Any) -> None:

@@ -178,7 +178,7 @@ def dtype(value: Any, name: str = "dtype", where: str = "") -> np.dtype | None:
     if value is None:
         return None
     try:
-        out = np.dtype(value)
+        out: np.dtype[Any] = np.dtype(value)
     except (TypeError, ValueError) as exc:
         raise ConfigTypeError(
             f"{_at(where)}{name}: expected a numpy dtype (np.float32, 'int64', ...), got {_shown(value)} ({exc})"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 #: a dictionary is used when at most this share of the rows is distinct
 MAX_DISTINCT_SHARE = 0.5
@@ -128,7 +129,7 @@ def _grouped(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray, sig: np.nda
     return rep, exact
 
 
-def _content(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _content(bits: np.ndarray, off: NDArray[np.int64], lengths: np.ndarray) -> NDArray[np.uint64]:
     """A signature of each row over all of its values and their positions (wrapping uint64
     arithmetic); equal rows get equal signatures, and the caller still compares the values."""
     total = int(off[-1])
@@ -139,7 +140,7 @@ def _content(bits: np.ndarray, off: np.ndarray, lengths: np.ndarray) -> np.ndarr
     with np.errstate(over="ignore"):
         mixed = (vals ^ (pos * np.uint64(0x94D049BB133111EB))) * np.uint64(0xD6E8FEB86659FD93)
         mixed ^= mixed >> np.uint64(29)
-        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
+        sums: NDArray[np.uint64] = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
         return sums[off[1:]] - sums[off[:-1]]
 
 
@@ -154,12 +155,13 @@ def _bits(values: np.ndarray) -> np.ndarray:
     return raw
 
 
-def _probe(bits: np.ndarray, at: np.ndarray) -> np.ndarray:
+def _probe(bits: np.ndarray, at: NDArray[np.intp]) -> NDArray[np.uint64]:
     picked = bits[at].astype(np.uint64)
     if picked.ndim == 1:
         return picked
     weights = np.arange(1, picked.shape[1] + 1, dtype=np.uint64) * np.uint64(0x100000001B3)
-    return np.bitwise_xor.reduce(picked * weights, axis=1)
+    folded: NDArray[np.uint64] = np.bitwise_xor.reduce(picked * weights, axis=1)  # a ufunc's reduce is typed Any
+    return folded
 
 
 def gather_positions(lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -119,7 +119,8 @@ def doc_checksum(doc: Mapping[str, Any]) -> str:
 
 def normalize_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint as stored: a plain JSON round trip, so comparisons are exact."""
-    return json.loads(canonical_json(dict(fingerprint)))
+    out: dict[str, Any] = json.loads(canonical_json(dict(fingerprint)))  # a dict's JSON: a dict
+    return out
 
 
 def check_experiment_name(name: str) -> str:

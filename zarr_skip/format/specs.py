@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -128,7 +128,8 @@ class Narrowed:
         return self.source.size * self.dtype.itemsize
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return self.source[key].astype(self.dtype)
+        part: np.ndarray = self.source[key]  # the writer takes rows: an array, never a scalar
+        return part.astype(self.dtype)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.source.astype(self.dtype)
@@ -225,7 +226,9 @@ def jagged_tensor(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         import torch
 
         return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
-    return nested_view_from_values_offsets_lengths(values, offsets, None, ragged_idx=1)
+    # torch leaves its internal constructor untyped; it returns the NestedTensor (a Tensor)
+    view = cast("Callable[..., torch.Tensor]", nested_view_from_values_offsets_lengths)
+    return view(values, offsets, None, ragged_idx=1)
 
 
 def is_tensordict(obj: object) -> bool:

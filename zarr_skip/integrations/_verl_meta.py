@@ -43,7 +43,7 @@ def encode_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
         The copy, with :data:`TYPES_KEY` when a numpy scalar, numpy array or tuple was converted.
     """
     types: list[dict[str, Any]] = []
-    out = _encode(dict(meta or {}), [], types)
+    out: dict[str, Any] = _encode(dict(meta or {}), [], types)  # a dict encodes to a dict
     if types:
         if TYPES_KEY in out:
             raise MetadataError(f"meta_info: the key {TYPES_KEY!r} is reserved by zarr_skip")

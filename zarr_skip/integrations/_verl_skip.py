@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from verl.protocol import DataProto
 from verl.utils.skip.base_skip import BaseSkip, SkipAction
 
-from zarr_skip import open_cache
+from zarr_skip import Cache, open_cache
 from zarr_skip.errors import (
     CachedStepMissingError,
     ConfigError,
@@ -43,7 +43,7 @@ __all__ = ["CLASSES", "ZarrAsyncRolloutSkip", "ZarrRolloutSkip", "ZarrRolloutTqS
 _PICKLE_HINT = "set ZARR_SKIP_ALLOW_PICKLE=1 or install(allow_pickle=True) to pickle such columns"
 
 
-class ZarrSkipBase(BaseSkip):
+class ZarrSkipBase(BaseSkip):  # verl is untyped: pyproject lets this module subclass its Any
     """Shared state of a role: settings, fingerprint, the lazily opened cache, legacy fallback.
 
     Parameters
@@ -85,7 +85,7 @@ class ZarrSkipBase(BaseSkip):
         self.prompt_length = fp.get("max_prompt_length", 0)
         self.response_length = fp.get("max_response_length", 0)
         self._lock = threading.RLock()
-        self._cache: Any = None
+        self._cache: Cache | None = None
         self._legacy: LegacySource | None = None
         if self.enable and self.options.import_legacy:
             self._legacy = LegacySource(self.location, fp, self.legacy_kind, self.expected)
@@ -94,7 +94,7 @@ class ZarrSkipBase(BaseSkip):
         """Mini-batches per step."""
         return 1
 
-    def cache(self) -> Any:
+    def cache(self) -> Cache:
         """The role's :class:`zarr_skip.Cache`, opened on first use."""
         with self._lock:
             if self._cache is None:

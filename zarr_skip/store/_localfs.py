@@ -22,13 +22,14 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from zarr_skip.errors import OutsideCacheError
 from zarr_skip.format.layout import key_problem
 from zarr_skip.store import _beneath
 
 T = TypeVar("T")
+R = TypeVar("R")
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = 0
 
@@ -66,7 +67,7 @@ def submit(fn: Callable[..., T], *args: object) -> Future[T]:
 TASKS_PER_THREAD = 8
 
 
-def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
+def parallel(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(x) for x in items]`` on the pool (in the caller's thread when there is one item).
 
     Many items go in :data:`TASKS_PER_THREAD` tasks per thread, each taking every k-th item
@@ -78,7 +79,7 @@ def parallel(fn: Callable[[T], object], items: Sequence[T]) -> list:
     if len(items) <= k:
         return list(pool().map(fn, items))
     shares = list(pool().map(lambda j: [fn(x) for x in items[j::k]], range(k)))
-    out: list[object] = [None] * len(items)
+    out: list[Any] = [None] * len(items)  # placeholders, each replaced by a result below
     for j, share in enumerate(shares):
         out[j::k] = share
     return out

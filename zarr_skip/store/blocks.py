@@ -137,6 +137,7 @@ def iter_rows(
 
 def rows_of(value: Any) -> Iterable[Any]:
     """The rows of a column's value, as indexing the column by one row gives them."""
+    rows: Iterable[Any] = value  # an array, list or tensor: iterating it gives its rows
     if getattr(value, "is_nested", False):  # views of its values: split them (unbind() is ~5x slower)
-        return value.values().split(value.offsets().diff().tolist())
-    return value
+        rows = value.values().split(value.offsets().diff().tolist())  # torch types neither: Any
+    return rows

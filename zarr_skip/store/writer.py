@@ -214,7 +214,7 @@ def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
     except (OSError, ZarrSkipError):
         return False
     rec = (doc or {}).get("attributes", {}).get(layout.PART_ATTR) or {}
-    return rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"]
+    return bool(rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"])
 
 
 def _take_over(

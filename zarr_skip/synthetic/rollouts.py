@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from zarr_skip.format.specs import jagged_tensor
 from zarr_skip.synthetic.payloads import PAYLOADS, realistic_per_group
@@ -149,14 +150,14 @@ class DataProtoLike:
             f"non_tensor_batch={sorted(self.non_tensor_batch)}, meta_info={self.meta_info})"
         )
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[bytes, dict[str, np.ndarray], dict[str, Any]]:
         import io
 
         buffer = io.BytesIO()
         torch.save(self.batch, buffer)
         return buffer.getvalue(), self.non_tensor_batch, self.meta_info
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: tuple[bytes, dict[str, np.ndarray], dict[str, Any]]) -> None:
         import io
 
         raw, self.non_tensor_batch, self.meta_info = state
@@ -201,13 +202,13 @@ def _zipf_tokens(rng: np.random.Generator, size: int, a: float = ZIPF_A) -> np.n
     return x.astype(np.int64)
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def _offsets(lengths: np.ndarray) -> NDArray[np.int64]:
     off = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=off[1:])
     return off
 
 
-def _segment_positions(lengths: np.ndarray, total: int) -> np.ndarray:
+def _segment_positions(lengths: np.ndarray, total: int) -> NDArray[np.int64]:
     """Position of every element inside its segment, for concatenated segments."""
     starts = _offsets(lengths)[:-1]
     return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
@@ -330,7 +331,7 @@ def _generate(preset: Preset | str, seed: int, step: int) -> _Rollout:
     return _Rollout(p, int(step), plen, rlen, ptok, rtok, lp, uids, data_source, prompt_text, ground_truth, index)
 
 
-def _non_tensor_per_group(r: _Rollout, payload: str = "minimal") -> dict[str, list]:
+def _non_tensor_per_group(r: _Rollout, payload: str = "minimal") -> dict[str, list[Any]]:
     if payload not in PAYLOADS:
         raise ValueError(f"unknown payload {payload!r}; choose from {list(PAYLOADS)}")
     if payload == "realistic":
@@ -345,7 +346,7 @@ def _non_tensor_per_group(r: _Rollout, payload: str = "minimal") -> dict[str, li
     }
 
 
-def _object_array(items: list) -> np.ndarray:
+def _object_array(items: list[Any]) -> np.ndarray:
     out = np.empty(len(items), dtype=object)
     for i, x in enumerate(items):  # per group, never per token
         out[i] = x

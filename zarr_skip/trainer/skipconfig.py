@@ -165,7 +165,8 @@ class SkipConfig:
         """
         if name not in ROLES:
             raise KeyError(f"unknown skip role {name!r}; expected one of {', '.join(ROLES)}")
-        return getattr(self, name)
+        config: RoleConfig = getattr(self, name)  # each name in ROLES is a RoleConfig field
+        return config
 
     @property
     def any_enabled(self) -> bool:

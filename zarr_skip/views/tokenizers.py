@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from zarr_skip.errors import ConfigTypeError, MissingExtraError, TokenizerNotFoundError
 
@@ -204,7 +204,9 @@ def load_tokenizer(source: Any, *, trust_remote_code: bool = False) -> Decoder:
     if type(source).__module__.startswith("tokenizers") and hasattr(source, "decode_batch"):
         return _TokenizersDecoder(source, "in memory")
     if callable(getattr(source, "decode", None)) and callable(getattr(source, "tokens", None)):
-        return source  # already a Decoder
+        # already a Decoder; checked with getattr, which a wrapper's __getattr__ answers, not with
+        # isinstance(source, Decoder), which looks the methods up statically from Python 3.12 on
+        return cast(Decoder, source)
     if callable(getattr(source, "decode", None)):
         return _CallableDecoder(source)
     raise TokenizerNotFoundError(
