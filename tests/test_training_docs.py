@@ -30,6 +30,8 @@ def test_trl_loading_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     cache.export(tmp_path / "sft.jsonl", format="sft", tokenizer=TOKENIZER_PATH)
     cache.export(tmp_path / "dpo.jsonl", format="dpo", tokenizer=TOKENIZER_PATH)
     assert (tmp_path / "sft.jsonl").stat().st_size and (tmp_path / "dpo.jsonl").stat().st_size
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read before datasets is imported: nothing is fetched
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     pytest.importorskip("datasets", reason="the TRL example needs the 'datasets' package (not installed)")
     pytest.importorskip("trl", reason="the TRL example needs the 'trl' package (not installed)")
     monkeypatch.chdir(tmp_path)

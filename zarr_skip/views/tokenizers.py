@@ -161,7 +161,10 @@ def _from_path(path: Path, trust_remote_code: bool = False) -> Decoder:
                 str(path), local_files_only=True, trust_remote_code=trust_remote_code
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as exc:
-            raise TokenizerNotFoundError(f"{path}: no tokenizer found in this directory ({exc!r:.300})") from exc
+            raise TokenizerNotFoundError(
+                f"{path}: no tokenizer.json in this directory, and transformers read no other tokenizer from it "
+                f"({exc!r:.300})"
+            ) from exc
         return _CallableDecoder(tok)
     raise TokenizerNotFoundError(f"{path}: not a tokenizer file or directory")
 
