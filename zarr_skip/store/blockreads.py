@@ -1,0 +1,154 @@
+"""Reading some blocks of a chunk: the rows a read wants of a chunk made of several blosc blocks.
+
+Blosc compresses a chunk block by block, each block on its own (see
+:mod:`zarr_skip.format.blosc_frames`). The integer values of a jagged column (token ids) are
+stored in blocks of :data:`chunks.VALUES_BLOCK_BYTES`, and the record of a packed mini-batch
+(format 4) keeps, for each chunk of several blocks, where each block begins and the crc32c of
+the chunk's header and table and of each block (``blocks`` and ``block_crc32c``, checked by
+:func:`records.check_column`). A read of a few rows of such a chunk then fetches only its header
+and table and the blocks holding those rows (one ranged read per run of adjacent ones, with the
+other chunks of the read: :func:`fetching.fetch_chunks`) and decodes those blocks alone.
+
+What a partial read guarantees: every byte it hands to blosc has the crc32c the record names
+for it (the header and table, and each block read), and the header agrees with the record
+(block size, count and starts, decoded size, element size); a block that is missing, cut short,
+altered or moved is a MissingDataError or ChecksumError, as a whole chunk would be. It does not
+read, so does not check, the chunk's other blocks nor its trailing crc32c of the whole chunk:
+``verify`` and whole-chunk reads do. Chunks whose record has no block index (formats 2 and 3,
+records of older writers, chunks of one block or stored uncompressed) and reads needing more
+than :data:`MAX_SHARE` of a chunk's blocks read the whole chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zarr_skip.errors import ChecksumError, MissingDataError
+from zarr_skip.format import blosc_frames, chunks, records
+
+if TYPE_CHECKING:
+    from zarr_skip.store.reads import ArrayPart
+
+#: a read needing more than this share of a chunk's blocks reads the whole chunk (one read, one
+#: decode call, and the checksum of the whole chunk)
+MAX_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A byte range of a data file, fetched as :func:`fetching.fetch_chunks` fetches a chunk."""
+
+    file: str
+    start: int
+    length: int
+
+    def key(self, _chunk: int) -> str:
+        return self.file
+
+    def span(self, _chunk: int) -> tuple[int, int]:
+        return (self.start, self.length)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlan:
+    """What a read of some rows of chunk ``chunk`` of ``array`` fetches: the chunk's header and
+    table (``pieces[0]``), then blocks ``blocks`` (``pieces[1:]``)."""
+
+    array: ArrayPart
+    chunk: int
+    blocks: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its blocks decode to (at most)."""
+        return len(self.blocks) * self.array.compression.blocksize
+
+
+def plan(a: ArrayPart, c: int, src: slice | np.ndarray) -> BlockPlan | None:
+    """The blocks of chunk ``c`` of ``a`` holding its rows ``src`` (a slice or an array of
+    row numbers in the chunk), when its record indexes its blocks and they are few enough;
+    None to read the whole chunk."""
+    starts = None if a.file is None or a.blocks is None else a.blocks[c]
+    block = a.compression.blocksize
+    row = a.chunk_bytes // a.chunk
+    if not starts or block <= 0 or not 0 < row <= block or -(-a.chunk_bytes // block) != len(starts):
+        return None
+    if isinstance(src, slice):
+        if src.start >= src.stop:
+            return None
+        needed: Sequence[int] = range(src.start * row // block, (src.stop * row - 1) // block + 1)
+    else:
+        rows = np.asarray(src, dtype=np.int64)
+        needed = np.union1d(rows * row // block, (rows * row + row - 1) // block).tolist()
+    if not needed or len(needed) > MAX_SHARE * len(starts):
+        return None
+    base = a.offset + a.starts[c]
+    ends = (*starts[1:], a.sizes[c] - records.CRC_BYTES)
+    pieces = [Piece(a.file, base, starts[0])]  # type: ignore[arg-type]  # a.file is set (above)
+    pieces += [Piece(a.file, base + starts[k], ends[k] - starts[k]) for k in needed]  # type: ignore[arg-type]
+    return BlockPlan(a, c, tuple(int(k) for k in needed), tuple(pieces))
+
+
+def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
+    """Chunk ``p.chunk`` of ``p.array`` (all its rows, of its stored dtype) with the blocks of
+    ``p`` decoded from ``blobs`` (the bytes of ``p.pieces``; the other rows are undefined).
+
+    Raises
+    ------
+    MissingDataError
+        A piece is absent or shorter than its record says (the data file was cut short).
+    ChecksumError
+        A piece's crc32c is not the one its record names, the header disagrees with the
+        record, or a block does not decode to its size.
+    """
+    a, c = p.array, p.chunk
+    sums = a.block_crcs[c]  # type: ignore[index]  # set with a.blocks (records.check_column)
+    recorded = (sums[0], *(sums[k + 1] for k in p.blocks))
+    for k, piece, blob, crc in zip((-1, *p.blocks), p.pieces, blobs, recorded, strict=True):
+        what = "header" if k < 0 else f"block {k}"
+        if blob is None:
+            raise MissingDataError(f"{where}: chunk is missing")
+        if len(blob) != piece.length:
+            raise MissingDataError(f"{where}: {what} has {len(blob)} bytes, {piece.length} were written (truncated?)")
+        if chunks.crc32c(blob) != crc:
+            raise ChecksumError(f"{where}: {what}: checksum mismatch (recorded {crc:#010x})")
+    head = _checked_header(a, c, blobs[0], where)
+    out = np.empty((a.chunk, *a.shape[1:]), dtype=a.dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    codec = a.compression.codec()
+    for k, blob in zip(p.blocks, blobs[1:], strict=True):
+        at, size = k * head.blocksize, head.block_bytes(k)
+        try:
+            codec.decode(blosc_frames.block_frame(head, k, blob), out=flat[at : at + size])  # type: ignore[union-attr]
+        except (ValueError, RuntimeError) as exc:
+            raise ChecksumError(f"{where}: block {k} does not decode ({exc})") from None
+    return out
+
+
+def _checked_header(a: ArrayPart, c: int, piece: Any, where: str) -> blosc_frames.Header:
+    """The header of chunk ``c`` of ``a`` (its checksum already checked), once it agrees with
+    the record: a frame of the chunk's decoded size in blocks of the codec's size, each one
+    stream, of the array's element size, whose table is the record's block starts."""
+    head = blosc_frames.parse_header(piece)
+    starts = a.blocks[c]  # type: ignore[index]
+    fits = (
+        head is not None
+        and head.version == 2
+        and not head.flags & blosc_frames.MEMCPYED
+        and head.flags & blosc_frames.DONT_SPLIT
+        and head.typesize == a.dtype.itemsize
+        and head.nbytes == a.chunk_bytes
+        and head.blocksize == a.compression.blocksize
+        and head.blocks == len(starts)
+        and head.cbytes == a.sizes[c] - records.CRC_BYTES
+        and len(piece) == blosc_frames.table_bytes(len(starts))
+        and tuple(np.frombuffer(piece, "<u4", offset=blosc_frames.HEADER_BYTES).tolist()) == tuple(starts)
+    )
+    if not fits or head is None:
+        raise ChecksumError(f"{where}: the chunk's header does not match the blocks its record names")
+    return head
