@@ -169,12 +169,17 @@ def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
 VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
 
 
-#: blosc block size of ``auto`` for the integer values of a jagged column (token ids): a read of
-#: a few rows decodes only the blocks holding them (:mod:`zarr_skip.store.blockreads`). On the
-#: realistic medium step's responses, blocks of 1 MiB / 64 / 32 / 16 KiB stored 0.353 / 0.367 /
-#: 0.369 / 0.376 of the raw bytes; 32 KiB blocks let 64 random rows of 1024 decode about a third
-#: of the column (see ``benchmarks/few_rows.py``)
-VALUES_BLOCK_BYTES = 32 << 10
+#: blosc block size of ``auto`` for the integer values of a jagged column (token ids). Smaller
+#: blocks let a read of a few rows fetch and decode only the blocks holding them
+#: (:mod:`zarr_skip.store.blockreads`), but each block decodes on its own, which costs: on the
+#: realistic medium step's responses (loaded machine, one thread, 512 KiB chunks), blocks of
+#: 1 MiB / 128 / 64 / 32 / 16 KiB stored 0.353 / 0.367 / 0.367 / 0.369 / 0.376 of the raw bytes
+#: and decoded a chunk in 0.41 / 0.60 / 0.69 / 0.88 / 1.1 ms, so that 64 random rows of 1024
+#: decode in 6.2 / 6.2 / 4.6 / 3.8 / 3.0 ms and the whole column in 6.2 / 8.9 / 10.3 / 13.2 /
+#: 16.6 ms. Reading whole steps is what a cache is for, so the values keep one block per chunk;
+#: the knob (or an explicit codec's ``blocksize``) stays for caches read mostly a few rows at a
+#: time (``benchmarks/few_rows.py --values-block``)
+VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
 
 
 def array_codec(name: str, compression: Compression, dtype: np.dtype) -> Compression:

@@ -1,9 +1,10 @@
 """Reading some blocks of a chunk: the rows a read wants of a chunk made of several blosc blocks.
 
 Blosc compresses a chunk block by block, each block on its own (see
-:mod:`zarr_skip.format.blosc_frames`). The integer values of a jagged column (token ids) are
-stored in blocks of :data:`chunks.VALUES_BLOCK_BYTES`, and the record of a packed mini-batch
-(format 4) keeps, for each chunk of several blocks, where each block begins and the crc32c of
+:mod:`zarr_skip.format.blosc_frames`). When the chunks of an array are several blocks (a blosc
+codec whose ``blocksize`` is below the chunk's size: the integer values of jagged columns when
+:data:`chunks.VALUES_BLOCK_BYTES` is set below the chunk size, or an explicit codec), the record
+of a packed mini-batch (format 4) keeps, for each chunk of several blocks, where each block begins and the crc32c of
 the chunk's header and table and of each block (``blocks`` and ``block_crc32c``, checked by
 :func:`records.check_column`). A read of a few rows of such a chunk then fetches only its header
 and table and the blocks holding those rows (one ranged read per run of adjacent ones, with the
@@ -84,7 +85,10 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray) -> BlockPlan | None:
         needed: Sequence[int] = range(src.start * row // block, (src.stop * row - 1) // block + 1)
     else:
         rows = np.asarray(src, dtype=np.int64)
-        needed = np.union1d(rows * row // block, (rows * row + row - 1) // block).tolist()
+        hit = np.bincount(rows * row // block, minlength=len(starts)) > 0
+        if block % row:  # a row may end in the next block
+            hit |= np.bincount((rows * row + row - 1) // block, minlength=len(starts)) > 0
+        needed = np.flatnonzero(hit).tolist()
     if not needed or len(needed) > MAX_SHARE * len(starts):
         return None
     base = a.offset + a.starts[c]
