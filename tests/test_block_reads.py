@@ -1,6 +1,7 @@
 """Reads of a few rows of a chunk of several blosc blocks fetch and decode only the blocks
-holding them (``zarr_skip/store/blockreads.py``), give exactly what the whole-chunk path gives,
-and turn a damaged block, a lying block index or a cut data file into a typed error."""
+holding them (``zarr_skip/store/blockreads.py``), give exactly what the whole-chunk path gives
+(and chosen rows copied as runs what they give gathered value by value), and turn a damaged
+block, a lying block index or a cut data file into a typed error."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from zarr.storage import MemoryStore
 import zarr_skip as zs
 from zarr_skip.errors import ChecksumError, MetadataError, MissingDataError
 from zarr_skip.format import blosc_frames, chunks, layout
-from zarr_skip.store import blockreads
+from zarr_skip.store import blockreads, reads
 
 #: small blocks and chunks, so that small batches make chunks of several blocks
 BLOCK = 1024
@@ -103,8 +104,10 @@ def test_rows_read_by_blocks_are_the_rows_written(
     idx = data.draw(st.lists(st.integers(0, n - 1), max_size=12))
     start = data.draw(st.integers(0, n - 1))
     stop = data.draw(st.integers(start, n))
-    for share in (blockreads.MAX_SHARE, 0.0):  # the block path, then every chunk whole
+    # the block path, then every chunk whole; rows copied as runs, then value by value
+    for share, runs in ((blockreads.MAX_SHARE, reads.MAX_RUNS), (0.0, reads.MAX_RUNS), (blockreads.MAX_SHARE, 0)):
         monkeypatch.setattr(blockreads, "MAX_SHARE", share)
+        monkeypatch.setattr(reads, "MAX_RUNS", runs)
         col = view["responses"]
         _same(col[np.array(idx, dtype=np.int64)], [want[i] for i in idx])
         _same(col[start:stop], want[start:stop])

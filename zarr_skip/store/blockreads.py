@@ -70,10 +70,10 @@ class BlockPlan:
         return len(self.blocks) * self.array.compression.blocksize
 
 
-def plan(a: ArrayPart, c: int, src: slice | np.ndarray) -> BlockPlan | None:
-    """The blocks of chunk ``c`` of ``a`` holding its rows ``src`` (a slice or an array of
-    row numbers in the chunk), when its record indexes its blocks and they are few enough;
-    None to read the whole chunk."""
+def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], ...]) -> BlockPlan | None:
+    """The blocks of chunk ``c`` of ``a`` holding its rows ``src`` (a slice, an array of row
+    numbers in the chunk, or ``(start, stop)`` runs of them), when its record indexes its
+    blocks and they are few enough; None to read the whole chunk."""
     starts = None if a.file is None or a.blocks is None else a.blocks[c]
     block = a.compression.blocksize
     row = a.chunk_bytes // a.chunk
@@ -83,6 +83,11 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray) -> BlockPlan | None:
         if src.start >= src.stop:
             return None
         needed: Sequence[int] = range(src.start * row // block, (src.stop * row - 1) // block + 1)
+    elif isinstance(src, tuple):  # runs of rows: (start, stop) pairs
+        hit = np.zeros(len(starts), dtype=bool)
+        for lo, hi in src:
+            hit[lo * row // block : (hi * row - 1) // block + 1] = lo < hi
+        needed = np.flatnonzero(hit).tolist()
     else:
         rows = np.asarray(src, dtype=np.int64)
         hit = np.bincount(rows * row // block, minlength=len(starts)) > 0

@@ -9,6 +9,7 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -428,6 +429,54 @@ def read_index(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Runs of rows of one chunk and where each goes in the output: ``(rows in the chunk, rows
+    of the output)`` slice pairs (the values of chosen rows of a jagged column)."""
+
+    pairs: tuple[tuple[slice, slice], ...]
+
+
+#: :func:`read_runs` reads at most this many runs (more: value by value, with :func:`read_index`)
+MAX_RUNS = 4096
+
+
+def read_runs(
+    storage: Storage,
+    parts: Sequence[ArrayPart],
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    dtype: np.dtype,
+    trailing: tuple[int, ...],
+    *,
+    fetched: Fetched | None = None,
+) -> np.ndarray:
+    """Rows ``starts[i] : starts[i] + lengths[i]`` of arrays concatenated along axis 0, run after
+    run (the values of chosen rows of a jagged column): each run is copied from its chunks as
+    slices, not gathered row by row as :func:`read_index` does (at most :data:`MAX_RUNS`)."""
+    _check_shape(parts, trailing)
+    out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
+    bases = list(accumulate((a.rows for a in parts), initial=0))
+    found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
+    at = 0
+    for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+        stop = start + n
+        while start < stop:
+            p = bisect.bisect_right(bases, start) - 1
+            a, base = parts[p], bases[p]
+            c = (start - base) // a.chunk
+            first = base + c * a.chunk
+            end = min(stop, first + a.chunk)
+            found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
+            at, start = at + end - start, end
+    jobs = [
+        (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
+        for (p, c), pairs in found.items()
+    ]
+    _decode_jobs(storage, jobs, fetched=fetched)
+    return out
+
+
 def _decode_jobs(
     storage: Storage,
     jobs: list[tuple[Any, ...]],
@@ -444,7 +493,7 @@ def _decode_jobs(
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
-    plans = [blockreads.plan(job[0], job[1], job[3]) if len(job) > 2 else None for job in todo]
+    plans = [blockreads.plan(job[0], job[1], _rows_wanted(job[3])) if len(job) > 2 else None for job in todo]
     whole = [job for job, p in zip(todo, plans, strict=True) if p is None]
     pieces = [(piece, 0) for p in plans if p is not None for piece in p.pieces]
     blobs = iter(fetch_chunks(storage, [*whole, *pieces]))
@@ -475,14 +524,14 @@ def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
     where = a.describe(storage, c)
     if isinstance(blob, tuple):
         block_plan, pieces = blob
-        out[dst] = blockreads.decode(block_plan, pieces, where)[src]
+        _put(out, dst, blockreads.decode(block_plan, pieces, where), src)
         return
     size, crc = a.sizes[c], a.crc(c)
     if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
         rows = chunks.decode_rows(
             blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc, chunk=a.chunk
         )
-        out[dst] = rows[src]
+        _put(out, dst, rows, src)
         return
     whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
     if whole and a.dtype == out.dtype:
@@ -502,7 +551,21 @@ def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
     else:
         tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
         chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
-        out[dst] = tmp[src]
+        _put(out, dst, tmp, src)
+
+
+def _rows_wanted(src: Any) -> Any:
+    """The rows of a chunk a job wants, as :func:`blockreads.plan` takes them."""
+    return tuple((s.start, s.stop) for s, _ in src.pairs) if isinstance(src, Runs) else src
+
+
+def _put(out: np.ndarray, dst: Any, rows: np.ndarray, src: Any) -> None:
+    """``out[dst] = rows[src]``, or each run of ``src`` (a :class:`Runs`) to its place."""
+    if isinstance(src, Runs):
+        for s, d in src.pairs:
+            out[d] = rows[s]
+    else:
+        out[dst] = rows[src]
 
 
 #: the most bytes a read decodes in the calling thread (more go to the pool)
