@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from zarr.storage import MemoryStore
 
 import zarr_skip as zs
+from zarr_skip import lazy
 from zarr_skip.errors import ChecksumError, MetadataError, MissingDataError
 from zarr_skip.format import blosc_frames, chunks, layout
 from zarr_skip.store import blockreads, reads
@@ -271,6 +272,25 @@ def test_pieces_of_the_wrong_size_are_refused(small_blocks: None) -> None:
         blockreads.decode(p, [None, blobs[1]], "here")
 
 
-def test_verify_passes_a_cache_read_by_blocks(small_blocks: None) -> None:
-    location, *_ = _damaged()
+def test_verify_checks_the_block_index_against_the_chunk(small_blocks: None) -> None:
+    location, keys, part, _, _ = _damaged()
     assert zs.open_cache(location).verify().ok
+
+    def wrong_crc(a: dict[str, Any]) -> None:
+        a["block_crc32c"][0][2] ^= 1
+
+    _forge(keys, part, wrong_crc)
+    report = zs.open_cache(location).verify()
+    assert not report.ok and "block starts or checksums do not match" in str(report)
+
+
+def test_a_few_chosen_rows_are_copied_as_runs_not_value_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = [_batch(_long_rows(256, i), 151936, i) for i in range(2)]
+    view = _write(MemoryStore(), batches)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("read value by value")
+
+    monkeypatch.setattr(lazy, "read_index", refuse)
+    idx = np.array([500, 3, 3, 300, 0])
+    _same(view["responses"][idx], [_rows(batches, "responses")[i] for i in idx])
