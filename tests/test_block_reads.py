@@ -116,7 +116,10 @@ def test_rows_read_by_blocks_are_the_rows_written(
         _same(view["old_log_probs"][np.array(idx, dtype=np.int64)], [_rows(batches, "old_log_probs")[i] for i in idx])
 
 
-def test_a_few_rows_fetch_and_decode_only_their_blocks(small_blocks: None, spy: Spy) -> None:
+def test_a_few_rows_fetch_and_decode_only_their_blocks(
+    small_blocks: None, spy: Spy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blockreads, "GAP_BYTES", 0)  # blocks of 1 KiB: no bytes read between them
     store = CountingStore()
     batches = [_batch(_long_rows(256, i), 151936, i) for i in range(4)]
     view = _write(store, batches)
@@ -262,14 +265,27 @@ def test_pieces_of_the_wrong_size_are_refused(small_blocks: None) -> None:
     location, keys, part, view, _ = _damaged()
     a = part.arrays["responses"]["values"]
     p = blockreads.plan(a, 0, np.array([0]))
-    assert p is not None and p.blocks == (0,)
+    assert p is not None and p.blocks == (0,) and len(p.pieces) == 1  # the header and block 0: one range
     whole = keys.region(part.path, "responses/values").read_bytes()
     blobs = [whole[x.start - a.offset : x.start - a.offset + x.length] for x in p.pieces]
     assert np.array_equal(blockreads.decode(p, blobs, "here")[:5], view["responses"][0][:5].numpy())
-    with pytest.raises(MissingDataError, match="here: block 0 has"):
-        blockreads.decode(p, [blobs[0], blobs[1][:-1]], "here")
+    with pytest.raises(MissingDataError, match="here: bytes .* are cut"):
+        blockreads.decode(p, [blobs[0][:-1]], "here")
     with pytest.raises(MissingDataError, match="missing"):
-        blockreads.decode(p, [None, blobs[1]], "here")
+        blockreads.decode(p, [None], "here")
+
+
+def test_blocks_close_together_are_one_range_and_far_ones_two(
+    small_blocks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, part, _, _ = _damaged()
+    a = part.arrays["responses"]["values"]
+    rows = np.array([0, 7 * BLOCK // a.dtype.itemsize])  # in blocks 0 and 7
+    p = blockreads.plan(a, 0, rows)
+    assert p is not None and p.blocks == (0, 7) and len(p.pieces) == 1
+    monkeypatch.setattr(blockreads, "GAP_BYTES", 0)
+    p = blockreads.plan(a, 0, rows)
+    assert p is not None and len(p.pieces) == 2 and sum(x.length for x in p.pieces) < a.sizes[0] / 2
 
 
 def test_verify_checks_the_block_index_against_the_chunk(small_blocks: None) -> None:

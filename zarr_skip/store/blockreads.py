@@ -54,15 +54,22 @@ class Piece:
         return (self.start, self.length)
 
 
+#: pieces of a chunk at most this many bytes apart are fetched as one range (reading the bytes
+#: between costs less than another request)
+GAP_BYTES = 16 << 10
+
+
 @dataclass(frozen=True, slots=True)
 class BlockPlan:
-    """What a read of some rows of chunk ``chunk`` of ``array`` fetches: the chunk's header and
-    table (``pieces[0]``), then blocks ``blocks`` (``pieces[1:]``)."""
+    """What a read of some rows of chunk ``chunk`` of ``array`` fetches (``pieces``), and where
+    in them (``cuts``: piece, offset, length) lie the chunk's header and table, then each of the
+    blocks ``blocks``."""
 
     array: ArrayPart
     chunk: int
     blocks: tuple[int, ...]
     pieces: tuple[Piece, ...]
+    cuts: tuple[tuple[int, int, int], ...]
 
     @property
     def nbytes(self) -> int:
@@ -98,9 +105,16 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], 
         return None
     base = a.offset + a.starts[c]
     ends = (*starts[1:], a.sizes[c] - records.CRC_BYTES)
-    pieces = [Piece(a.file, base, starts[0])]  # type: ignore[arg-type]  # a.file is set (above)
-    pieces += [Piece(a.file, base + starts[k], ends[k] - starts[k]) for k in needed]  # type: ignore[arg-type]
-    return BlockPlan(a, c, tuple(int(k) for k in needed), tuple(pieces))
+    wanted = [(base, starts[0])] + [(base + starts[k], ends[k] - starts[k]) for k in needed]
+    pieces: list[Piece] = []
+    cuts = []
+    for start, length in wanted:  # rising: merged with the last piece when close to it
+        if pieces and start - (pieces[-1].start + pieces[-1].length) <= GAP_BYTES:
+            pieces[-1] = Piece(pieces[-1].file, pieces[-1].start, start + length - pieces[-1].start)
+        else:
+            pieces.append(Piece(a.file, start, length))  # type: ignore[arg-type]  # a.file is set (above)
+        cuts.append((len(pieces) - 1, start - pieces[-1].start, length))
+    return BlockPlan(a, c, tuple(int(k) for k in needed), tuple(pieces), tuple(cuts))
 
 
 def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
@@ -116,21 +130,27 @@ def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
         record, or a block does not decode to its size.
     """
     a, c = p.array, p.chunk
-    sums = a.block_crcs[c]  # type: ignore[index]  # set with a.blocks (records.check_column)
-    recorded = (sums[0], *(sums[k + 1] for k in p.blocks))
-    for k, piece, blob, crc in zip((-1, *p.blocks), p.pieces, blobs, recorded, strict=True):
-        what = "header" if k < 0 else f"block {k}"
+    for piece, blob in zip(p.pieces, blobs, strict=True):
         if blob is None:
             raise MissingDataError(f"{where}: chunk is missing")
         if len(blob) != piece.length:
-            raise MissingDataError(f"{where}: {what} has {len(blob)} bytes, {piece.length} were written (truncated?)")
-        if chunks.crc32c(blob) != crc:
-            raise ChecksumError(f"{where}: {what}: checksum mismatch (recorded {crc:#010x})")
-    head = _checked_header(a, c, blobs[0], where)
+            raise MissingDataError(
+                f"{where}: bytes {piece.start}..{piece.start + piece.length} of the data file are cut "
+                f"at {len(blob)} (truncated?)"
+            )
+    items = [memoryview(blobs[i])[at : at + n] for i, at, n in p.cuts]
+    sums = a.block_crcs[c]  # type: ignore[index]  # set with a.blocks (records.check_column)
+    recorded = (sums[0], *(sums[k + 1] for k in p.blocks))
+    for k, item, crc in zip((-1, *p.blocks), items, recorded, strict=True):
+        if chunks.crc32c(item) != crc:
+            raise ChecksumError(
+                f"{where}: {'header' if k < 0 else f'block {k}'}: checksum mismatch (recorded {crc:#010x})"
+            )
+    head = _checked_header(a, c, items[0], where)
     out = np.empty((a.chunk, *a.shape[1:]), dtype=a.dtype)
     flat = out.reshape(-1).view(np.uint8)
     codec = a.compression.codec()
-    for k, blob in zip(p.blocks, blobs[1:], strict=True):
+    for k, blob in zip(p.blocks, items[1:], strict=True):
         at, size = k * head.blocksize, head.block_bytes(k)
         try:
             codec.decode(blosc_frames.block_frame(head, k, blob), out=flat[at : at + size])  # type: ignore[union-attr]
