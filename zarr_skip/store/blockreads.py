@@ -3,12 +3,15 @@
 Blosc compresses a chunk block by block, each block on its own (see
 :mod:`zarr_skip.format.blosc_frames`). When the chunks of an array are several blocks (a blosc
 codec whose ``blocksize`` is below the chunk's size: the integer values of jagged columns when
-:data:`chunks.VALUES_BLOCK_BYTES` is set below the chunk size, or an explicit codec), the record
-of a packed mini-batch (format 4) keeps, for each chunk of several blocks, where each block begins and the crc32c of
-the chunk's header and table and of each block (``blocks`` and ``block_crc32c``, checked by
-:func:`records.check_column`). A read of a few rows of such a chunk then fetches only its header
-and table and the blocks holding those rows (one ranged read per run of adjacent ones, with the
-other chunks of the read: :func:`fetching.fetch_chunks`) and decodes those blocks alone.
+:data:`chunks.VALUES_BLOCK_BYTES` is set below the chunk size, or an explicit codec), the
+record of a packed mini-batch (format 4) keeps, for each such chunk, where each block begins
+and the crc32c of the chunk's header and table and of each block (``blocks`` and
+``block_crc32c``, checked by :func:`records.check_column`). A read of some rows of such a chunk
+then fetches only its header and table and the blocks holding those rows (pieces at most
+:data:`GAP_BYTES` apart as one range, with the other chunks of the read:
+:func:`fetching.fetch_chunks`) and decodes those blocks alone. (Values chunks fetched whole
+ahead of their rows' lengths, as a read of a few rows from an object store does to wait for one
+round of requests instead of two, are decoded whole.)
 
 What a partial read guarantees: every byte it hands to blosc has the crc32c the record names
 for it (the header and table, and each block read), and the header agrees with the record
