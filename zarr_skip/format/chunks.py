@@ -176,7 +176,10 @@ VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
 #: 1 MiB / 128 / 64 / 32 / 16 KiB stored 0.353 / 0.367 / 0.367 / 0.369 / 0.376 of the raw bytes
 #: and decoded a chunk in 0.41 / 0.60 / 0.69 / 0.88 / 1.1 ms, so that 64 random rows of 1024
 #: decode in 6.2 / 6.2 / 4.6 / 3.8 / 3.0 ms and the whole column in 6.2 / 8.9 / 10.3 / 13.2 /
-#: 16.6 ms. Reading whole steps is what a cache is for, so the values keep one block per chunk;
+#: 16.6 ms. Through the reader (CPU time of all threads, warm, 4 mini-batches), 32 KiB blocks
+#: took 64 random rows from 10 to 9 ms on the medium step and from 29 to 13 ms on the large one
+#: (4096 rows), but the whole column from 13 to 21 ms and from 98 to 157 ms, for 1.4% more
+#: bytes. Reading whole steps is what a cache is for, so the values keep one block per chunk;
 #: the knob (or an explicit codec's ``blocksize``) stays for caches read mostly a few rows at a
 #: time (``benchmarks/few_rows.py --values-block``)
 VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
