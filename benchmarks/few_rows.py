@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import zarr_skip as zs
+from zarr_skip.format import chunks as chunks_module
 from zarr_skip.synthetic import as_mapping, jagged_payload
 
 FINGERPRINT = {"bench": "few_rows"}
@@ -76,12 +77,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--minibatches", type=int, default=4)
     parser.add_argument("--values-chunk", type=int, default=None, help="KiB per values chunk (the trade-off)")
+    parser.add_argument(
+        "--values-block", type=int, default=None, help="KiB per blosc block of the values (the trade-off)"
+    )
     parser.add_argument("--dir", default=None, help="where to write the cache (a fresh temp dir by default)")
     args = parser.parse_args()
     if args.values_chunk is not None:
-        from zarr_skip.format import chunks
-
-        chunks.VALUES_CHUNK_BYTES = args.values_chunk << 10
+        chunks_module.VALUES_CHUNK_BYTES = args.values_chunk << 10
+    if args.values_block is not None:
+        chunks_module.VALUES_BLOCK_BYTES = args.values_block << 10
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp) / "cache"
         rows = write_step(root, args.preset, args.minibatches)
@@ -95,7 +99,8 @@ def main() -> None:
         files = [p for p in step.rglob("*") if p.is_file()]
         result = {
             "preset": args.preset,
-            "values_chunk_kib": (args.values_chunk or 64),
+            "values_chunk_kib": (args.values_chunk or chunks_module.VALUES_CHUNK_BYTES >> 10),
+            "values_block_kib": chunks_module.VALUES_BLOCK_BYTES >> 10,
             "rows": rows,
             "minibatches": args.minibatches,
             "reps": args.reps,

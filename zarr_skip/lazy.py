@@ -22,7 +22,7 @@ from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
-from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges
+from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges, read_runs
 from zarr_skip.store.storage import Storage
 from zarr_skip.store.writer import MinibatchInfo
 from zarr_skip.views import browse, display
@@ -566,17 +566,17 @@ class LazyColumn:
             return self._dict.rows(idx)
         fetched: Fetched = {}
         sel, starts = self._lengths_index(idx, fetched)
-        # value positions of every selected row, in order: starts repeated, plus 0..len-1
-        within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
-        vidx = np.repeat(starts, sel) + within
-        values = read_index(
-            self._storage,
-            [p["values"] for p in self._parts],
-            vidx,
-            spec.storage_dtype,
-            spec.storage_shape,
-            fetched=fetched,
-        )
+        values_parts = [p["values"] for p in self._parts]
+        if len(idx) <= reads.MAX_RUNS:  # each row's values copied as one run
+            values = read_runs(
+                self._storage, values_parts, starts, sel, spec.storage_dtype, spec.storage_shape, fetched=fetched
+            )
+        else:  # value positions of every selected row, in order: starts repeated, plus 0..len-1
+            within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
+            vidx = np.repeat(starts, sel) + within
+            values = read_index(
+                self._storage, values_parts, vidx, spec.storage_dtype, spec.storage_shape, fetched=fetched
+            )
         plain = None if self._plain is None else self._plain[idx]
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 

@@ -14,7 +14,14 @@ import numpy as np
 from zarr.storage import LocalStore
 
 from zarr_skip._deprecation import warn_renamed
-from zarr_skip.errors import ConfigError, CorruptCacheError, MetadataError, OutsideCacheError, ReadOnlyCacheError
+from zarr_skip.errors import (
+    ChecksumError,
+    ConfigError,
+    CorruptCacheError,
+    MetadataError,
+    OutsideCacheError,
+    ReadOnlyCacheError,
+)
 from zarr_skip.format import checks, chunks, layout, records
 from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
 from zarr_skip.store import packed
@@ -362,7 +369,16 @@ def _zarr_metadata_problem(arr: ArrayPart, blob: bytes | None, where: str) -> st
 
 
 def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> np.ndarray:
-    """Chunk ``i`` of ``arr`` decoded and checked (its first ``n`` rows)."""
+    """Chunk ``i`` of ``arr`` decoded and checked (its first ``n`` rows), and its block index
+    in the record, when it has one, checked against it (what reads of a few rows trust)."""
+    out = _decode_chunk(arr, i, n, blob, where)
+    starts = None if arr.blocks is None or arr.block_crcs is None else (arr.blocks[i], arr.block_crcs[i])
+    if starts is not None and blob is not None and chunks.block_index(blob) != (list(starts[0]), list(starts[1])):
+        raise ChecksumError(f"{where}: the record's block starts or checksums do not match the chunk")
+    return out
+
+
+def _decode_chunk(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> np.ndarray:
     size, crc = arr.sizes[i], arr.crc(i)
     if n < arr.chunk:
         return chunks.decode_rows(

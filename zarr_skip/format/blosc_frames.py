@@ -8,6 +8,10 @@ frame blosc makes for that chunk alone (byte for byte, tests check it), decoded 
 numcodecs and zarr as any other. One call instead of one per chunk releases the interpreter
 lock once for all of them.
 
+The same independence lets a reader decode some blocks of a chunk alone: :func:`block_starts`
+finds where each block of a frame lies, :func:`parse_header` reads a frame's header back, and
+:func:`block_frame` makes the frame of one block (which blosc decodes to that block's bytes).
+
 The blosc 1 frame (all fields little-endian)::
 
     version u1 | versionlz u1 | flags u1 | typesize u1 | nbytes u4 | blocksize u4 | cbytes u4
@@ -17,11 +21,78 @@ The blosc 1 frame (all fields little-endian)::
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 _HEADER = struct.Struct("<BBBBIII")
 _START = struct.Struct("<I")
 #: flags: the buffer is stored uncompressed, right after the header
 MEMCPYED = 0x02
+#: flags: each block is compressed as one stream (not split by byte significance); only then is
+#: a frame's last, shorter block the frame blosc makes of those bytes alone
+DONT_SPLIT = 0x10
+#: bytes of a frame's header
+HEADER_BYTES = _HEADER.size
+
+
+class Header(NamedTuple):
+    """The fields of a blosc 1 header."""
+
+    version: int
+    versionlz: int
+    flags: int
+    typesize: int
+    nbytes: int
+    blocksize: int
+    cbytes: int
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the frame's bytes are cut into (0 for an empty frame)."""
+        return -(-self.nbytes // self.blocksize) if self.blocksize > 0 else 0
+
+    def block_bytes(self, k: int) -> int:
+        """The bytes block ``k`` decodes to (the last one may be shorter)."""
+        return min(self.blocksize, self.nbytes - k * self.blocksize)
+
+
+def parse_header(frame: bytes | memoryview) -> Header | None:
+    """The header ``frame`` starts with; None when it is too short to hold one."""
+    if len(frame) < _HEADER.size:
+        return None
+    return Header(*_HEADER.unpack_from(frame))
+
+
+def table_bytes(count: int) -> int:
+    """Bytes of a frame's header and table of ``count`` block starts (where its first block begins)."""
+    return _HEADER.size + _START.size * count
+
+
+def block_starts(frame: bytes | memoryview) -> tuple[int, ...] | None:
+    """Where each block of ``frame`` begins, when it holds two blocks or more, each one stream
+    (so that each decodes alone: :func:`block_frame`); None for another frame (one block,
+    stored uncompressed, split streams, or a layout this does not know)."""
+    head = parse_header(frame)
+    if head is None or head.version != 2 or head.flags & MEMCPYED or not head.flags & DONT_SPLIT:
+        return None
+    count = head.blocks
+    if count < 2 or head.cbytes != len(frame) or head.cbytes < table_bytes(count):
+        return None
+    starts = struct.unpack_from(f"<{count}I", frame, _HEADER.size)
+    if starts[0] != table_bytes(count) or any(b <= a for a, b in zip(starts, (*starts[1:], head.cbytes), strict=True)):
+        return None
+    return starts
+
+
+def block_frame(head: Header, k: int, body: bytes | memoryview) -> bytes:
+    """The frame of block ``k`` alone, of a frame with header ``head`` (of several blocks, each one
+    stream: see :func:`block_starts`), whose compressed bytes are ``body``."""
+    size = head.block_bytes(k)
+    first = table_bytes(1)
+    return (
+        _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, size, size, first + len(body))
+        + _START.pack(first)
+        + bytes(body)
+    )
 
 
 def split_frame(frame: bytes, count: int, block: int) -> list[bytes] | None:

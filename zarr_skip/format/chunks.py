@@ -12,7 +12,7 @@ import bisect
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeGuard, get_args
 
 import google_crc32c
@@ -20,6 +20,7 @@ import numcodecs
 import numpy as np
 
 from zarr_skip.errors import ChecksumError, ConfigError, MissingDataError
+from zarr_skip.format import blosc_frames
 
 #: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch, a
 #: larger one a shard (one file) of such chunks
@@ -166,6 +167,45 @@ def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
 #: went from 13.6-14.1 ms to 17.6-20.8 ms and the step took 1.2% more bytes, so the values keep
 #: the default chunk size; the knob stays for arrays where a few rows do cost their chunks
 VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
+
+
+#: blosc block size of ``auto`` for the integer values of a jagged column (token ids). Smaller
+#: blocks let a read of a few rows fetch and decode only the blocks holding them
+#: (:mod:`zarr_skip.store.blockreads`), but each block decodes on its own, which costs: on the
+#: realistic medium step's responses (loaded machine, one thread, 512 KiB chunks), blocks of
+#: 1 MiB / 128 / 64 / 32 / 16 KiB stored 0.353 / 0.367 / 0.367 / 0.369 / 0.376 of the raw bytes
+#: and decoded a chunk in 0.41 / 0.60 / 0.69 / 0.88 / 1.1 ms, so that 64 random rows of 1024
+#: decode in 6.2 / 6.2 / 4.6 / 3.8 / 3.0 ms and the whole column in 6.2 / 8.9 / 10.3 / 13.2 /
+#: 16.6 ms. Through the reader (CPU time of all threads, warm, 4 mini-batches), 32 KiB blocks
+#: took 64 random rows from 10 to 9 ms on the medium step and from 29 to 13 ms on the large one
+#: (4096 rows), but the whole column from 13 to 21 ms and from 98 to 157 ms, for 1.4% more
+#: bytes. Reading whole steps is what a cache is for, so the values keep one block per chunk;
+#: the knob (or an explicit codec's ``blocksize``) stays for caches read mostly a few rows at a
+#: time (``benchmarks/few_rows.py --values-block``)
+VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
+
+
+def array_codec(name: str, compression: Compression, dtype: np.dtype) -> Compression:
+    """The codec array ``name`` of ``dtype`` is stored with: ``compression`` resolved for
+    ``dtype``, with blocks of :data:`VALUES_BLOCK_BYTES` for the integer values of a jagged
+    column under ``auto`` (an explicit codec is kept as given)."""
+    codec = compression.for_dtype(dtype)
+    if compression.name == "auto" and name == "values" and codec.name in _BLOSC and dtype.kind in "iu":
+        return replace(codec, blocksize=VALUES_BLOCK_BYTES)
+    return codec
+
+
+def block_index(blob: bytes | memoryview) -> tuple[list[int], list[int]]:
+    """Of a stored chunk (a blosc frame and its crc32c) of several blocks that decode alone: where
+    each block begins in it, and the crc32c of its header and table, then of each block (what a
+    record keeps so that a reader can fetch, check and decode some blocks alone); two empty
+    lists for any other chunk (read whole)."""
+    body = memoryview(blob)[:-4]
+    starts = blosc_frames.block_starts(body)
+    if starts is None:
+        return [], []
+    cuts = (0, *starts, len(body))
+    return list(starts), [crc32c(body[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def chunk_target(name: str, codec: Compression, dtype: np.dtype, chunk_bytes: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import MetadataError
+from zarr_skip.format import blosc_frames
 
 #: the most mini-batches one step may expect (verl's ``parameter_sync_step`` is a few)
 MAX_EXPECTED = 1 << 16
@@ -280,6 +281,29 @@ def _check_array(a: Any, rows: int | None, where: str) -> None:
             raise MetadataError(f"{where}: first_rows must list one row per chunk")
         if any(b < a_ for a_, b in pairwise(count(r, "first_rows", where) for r in first)):
             raise MetadataError(f"{where}: first_rows must not decrease")
+    _check_blocks(a.get("blocks"), a.get("block_crc32c"), sizes, where)
+
+
+def _check_blocks(blocks: Any, sums: Any, sizes: list[int], where: str) -> None:
+    """Check the block index of an array's chunks (see :func:`chunks.block_index`): for each
+    chunk, where its blocks begin (inside it: after its header and table, rising, before its
+    crc32c) and the crc32c of its header and of each block, or nothing (read whole)."""
+    if blocks is None and sums is None:
+        return
+    if not isinstance(blocks, list) or not isinstance(sums, list) or not len(blocks) == len(sums) == len(sizes):
+        raise MetadataError(f"{where}: blocks and block_crc32c must list one entry per chunk")
+    for starts, crcs, size in zip(blocks, sums, sizes, strict=True):
+        if not isinstance(starts, list) or not isinstance(crcs, list) or not _ints(starts) or not _ints(crcs):
+            raise MetadataError(f"{where}: each chunk's blocks and block_crc32c must be lists of ints")
+        if not starts and not crcs:
+            continue
+        if len(crcs) != len(starts) + 1 or min(crcs) < 0 or max(crcs) >> 32:
+            raise MetadataError(f"{where}: block_crc32c must list one 32-bit value per block and one for the header")
+        ends = [*starts, size - CRC_BYTES]
+        if starts[0] != blosc_frames.table_bytes(len(starts)) or any(b <= a_ for a_, b in pairwise(ends)):
+            raise MetadataError(
+                f"{where}: a chunk's blocks must begin after its header, rise, and end before its checksum"
+            )
 
 
 def _ints(values: list[Any]) -> bool:

@@ -85,7 +85,7 @@ class ChunkJobs:
             if self._spread:
                 self._arrays[key] = self._start(arr, name)
                 continue
-            early = self._start_large(arr, *chunking(arr, self._compression, self._target(name, arr)))
+            early = self._start_large(arr, *chunking(arr, self._compression, self._target(name, arr), name))
             if early is None:
                 self._later.append((key, arr))
             else:
@@ -121,10 +121,11 @@ class ChunkJobs:
         self._tails.clear()
 
     def _target(self, name: str, arr: StoredArray) -> int:
-        return chunks.chunk_target(name, self._compression.for_dtype(arr.dtype), arr.dtype, self._chunk_bytes)
+        codec = chunks.array_codec(name, self._compression, arr.dtype)
+        return chunks.chunk_target(name, codec, arr.dtype, self._chunk_bytes)
 
     def _start(self, arr: StoredArray, name: str) -> ArrayChunks:
-        per, rows, codec = chunking(arr, self._compression, self._target(name, arr))
+        per, rows, codec = chunking(arr, self._compression, self._target(name, arr), name)
         started = self._start_large(arr, per, rows, codec)
         if started is None:
             started = ArrayChunks(per, codec, [self._storage.submit(encode_chunk, arr, r, codec) for r in rows])
@@ -227,13 +228,15 @@ def encode_chunks(arr: StoredArray, first: int, count: int, per: int, codec: chu
 
 
 def chunking(
-    arr: StoredArray, compression: chunks.Compression, chunk_bytes: int
+    arr: StoredArray, compression: chunks.Compression, chunk_bytes: int, name: str = ""
 ) -> tuple[int, list[slice], chunks.Compression]:
-    """How ``arr`` is stored: rows per chunk, each chunk's rows, and the codec."""
+    """How array ``name``, ``arr``, is stored: rows per chunk, each chunk's rows, and the codec
+    (:func:`chunks.array_codec`)."""
     row_bytes = arr.dtype.itemsize * math.prod(arr.shape[1:])
     per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
     count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
-    return per, [slice(i * per, (i + 1) * per) for i in range(count)], compression.for_dtype(arr.dtype)
+    codec = chunks.array_codec(name, compression, arr.dtype)
+    return per, [slice(i * per, (i + 1) * per) for i in range(count)], codec
 
 
 def encode_chunk(arr: Any, rows: slice, codec: chunks.Compression) -> bytes:

@@ -9,6 +9,7 @@ chunk into the back of its rows, widened in place).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from zarr_skip.errors import MetadataError, SchemaMismatchError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
+from zarr_skip.store import blockreads
 from zarr_skip.store.fetching import fetch_chunks
 from zarr_skip.store.storage import Storage
 
@@ -47,6 +49,11 @@ class ArrayPart:
     #: this array lies in it (its chunks follow back to back)
     file: str | None = None
     offset: int = 0
+    #: of a chunk of several blosc blocks (in a record that indexes them, else None): where each
+    #: block begins in the chunk (empty: read whole), and the crc32c of its header then of each
+    #: block (see :mod:`zarr_skip.store.blockreads`)
+    blocks: tuple[tuple[int, ...], ...] | None = None
+    block_crcs: tuple[tuple[int, ...], ...] | None = None
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
     first_key: str = field(init=False, repr=False, compare=False)  # of chunk 0 (or the shard)
 
@@ -235,6 +242,8 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
                     crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
                     file=self._data if self._packed else None,
                     offset=int(a.get("offset", 0)) if self._packed else 0,
+                    blocks=_nested(a.get("blocks")) if self._packed else None,
+                    block_crcs=_nested(a.get("block_crc32c")) if self._packed else None,
                 )
                 for aname, a in entry["arrays"].items()
             }
@@ -293,6 +302,11 @@ def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
     if len(first) != count or any(b < a for a, b in pairwise(first)):
         raise ValueError(f"first_rows {value!r} for {count} chunks")
     return first
+
+
+def _nested(value: Any) -> tuple[tuple[int, ...], ...] | None:
+    """A record's list of lists of ints (checked by :func:`records.check_column`) as tuples."""
+    return None if value is None else tuple(tuple(int(v) for v in inner) for inner in value)
 
 
 def _separator(value: Any) -> str:
@@ -415,6 +429,54 @@ def read_index(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Runs of rows of one chunk and where each goes in the output: ``(rows in the chunk, rows
+    of the output)`` slice pairs (the values of chosen rows of a jagged column)."""
+
+    pairs: tuple[tuple[slice, slice], ...]
+
+
+#: :func:`read_runs` reads at most this many runs (more: value by value, with :func:`read_index`)
+MAX_RUNS = 4096
+
+
+def read_runs(
+    storage: Storage,
+    parts: Sequence[ArrayPart],
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    dtype: np.dtype,
+    trailing: tuple[int, ...],
+    *,
+    fetched: Fetched | None = None,
+) -> np.ndarray:
+    """Rows ``starts[i] : starts[i] + lengths[i]`` of arrays concatenated along axis 0, run after
+    run (the values of chosen rows of a jagged column): each run is copied from its chunks as
+    slices, not gathered row by row as :func:`read_index` does (at most :data:`MAX_RUNS`)."""
+    _check_shape(parts, trailing)
+    out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
+    bases = list(accumulate((a.rows for a in parts), initial=0))
+    found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
+    at = 0
+    for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+        stop = start + n
+        while start < stop:
+            p = bisect.bisect_right(bases, start) - 1
+            a, base = parts[p], bases[p]
+            c = (start - base) // a.chunk
+            first = base + c * a.chunk
+            end = min(stop, first + a.chunk)
+            found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
+            at, start = at + end - start, end
+    jobs = [
+        (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
+        for (p, c), pairs in found.items()
+    ]
+    _decode_jobs(storage, jobs, fetched=fetched)
+    return out
+
+
 def _decode_jobs(
     storage: Storage,
     jobs: list[tuple[Any, ...]],
@@ -422,58 +484,88 @@ def _decode_jobs(
     fetched: Fetched | None = None,
 ) -> None:
     """Fetch and decode chunks concurrently, each straight into its output when it can (and
-    fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again)."""
+    fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again).
+    A few rows of a chunk of several blosc blocks fetch and decode only the blocks holding them
+    (:mod:`zarr_skip.store.blockreads`)."""
     fetched = {} if fetched is None else fetched
-
-    def decode(job: tuple[Any, ...], blob: bytes | None) -> None:
-        a, c, n, src, dst, out = job
-        where = a.describe(storage, c)
-        size, crc = a.sizes[c], a.crc(c)
-        if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
-            rows = chunks.decode_rows(
-                blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc, chunk=a.chunk
-            )
-            out[dst] = rows[src]
-            return
-        whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
-        if whole and a.dtype == out.dtype:
-            chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where, crc=crc)
-        elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
-            region = out[dst]
-            if region.nbytes <= SMALL_CHUNK_BYTES:  # decoded apart and widened in one copy
-                tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-                chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
-                np.copyto(region, tmp, casting="safe")
-                return
-            # a narrowed chunk decodes into the back of its rows and widens there
-            narrow = chunks.decode_into(
-                blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where, crc=crc
-            )
-            chunks.widen_in_place(region, narrow)
-        else:
-            tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
-            out[dst] = tmp[src]
-
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
     todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
+    plans = [blockreads.plan(job[0], job[1], _rows_wanted(job[3])) if len(job) > 2 else None for job in todo]
+    whole = [job for job, p in zip(todo, plans, strict=True) if p is None]
+    pieces = [(piece, 0) for p in plans if p is not None for piece in p.pieces]
+    blobs = iter(fetch_chunks(storage, [*whole, *pieces]))
     work: list[tuple[tuple[Any, ...], Any]] = []
-    for job, blob in zip(todo, fetch_chunks(storage, todo), strict=True):
+    for job, blob in zip(whole, blobs, strict=False):
         if len(job) == 2:  # fetched ahead: a later call decodes it
             fetched[job[0].path, job[1]] = blob
         else:
             work.append((job, blob))
+    for job, p in zip(todo, plans, strict=True):
+        if p is not None:
+            work.append((job, (p, [next(blobs) for _ in p.pieces])))
     work += [(job, fetched[job[0].path, job[1]]) for job in ready]
     # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
     # a few are decoded here, many in the pool (which takes them in shares, not one by one)
-    if sum(job[0].chunk_bytes for job, _ in work) <= PARALLEL_DECODE_BYTES:
+    cost = sum(blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work)
+    if cost <= PARALLEL_DECODE_BYTES:
         for job, blob in work:
-            decode(job, blob)
+            _decode(storage, job, blob)
     else:
-        storage.parallel(lambda item: decode(*item), work)
+        storage.parallel(lambda item: _decode(storage, *item), work)
+
+
+def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
+    """Decode rows ``src`` of chunk ``c`` of ``a`` (its ``n`` rows) into ``out[dst]``, from
+    its stored bytes or (a tuple) the plan and pieces of some of its blocks."""
+    a, c, n, src, dst, out = job
+    where = a.describe(storage, c)
+    if isinstance(blob, tuple):
+        block_plan, pieces = blob
+        _put(out, dst, blockreads.decode(block_plan, pieces, where), src)
+        return
+    size, crc = a.sizes[c], a.crc(c)
+    if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
+        rows = chunks.decode_rows(
+            blob, a.dtype, a.shape[1:], n, a.compression, stored_size=size, where=where, crc=crc, chunk=a.chunk
+        )
+        _put(out, dst, rows, src)
+        return
+    whole = isinstance(src, slice) and src == slice(0, n) and isinstance(dst, slice)
+    if whole and a.dtype == out.dtype:
+        chunks.decode_into(blob, out[dst], a.compression, stored_size=size, where=where, crc=crc)
+    elif whole and a.dtype.kind in "iu" and out.dtype.kind in "iu" and a.dtype.itemsize < out.dtype.itemsize:
+        region = out[dst]
+        if region.nbytes <= SMALL_CHUNK_BYTES:  # decoded apart and widened in one copy
+            tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+            chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
+            np.copyto(region, tmp, casting="safe")
+            return
+        # a narrowed chunk decodes into the back of its rows and widens there
+        narrow = chunks.decode_into(
+            blob, chunks.narrow_view(region, a.dtype), a.compression, stored_size=size, where=where, crc=crc
+        )
+        chunks.widen_in_place(region, narrow)
+    else:
+        tmp = np.empty((n, *a.shape[1:]), dtype=a.dtype)
+        chunks.decode_into(blob, tmp, a.compression, stored_size=size, where=where, crc=crc)
+        _put(out, dst, tmp, src)
+
+
+def _rows_wanted(src: Any) -> Any:
+    """The rows of a chunk a job wants, as :func:`blockreads.plan` takes them."""
+    return tuple((s.start, s.stop) for s, _ in src.pairs) if isinstance(src, Runs) else src
+
+
+def _put(out: np.ndarray, dst: Any, rows: np.ndarray, src: Any) -> None:
+    """``out[dst] = rows[src]``, or each run of ``src`` (a :class:`Runs`) to its place."""
+    if isinstance(src, Runs):
+        for s, d in src.pairs:
+            out[d] = rows[s]
+    else:
+        out[dst] = rows[src]
 
 
 #: the most bytes a read decodes in the calling thread (more go to the pool)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -38,7 +39,7 @@ from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
-from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, check_same_schema
+from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
 from zarr_skip.format.state import HOST, RunRecord, owner
 from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
@@ -390,9 +391,7 @@ def _write_arrays(
             )
             doc = json.dumps(meta, separators=(",", ":")).encode()
             members.append(Member(layout.meta_key(apath), partial(bytes, doc)))
-            sizes: list[int] = []  # filled as the chunks are written
-            crcs: list[int] = []  # their crc32c: a reader trusts a chunk only if it is this one
-            array = {
+            array: dict[str, Any] = {
                 "dtype": arr.dtype.str,
                 "shape": list(arr.shape),
                 "chunk": per,
@@ -400,12 +399,13 @@ def _write_arrays(
                 "codec": codec.to_json(),
                 "separator": sep,
                 **({"shard": True} if count > 1 else {}),
-                "sizes": sizes,
-                "crc32c": crcs,
+                "sizes": [],  # filled as the chunks are written
+                "crc32c": [],  # their crc32c: a reader trusts a chunk only if it is this one
+                **({"blocks": [], "block_crc32c": []} if _blocky(codec, per, arr) else {}),
             }
             if count:
                 key = layout.chunk_key(apath, 0, arr.ndim, sep)  # the only chunk, or the shard
-                members.append(Member(key, partial(_take, taken.jobs, sizes, crcs, count > 1), int(arr.nbytes)))
+                members.append(Member(key, partial(_take, taken.jobs, array, count > 1), int(arr.nbytes)))
                 chunk_members.append((key, array))
             entry["arrays"][aname] = array
             if aname == "values" and count > 1 and "lengths" in col.arrays:
@@ -424,26 +424,42 @@ def _write_arrays(
     return manifest, nbytes, raw, size
 
 
-def _take(jobs: list[Future[bytes]], sizes: list[int], crcs: list[int], shard: bool) -> bytes | Iterator[bytes]:
+def _take(jobs: list[Future[bytes]], array: dict[str, Any], shard: bool) -> bytes | Iterator[bytes]:
     """The encoded chunk to write, or a shard's pieces as they are encoded: its chunks in
-    order, then its index."""
+    order, then its index (each chunk noted in ``array``, its record entry)."""
     if not shard:
         blob = jobs.pop().result()
-        sizes.append(len(blob))
-        crcs.append(chunks.trailer(blob))
+        _note(array, blob)
         return blob
     queue = deque(jobs)
     jobs.clear()
-    return _shard_pieces(queue, sizes, crcs)
+    return _shard_pieces(queue, array)
 
 
-def _shard_pieces(jobs: deque[Future[bytes]], sizes: list[int], crcs: list[int]) -> Iterator[bytes]:
+def _shard_pieces(jobs: deque[Future[bytes]], array: dict[str, Any]) -> Iterator[bytes]:
     while jobs:
         blob = jobs.popleft().result()  # let go of each chunk once written
-        sizes.append(len(blob))
-        crcs.append(chunks.trailer(blob))
+        _note(array, blob)
         yield blob
-    yield chunks.shard_index(sizes)
+    yield chunks.shard_index(array["sizes"])
+
+
+def _blocky(codec: chunks.Compression, per: int, arr: StoredArray) -> bool:
+    """Whether the chunks of ``arr`` may be blosc frames of several blocks (whose places and
+    checksums the record then keeps, see :func:`chunks.block_index`)."""
+    chunk_bytes = per * arr.dtype.itemsize * math.prod(arr.shape[1:])
+    return codec.name in ("blosc-zstd", "lz4") and 0 < codec.blocksize < chunk_bytes
+
+
+def _note(array: dict[str, Any], blob: bytes) -> None:
+    """Record the next chunk of an array: its size, its crc32c, and (when the record keeps
+    them) where its blocks begin and their checksums."""
+    array["sizes"].append(len(blob))
+    array["crc32c"].append(chunks.trailer(blob))
+    if "blocks" in array:
+        starts, crcs = chunks.block_index(blob)
+        array["blocks"].append(starts)
+        array["block_crc32c"].append(crcs)
 
 
 def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:

@@ -1,0 +1,186 @@
+"""Reading some blocks of a chunk: the rows a read wants of a chunk made of several blosc blocks.
+
+Blosc compresses a chunk block by block, each block on its own (see
+:mod:`zarr_skip.format.blosc_frames`). When the chunks of an array are several blocks (a blosc
+codec whose ``blocksize`` is below the chunk's size: the integer values of jagged columns when
+:data:`chunks.VALUES_BLOCK_BYTES` is set below the chunk size, or an explicit codec), the
+record of a packed mini-batch (format 4) keeps, for each such chunk, where each block begins
+and the crc32c of the chunk's header and table and of each block (``blocks`` and
+``block_crc32c``, checked by :func:`records.check_column`). A read of some rows of such a chunk
+then fetches only its header and table and the blocks holding those rows (pieces at most
+:data:`GAP_BYTES` apart as one range, with the other chunks of the read:
+:func:`fetching.fetch_chunks`) and decodes those blocks alone. (Values chunks fetched whole
+ahead of their rows' lengths, as a read of a few rows from an object store does to wait for one
+round of requests instead of two, are decoded whole.)
+
+What a partial read guarantees: every byte it hands to blosc has the crc32c the record names
+for it (the header and table, and each block read), and the header agrees with the record
+(block size, count and starts, decoded size, element size); a block that is missing, cut short,
+altered or moved is a MissingDataError or ChecksumError, as a whole chunk would be. It does not
+read, so does not check, the chunk's other blocks nor its trailing crc32c of the whole chunk:
+``verify`` and whole-chunk reads do. Chunks whose record has no block index (formats 2 and 3,
+records of older writers, chunks of one block or stored uncompressed) and reads needing more
+than :data:`MAX_SHARE` of a chunk's blocks read the whole chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zarr_skip.errors import ChecksumError, MissingDataError
+from zarr_skip.format import blosc_frames, chunks, records
+
+if TYPE_CHECKING:
+    from zarr_skip.store.reads import ArrayPart
+
+#: a read needing more than this share of a chunk's blocks reads the whole chunk (one read, one
+#: decode call, and the checksum of the whole chunk)
+MAX_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A byte range of a data file, fetched as :func:`fetching.fetch_chunks` fetches a chunk."""
+
+    file: str
+    start: int
+    length: int
+
+    def key(self, _chunk: int) -> str:
+        return self.file
+
+    def span(self, _chunk: int) -> tuple[int, int]:
+        return (self.start, self.length)
+
+
+#: pieces of a chunk at most this many bytes apart are fetched as one range (reading the bytes
+#: between costs less than another request)
+GAP_BYTES = 16 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlan:
+    """What a read of some rows of chunk ``chunk`` of ``array`` fetches (``pieces``), and where
+    in them (``cuts``: piece, offset, length) lie the chunk's header and table, then each of the
+    blocks ``blocks``."""
+
+    array: ArrayPart
+    chunk: int
+    blocks: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    cuts: tuple[tuple[int, int, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its blocks decode to (at most)."""
+        return len(self.blocks) * self.array.compression.blocksize
+
+
+def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], ...]) -> BlockPlan | None:
+    """The blocks of chunk ``c`` of ``a`` holding its rows ``src`` (a slice, an array of row
+    numbers in the chunk, or ``(start, stop)`` runs of them), when its record indexes its
+    blocks and they are few enough; None to read the whole chunk."""
+    starts = None if a.file is None or a.blocks is None else a.blocks[c]
+    block = a.compression.blocksize
+    row = a.chunk_bytes // a.chunk
+    if not starts or block <= 0 or not 0 < row <= block or -(-a.chunk_bytes // block) != len(starts):
+        return None
+    if isinstance(src, slice):
+        if src.start >= src.stop:
+            return None
+        needed: Sequence[int] = range(src.start * row // block, (src.stop * row - 1) // block + 1)
+    elif isinstance(src, tuple):  # runs of rows: (start, stop) pairs
+        hit = np.zeros(len(starts), dtype=bool)
+        for lo, hi in src:
+            hit[lo * row // block : (hi * row - 1) // block + 1] = lo < hi
+        needed = np.flatnonzero(hit).tolist()
+    else:
+        rows = np.asarray(src, dtype=np.int64)
+        hit = np.bincount(rows * row // block, minlength=len(starts)) > 0
+        if block % row:  # a row may end in the next block
+            hit |= np.bincount((rows * row + row - 1) // block, minlength=len(starts)) > 0
+        needed = np.flatnonzero(hit).tolist()
+    if not needed or len(needed) > MAX_SHARE * len(starts):
+        return None
+    base = a.offset + a.starts[c]
+    ends = (*starts[1:], a.sizes[c] - records.CRC_BYTES)
+    wanted = [(base, starts[0])] + [(base + starts[k], ends[k] - starts[k]) for k in needed]
+    pieces: list[Piece] = []
+    cuts = []
+    for start, length in wanted:  # rising: merged with the last piece when close to it
+        if pieces and start - (pieces[-1].start + pieces[-1].length) <= GAP_BYTES:
+            pieces[-1] = Piece(pieces[-1].file, pieces[-1].start, start + length - pieces[-1].start)
+        else:
+            pieces.append(Piece(a.file, start, length))  # type: ignore[arg-type]  # a.file is set (above)
+        cuts.append((len(pieces) - 1, start - pieces[-1].start, length))
+    return BlockPlan(a, c, tuple(int(k) for k in needed), tuple(pieces), tuple(cuts))
+
+
+def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
+    """Chunk ``p.chunk`` of ``p.array`` (all its rows, of its stored dtype) with the blocks of
+    ``p`` decoded from ``blobs`` (the bytes of ``p.pieces``; the other rows are undefined).
+
+    Raises
+    ------
+    MissingDataError
+        A piece is absent or shorter than its record says (the data file was cut short).
+    ChecksumError
+        A piece's crc32c is not the one its record names, the header disagrees with the
+        record, or a block does not decode to its size.
+    """
+    a, c = p.array, p.chunk
+    for piece, blob in zip(p.pieces, blobs, strict=True):
+        if blob is None:
+            raise MissingDataError(f"{where}: chunk is missing")
+        if len(blob) != piece.length:
+            raise MissingDataError(
+                f"{where}: bytes {piece.start}..{piece.start + piece.length} of the data file are cut "
+                f"at {len(blob)} (truncated?)"
+            )
+    items = [memoryview(blobs[i])[at : at + n] for i, at, n in p.cuts]
+    sums = a.block_crcs[c]  # type: ignore[index]  # set with a.blocks (records.check_column)
+    recorded = (sums[0], *(sums[k + 1] for k in p.blocks))
+    for k, item, crc in zip((-1, *p.blocks), items, recorded, strict=True):
+        if chunks.crc32c(item) != crc:
+            raise ChecksumError(
+                f"{where}: {'header' if k < 0 else f'block {k}'}: checksum mismatch (recorded {crc:#010x})"
+            )
+    head = _checked_header(a, c, items[0], where)
+    out = np.empty((a.chunk, *a.shape[1:]), dtype=a.dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    codec = a.compression.codec()
+    for k, blob in zip(p.blocks, items[1:], strict=True):
+        at, size = k * head.blocksize, head.block_bytes(k)
+        try:
+            codec.decode(blosc_frames.block_frame(head, k, blob), out=flat[at : at + size])  # type: ignore[union-attr]
+        except (ValueError, RuntimeError) as exc:
+            raise ChecksumError(f"{where}: block {k} does not decode ({exc})") from None
+    return out
+
+
+def _checked_header(a: ArrayPart, c: int, piece: Any, where: str) -> blosc_frames.Header:
+    """The header of chunk ``c`` of ``a`` (its checksum already checked), once it agrees with
+    the record: a frame of the chunk's decoded size in blocks of the codec's size, each one
+    stream, of the array's element size, whose table is the record's block starts."""
+    head = blosc_frames.parse_header(piece)
+    starts = a.blocks[c]  # type: ignore[index]
+    fits = (
+        head is not None
+        and head.version == 2
+        and not head.flags & blosc_frames.MEMCPYED
+        and head.flags & blosc_frames.DONT_SPLIT
+        and head.typesize == a.dtype.itemsize
+        and head.nbytes == a.chunk_bytes
+        and head.blocksize == a.compression.blocksize
+        and head.blocks == len(starts)
+        and head.cbytes == a.sizes[c] - records.CRC_BYTES
+        and len(piece) == blosc_frames.table_bytes(len(starts))
+        and tuple(np.frombuffer(piece, "<u4", offset=blosc_frames.HEADER_BYTES).tolist()) == tuple(starts)
+    )
+    if not fits or head is None:
+        raise ChecksumError(f"{where}: the chunk's header does not match the blocks its record names")
+    return head
