@@ -158,6 +158,20 @@ def test_an_explicit_codec_of_small_blocks_reads_by_blocks(spy: Spy) -> None:
     assert spy.chunks > 0
 
 
+def test_auto_with_a_blocksize_stores_the_token_ids_in_such_blocks(spy: Spy) -> None:
+    """The per-cache setting: ``Compression("auto", blocksize=...)`` (no module knob)."""
+    batches = [_batch(_long_rows(64, 0), 151936, 0)]
+    view = _write(MemoryStore(), batches, zs.Compression("auto", blocksize=BLOCK))
+    values = view._parts[0].arrays["responses"]["values"]
+    assert values.compression.blocksize == BLOCK and values.blocks is not None
+    # only the token ids: log-probs keep auto's blocks
+    assert view._parts[0].arrays["old_log_probs"]["values"].compression.blocksize == chunks.AUTO_BLOCK_BYTES
+    col = view["responses"]
+    col.lengths()
+    _same(col[[3, 40]], [_rows(batches, "responses")[i] for i in (3, 40)])
+    assert spy.chunks > 0 and spy.blocks <= 6
+
+
 def _damaged() -> tuple[Any, Keys, Any, zs.StepView, list[torch.Tensor]]:
     """A cache of one mini-batch of short rows (several per block): its location, keys, the
     mini-batch, the step and the rows written."""

@@ -102,7 +102,10 @@ def open_cache(
     read_only : force read-only (default: read-only exactly when no fingerprint is given).
     compression, level : ``"auto"`` (default: blosc-zstd level 1 with byte shuffling for types
         wider than a byte, zstd level 1 for bytes), ``"blosc-zstd"``, ``"zstd"`` (level 3),
-        ``"lz4"`` (blosc), ``None``; ``"zstd:1"`` also works.
+        ``"lz4"`` (blosc), ``None``; ``"zstd:1"`` also works; or a :class:`Compression`, such
+        as ``Compression("auto", blocksize=32 << 10)`` for a cache read mostly a few rows at a
+        time (token ids in small blocks that such reads fetch and decode alone; whole reads
+        slower).
     chunk_bytes : uncompressed bytes per chunk aimed for.
     storage_options : for URLs: endpoint, credentials, ... (passed to the object store).
     lease : seconds without a heartbeat after which another host's unfinished mini-batch

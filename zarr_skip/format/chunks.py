@@ -63,6 +63,9 @@ class Compression:
     ``benchmarks/README.md``). Explicit choices:
     ``zstd`` (level -7..22), ``blosc-zstd`` (level 0..9), ``lz4`` (blosc-lz4, level 0..9), both
     blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice), or ``none``.
+    ``auto`` with a ``blocksize`` stores the token ids (integer values of jagged columns) in
+    blocks of that size, which reads of a few rows fetch and decode alone: for caches sampled
+    row by row (data loaders), at the cost of slower whole reads (:func:`array_codec`).
     """
 
     name: CompressionName = "auto"
@@ -187,11 +190,13 @@ VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
 
 def array_codec(name: str, compression: Compression, dtype: np.dtype) -> Compression:
     """The codec array ``name`` of ``dtype`` is stored with: ``compression`` resolved for
-    ``dtype``, with blocks of :data:`VALUES_BLOCK_BYTES` for the integer values of a jagged
-    column under ``auto`` (an explicit codec is kept as given)."""
+    ``dtype``; under ``auto``, the integer values of a jagged column (token ids) in blocks of
+    ``compression.blocksize`` when given (``Compression("auto", blocksize=32 << 10)``: a cache
+    read mostly a few rows at a time), else :data:`VALUES_BLOCK_BYTES`. An explicit codec is
+    kept as given."""
     codec = compression.for_dtype(dtype)
     if compression.name == "auto" and name == "values" and codec.name in _BLOSC and dtype.kind in "iu":
-        return replace(codec, blocksize=VALUES_BLOCK_BYTES)
+        return replace(codec, blocksize=compression.blocksize or VALUES_BLOCK_BYTES)
     return codec
 
 
