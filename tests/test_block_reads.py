@@ -172,6 +172,18 @@ def test_auto_with_a_blocksize_stores_the_token_ids_in_such_blocks(spy: Spy) -> 
     assert spy.chunks > 0 and spy.blocks <= 6
 
 
+def test_a_few_rows_read_by_blocks_on_every_backend(location: Any, spy: Spy) -> None:
+    """Memory, local disk (preads of the data file) and S3 (ranged GETs) alike."""
+    batches = [_batch(_long_rows(128, i), 151936, i) for i in range(2)]
+    _write(location, batches, zs.Compression("auto", blocksize=BLOCK))
+    col = _column(location)
+    values = [p.arrays["responses"]["values"] for p in zs.open_cache(location).load(1)._parts]
+    blocks = sum(len(s) for a in values for s in a.blocks or ())
+    idx = np.sort(np.random.default_rng(3).choice(256, 16, replace=False))
+    _same(col[idx], [_rows(batches, "responses")[i] for i in idx])
+    assert 0 < spy.blocks <= 3 * 16 < blocks // 4
+
+
 def _damaged() -> tuple[Any, Keys, Any, zs.StepView, list[torch.Tensor]]:
     """A cache of one mini-batch of short rows (several per block): its location, keys, the
     mini-batch, the step and the rows written."""
