@@ -1,12 +1,26 @@
-"""Reading a few rows against reading the whole column, cold, on the realistic steps.
+"""Reading a few rows against reading the whole column, cold: the trade-off of block sizes and codecs.
 
-Writes the realistic ``medium`` (or ``large``) step of ``zarr_skip.synthetic`` in 4 mini-batches
-(as verl's ``parameter_sync_step=4`` does), then, ``--reps`` times: evicts the cache's files from
-the page cache (``posix_fadvise(DONTNEED)``), opens the cache and reads 64 random rows of
-``responses``; and the same for the whole column. Prints the medians, their ratio, the stored
-bytes, and the files of the step::
+Usage::
 
-    PYTHONPATH=. python benchmarks/few_rows.py --preset medium --reps 5
+    python -m benchmarks.few_rows --presets medium,large --reps 7 --out benchmarks/results
+
+For each preset the realistic step of ``zarr_skip.synthetic`` is written in 4 mini-batches (as
+verl's ``parameter_sync_step=4`` does) once per setting of :data:`SETTINGS`:
+
+* ``default``: ``compression="auto"`` (token ids in blosc-zstd-1, one block per 512 KiB chunk);
+* ``auto-32k``, ``auto-8k``: ``Compression("auto", blocksize=...)``: token ids in blocks of 32
+  or 8 KiB that a read of a few rows fetches and decodes alone (:mod:`zarr_skip.store.blockreads`);
+* ``lz4-32k``, ``lz4-8k``: ``Compression("lz4", 5, "shuffle", ...)``: every array wider than a
+  byte in blosc-lz4 blocks of that size (a zstd block costs ~30 us to decode however small it is,
+  an lz4 block ~5 us; lz4 stores more bytes).
+
+Then, ``--reps`` times, settings in a rotated order: the step's files are evicted from the page
+cache (``posix_fadvise(DONTNEED)``), the cache opened, and ``--rows`` random rows of
+``responses`` read (new rows each repetition, the same for every setting); the same for the
+whole column. The report gives min / median / max, the ratio of the medians (few / whole), the
+step's stored bytes against the information floor (:mod:`benchmarks.floor`), and the machine's
+load before and during the run (:mod:`benchmarks.load`). Settings are read back and compared
+with the step written, untimed.
 """
 
 from __future__ import annotations
@@ -14,9 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +41,20 @@ import numpy as np
 import torch
 
 import zarr_skip as zs
-from zarr_skip.format import chunks as chunks_module
+from benchmarks import load
+from benchmarks.machine import REPO_ROOT
 from zarr_skip.synthetic import as_mapping, jagged_payload
 
 FINGERPRINT = {"bench": "few_rows"}
+COLUMN = "responses"
+#: the settings compared: name -> what open_cache's ``compression`` takes
+SETTINGS: dict[str, Any] = {
+    "default": "auto",
+    "auto-32k": zs.Compression("auto", blocksize=32 << 10),
+    "auto-8k": zs.Compression("auto", blocksize=8 << 10),
+    "lz4-32k": zs.Compression("lz4", 5, "shuffle", 32 << 10),
+    "lz4-8k": zs.Compression("lz4", 5, "shuffle", 8 << 10),
+}
 
 
 def _rows(value: Any, start: int, stop: int) -> Any:
@@ -39,10 +66,10 @@ def _rows(value: Any, start: int, stop: int) -> Any:
     return value[start:stop]
 
 
-def write_step(root: Path, preset: str, minibatches: int) -> int:
-    batch = as_mapping(jagged_payload(preset, 0, payload="realistic"))
-    rows = len(batch["responses"].offsets()) - 1
-    cache = zs.open_cache(root, FINGERPRINT)
+def write_step(root: Path, batch: dict[str, Any], minibatches: int, compression: Any = "auto") -> int:
+    """``batch`` written as step 1 of a new cache at ``root`` in ``minibatches`` mini-batches."""
+    rows = len(batch[COLUMN].offsets()) - 1
+    cache = zs.open_cache(root, FINGERPRINT, compression=compression)
     per = rows // minibatches
     for i in range(minibatches):
         part = {k: _rows(v, i * per, (i + 1) * per) for k, v in batch.items()}
@@ -51,6 +78,7 @@ def write_step(root: Path, preset: str, minibatches: int) -> int:
 
 
 def evict(root: Path) -> None:
+    """Drop ``root``'s files from the page cache."""
     for path in root.rglob("*"):
         if path.is_file():
             fd = os.open(path, os.O_RDONLY)
@@ -60,60 +88,122 @@ def evict(root: Path) -> None:
                 os.close(fd)
 
 
-def timed(root: Path, read: Any, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        evict(root)
-        start = time.perf_counter()
-        read(zs.open_cache(root).load(1)["responses"])
-        out.append(time.perf_counter() - start)
-    return out
+def cold(root: Path, rows: np.ndarray | None) -> float:
+    """Seconds to open the cache and read ``rows`` of its column (``None``: all), the files
+    evicted first."""
+    evict(root)
+    start = time.perf_counter()
+    col = zs.open_cache(root).load(1)[COLUMN]
+    col[:] if rows is None else col[rows]
+    return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="medium")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--minibatches", type=int, default=4)
-    parser.add_argument("--values-chunk", type=int, default=None, help="KiB per values chunk (the trade-off)")
-    parser.add_argument(
-        "--values-block", type=int, default=None, help="KiB per blosc block of the values (the trade-off)"
-    )
-    parser.add_argument("--dir", default=None, help="where to write the cache (a fresh temp dir by default)")
-    args = parser.parse_args()
-    if args.values_chunk is not None:
-        chunks_module.VALUES_CHUNK_BYTES = args.values_chunk << 10
-    if args.values_block is not None:
-        chunks_module.VALUES_BLOCK_BYTES = args.values_block << 10
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        root = Path(tmp) / "cache"
-        rows = write_step(root, args.preset, args.minibatches)
-        rng = np.random.default_rng(0)
-        picks = [np.sort(rng.choice(rows, args.rows, replace=False)) for _ in range(args.reps)]
-        it = iter(picks)
-        few = timed(root, lambda col: col[next(it)], args.reps)
-        whole = timed(root, lambda col: col[:], args.reps)
+def _check(root: Path, batch: dict[str, Any], picks: np.ndarray) -> None:
+    got = zs.open_cache(root).load(1)[COLUMN][picks].unbind()
+    want = batch[COLUMN].unbind()
+    if not all(torch.equal(a, want[int(i)]) for a, i in zip(got, picks, strict=True)):
+        raise RuntimeError(f"{root}: rows read differ from the rows written")
+
+
+def measure(preset: str, reps: int, rows: int, work: Path) -> dict[str, Any]:
+    """Every sample of every setting for one preset; a warm-up round first, not kept."""
+    from benchmarks.floor import jagged_floor
+
+    batch = as_mapping(jagged_payload(preset, 0, payload="realistic"))
+    roots = {name: work / preset / name for name in SETTINGS}
+    n = 0
+    for name, root in roots.items():
+        n = write_step(root, batch, 4, SETTINGS[name])
+    rng = np.random.default_rng(0)
+    samples: dict[str, dict[str, list[float]]] = {name: {"rows": [], "whole": []} for name in SETTINGS}
+    names = list(SETTINGS)
+    for rep in range(reps + 1):
+        picks = np.sort(rng.choice(n, rows, replace=False))
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            few, whole = cold(roots[name], picks), cold(roots[name], None)
+            if rep:
+                samples[name]["rows"].append(few)
+                samples[name]["whole"].append(whole)
+        if rep == 0:
+            for name in names:
+                _check(roots[name], batch, picks)
+    floor = jagged_floor(preset, 0, 1, payload="realistic")["bytes"]
+    stored = {}
+    for name, root in roots.items():
         view = zs.open_cache(root).load(1)
-        step = root / zs.open_cache(root).experiment / "1"
-        files = [p for p in step.rglob("*") if p.is_file()]
-        result = {
-            "preset": args.preset,
-            "values_chunk_kib": (args.values_chunk or chunks_module.VALUES_CHUNK_BYTES >> 10),
-            "values_block_kib": chunks_module.VALUES_BLOCK_BYTES >> 10,
-            "rows": rows,
-            "minibatches": args.minibatches,
-            "reps": args.reps,
-            f"rows{args.rows}_s": statistics.median(few),
-            "whole_s": statistics.median(whole),
-            "ratio": statistics.median(few) / statistics.median(whole),
-            "responses_nbytes_stored": view["responses"].nbytes_stored,
-            "step_nbytes_stored": view.nbytes_stored,
-            "files": len(files),
-            "load_avg": os.getloadavg(),
-        }
-        print(json.dumps(result, indent=1))
+        stored[name] = {"step": view.nbytes_stored, "column": view[COLUMN].nbytes_stored}
+    return {"rows": n, "samples_s": samples, "nbytes_stored": stored, "floor_bytes": floor}
+
+
+def _mmm(values: list[float]) -> str:
+    return " / ".join(f"{v * 1e3:.1f}" if i != 1 else f"**{v * 1e3:.1f}**" for i, v in enumerate(_stats(values)))
+
+
+def _stats(values: list[float]) -> tuple[float, float, float]:
+    return min(values), statistics.median(values), max(values)
+
+
+def report(res: dict[str, Any]) -> str:
+    lines = [
+        "# A few rows against the whole column, cold: block sizes and codecs",
+        "",
+        load.line(res.get("load")),
+        "",
+        f"Run {res['started']}, command: `{res['command']}`. Realistic step in 4 mini-batches; "
+        f"{res['reps']} repetitions after a warm-up, settings interleaved; times in ms as min / **median** / max, "
+        f"each with the cache opened and the step's files evicted first (`posix_fadvise`).",
+        "",
+        f"| preset | setting | {res['rows']} random rows of `{COLUMN}` | whole column | ratio | "
+        "column stored | step stored / floor |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for preset, r in res["presets"].items():
+        for name in SETTINGS:
+            s, b = r["samples_s"][name], r["nbytes_stored"][name]
+            ratio = statistics.median(s["rows"]) / statistics.median(s["whole"])
+            lines.append(
+                f"| {preset} | {name} | {_mmm(s['rows'])} | {_mmm(s['whole'])} | {ratio:.2f} | "
+                f"{b['column'] / 2**20:.2f} MiB | {b['step'] / r['floor_bytes']:.3f} |"
+            )
+    lines += ["", "Settings: " + "; ".join(f"`{k}` = {v!r}" for k, v in SETTINGS.items()) + ".", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.few_rows", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="medium,large", help="comma-separated presets (default medium,large)")
+    ap.add_argument("--reps", type=int, default=7, help="repetitions after the warm-up (default 7)")
+    ap.add_argument("--rows", type=int, default=64, help="random rows read (default 64)")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="few_rows.md/.json")
+    load.add_arguments(ap)
+    args = ap.parse_args(argv)
+    mon = load.guard(args)
+    if mon is None:
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".bench-tmp-rows-", dir=args.out))
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    mon.start()
+    try:
+        presets = {p: measure(p, args.reps, args.rows, work) for p in args.presets.split(",") if p}
+    finally:
+        record = mon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    res = {
+        "started": started,
+        "command": "python -m benchmarks.few_rows " + " ".join(sys.argv[1:] if argv is None else argv),
+        "reps": args.reps,
+        "rows": args.rows,
+        "presets": presets,
+        "load": record,
+    }
+    text = report(res)
+    (args.out / "few_rows.md").write_text(text)
+    (args.out / "few_rows.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(text)
+    return load.exit_code(record, args.require_quiet)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,7 @@ part                      what                                                re
 ``write_floor``           what a write cannot avoid, against the plain dump   ``realistic/write_floor_medium.*``
 ``bench_tables``          columns as arrays, ``Cache.table``, import time     ``tables.*``
 ``bench_data``            torch datasets, random items, Ray vs ``table()``    ``data.*``
+``few_rows``              a few rows vs the whole column: blocks and codecs   ``few_rows.*``
 ========================  ==================================================  =======================
 
 Then ``suite.{md,json}``: each part's command, exit code, duration and load verdict, and the
@@ -56,6 +57,7 @@ def parts(out: Path, quick: bool) -> list[tuple[str, list[str]]]:
             ("bench_tables", ["--parts", "arrays,tables,imports", "--steps", "3", "--preset", preset,
                               "--array-preset", preset, "--reps", "1", "--out", str(out)]),
             ("bench_data", ["--preset", preset, "--steps", "2", "--items", "50", "--reps", "1", "--out", str(out)]),
+            ("few_rows", ["--presets", preset, "--reps", "1", "--out", str(out)]),
         ]  # fmt: skip
     return [
         ("bench", ["--preset", preset, "--reps", "5", "--out", str(out)]),
@@ -64,6 +66,7 @@ def parts(out: Path, quick: bool) -> list[tuple[str, list[str]]]:
         ("write_floor", ["--preset", preset, "--reps", "11", "--out", str(out / "realistic")]),
         ("bench_tables", ["--reps", "3", "--out", str(out)]),  # its S3 loop baseline alone takes ~25 s a rep
         ("bench_data", ["--preset", preset, "--steps", "8", "--reps", "3", "--out", str(out)]),
+        ("few_rows", ["--presets", "medium,large", "--reps", "7", "--out", str(out)]),
     ]
 
 

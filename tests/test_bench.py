@@ -433,8 +433,8 @@ def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -
 
 
 @pytest.mark.parametrize(
-    "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "load", "suite",
-             "summary", "write_floor"],
+    "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "few_rows", "load",
+             "suite", "summary", "write_floor"],
 )  # fmt: skip
 def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
@@ -442,3 +442,17 @@ def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixtur
         module.main(["--help"])
     assert stop.value.code == 0
     assert "--require-quiet" in capsys.readouterr().out or name == "summary"
+
+
+def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
+    from benchmarks import few_rows
+
+    assert few_rows.main(["--presets", "small", "--reps", "1", "--rows", "8", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "few_rows.json").read_text())
+    got = r["presets"]["small"]
+    assert set(got["samples_s"]) == set(few_rows.SETTINGS) and got["floor_bytes"] > 0
+    assert all(len(s["rows"]) == len(s["whole"]) == 1 for s in got["samples_s"].values())
+    # lz4 stores more than zstd: the trade-off the table shows
+    assert got["nbytes_stored"]["lz4-32k"]["column"] > got["nbytes_stored"]["default"]["column"]
+    assert "| small | auto-8k |" in (tmp_path / "few_rows.md").read_text()
+    assert not list(tmp_path.glob(".bench-tmp-rows-*"))

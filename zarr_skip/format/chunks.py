@@ -164,7 +164,7 @@ def _codec(compression: Compression) -> numcodecs.abc.Codec | None:
 
 #: raw bytes per chunk aimed for in the integer values of a jagged column compressed with blosc
 #: (token ids). Smaller chunks were tried: on a quiet machine (realistic medium step, 4
-#: mini-batches, 7 reps, ``benchmarks/few_rows.py --values-chunk``), 64 KiB chunks left the cold
+#: mini-batches, 7 reps, ``benchmarks/few_rows.py --values-chunk`` of edbb65f), 64 KiB chunks left the cold
 #: read of 64 random rows as it was (15.2-15.3 ms against 14.4-15.0 ms at 512 KiB: it is bound by
 #: opening the step and the records, not by the chunks it decodes) while the whole column's read
 #: went from 13.6-14.1 ms to 17.6-20.8 ms and the step took 1.2% more bytes, so the values keep
@@ -184,7 +184,7 @@ VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
 #: (4096 rows), but the whole column from 13 to 21 ms and from 98 to 157 ms, for 1.4% more
 #: bytes. Reading whole steps is what a cache is for, so the values keep one block per chunk;
 #: the knob (or an explicit codec's ``blocksize``) stays for caches read mostly a few rows at a
-#: time (``benchmarks/few_rows.py --values-block``)
+#: time (``Compression("auto", blocksize=...)``; ``benchmarks/few_rows.py`` compares them)
 VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
 
 
