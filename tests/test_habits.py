@@ -67,3 +67,11 @@ def test_test_modules_import_helpers_not_conftest() -> None:
         p.name for p in (ROOT / "tests").rglob("*.py") if re.search(r"^from conftest import", p.read_text(), re.M)
     ]
     assert offenders == [], "import shared helpers from tests/helpers.py"
+
+
+def test_the_verl_environment_installs_zarr_skips_own_dependencies() -> None:
+    """zarr_skip goes into .venv-verl with --no-deps: requirements-verl.txt lists what it needs."""
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    lines = (ROOT / "requirements-verl.txt").read_text().splitlines()
+    listed = {line.split("#")[0].strip() for line in lines}
+    assert [d for d in wanted if not d.startswith("torch") and d not in listed] == []
