@@ -5,7 +5,7 @@ directory ``root`` and fails (``EXDEV``) where a ``..`` or a symbolic link would
 containment check and the open in one call, where opening and then asking the kernel where the
 file is (``readlink`` of ``/proc/self/fd``) takes two. It is the fast path of
 :class:`zarr_skip.store._localfs.Tree`: whenever it does not open the file (another kernel, an
-absolute link that stays inside, a missing file), the caller takes the portable path, which
+absolute link that stays inside), the caller takes the portable path, which
 decides as before.
 """
 
@@ -41,7 +41,12 @@ available = _CALL is not None
 
 def open_beneath(root_fd: int, key: str, flags: int, mode: int = 0o666) -> int | None:
     """A descriptor of ``key`` below the directory ``root_fd`` opened with ``flags``, or None
-    when this path cannot open it (the caller then opens it the portable way)."""
+    when this path cannot open it (the caller then opens it the portable way).
+
+    Raises FileNotFoundError when ``key`` (or, to create it, its directory) does not exist:
+    ``RESOLVE_BENEATH`` refuses a way out with ``EXDEV``, never with ``ENOENT``, so the
+    portable path would find nothing either (on a network file system, one round trip saved).
+    """
     global available
     if not available:
         return None
@@ -50,6 +55,9 @@ def open_beneath(root_fd: int, key: str, flags: int, mode: int = 0o666) -> int |
     fd = _CALL(_SYS_OPENAT2, root_fd, path, ctypes.byref(how), ctypes.sizeof(how))  # type: ignore[operator]
     if fd >= 0:
         return int(fd)
-    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):  # pragma: no cover - old kernel, seccomp
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:  # a missing file or directory is missing by either path: no second try
+        raise FileNotFoundError(err, os.strerror(err), key)
+    if err in (errno.ENOSYS, errno.EPERM):  # pragma: no cover - old kernel, seccomp
         available = False
     return None

@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar, cast
 
 from zarr_skip.errors import OutsideCacheError
 from zarr_skip.format.layout import key_problem
 from zarr_skip.store import _beneath
+from zarr_skip.store._gather import GatheredFile
 
 T = TypeVar("T")
 _POOL: ThreadPoolExecutor | None = None
@@ -195,7 +196,8 @@ class Tree:
 
     def _fast(self, key: str, flags: int, mode: int = 0o666) -> int | None:
         """``key`` opened below the root in one call, refusing a way out (None: take the
-        portable path). Only for a key :meth:`_file` accepted."""
+        portable path; FileNotFoundError: it, or its directory, is missing). Only for a key
+        :meth:`_file` accepted."""
         root = self._root_fd()
         return None if root is None or not key else _beneath.open_beneath(root, key, flags, mode)
 
@@ -239,10 +241,10 @@ class Tree:
     def _open(self, key: str, flags: int) -> int | None:
         """A checked file descriptor of ``key`` opened with ``flags`` (None if absent)."""
         path = self._file(key)
-        fd = self._fast(key, flags)
-        if fd is not None:
-            return fd
         try:
+            fd = self._fast(key, flags)
+            if fd is not None:
+                return fd
             fd = os.open(path, flags)
         except _MISSING:
             return None
@@ -332,9 +334,13 @@ class Tree:
         suffix = f".{uuid.uuid4().hex}.partial"
         tmp = path.with_name(path.name + suffix)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = self._fast(key + suffix, flags)
-        if fd is None and self._mkdir_fast(key.rpartition("/")[0]):
+        try:
             fd = self._fast(key + suffix, flags)
+        except FileNotFoundError:  # its directory is missing
+            try:
+                fd = self._fast(key + suffix, flags) if self._mkdir_fast(key.rpartition("/")[0]) else None
+            except FileNotFoundError:  # removed again at once: the portable path decides
+                fd = None
         if fd is not None:
             return tmp, fd
         try:
@@ -351,12 +357,19 @@ class Tree:
         return tmp, fd
 
     def _mkdir_fast(self, key: str) -> bool:
-        """Make the directory ``key`` in its parent, opened below the root in one call (False
-        when that cannot be done: the caller takes the portable path)."""
+        """Make the directory ``key`` (and its missing parents) in its parent, opened below the
+        root in one call (False when that cannot be done: the caller takes the portable path)."""
         parent, _, name = key.rpartition("/")
         if not name:
             return False
-        pfd = self._fast(parent, os.O_RDONLY | os.O_DIRECTORY) if parent else self._root_fd()
+        flags = os.O_RDONLY | os.O_DIRECTORY
+        try:
+            pfd = self._fast(parent, flags) if parent else self._root_fd()
+        except FileNotFoundError:  # the first write to a step makes its directory too
+            try:
+                pfd = self._fast(parent, flags) if self._mkdir_fast(parent) else None
+            except FileNotFoundError:
+                return False
         if pfd is None:
             return False
         try:
@@ -387,8 +400,9 @@ class Tree:
         sees a half-written file, a writer killed midway leaves a ``*.partial``)."""
         tmp, fd = self._temp(key)
         try:
-            with open(fd, "w+b") as f:
-                result = write(f)
+            # appends gathered into large writes, zipfile's header patches in memory (_gather)
+            with GatheredFile(fd) as f:
+                result = write(cast("BinaryIO", f))
             os.replace(tmp, self._file(key))
         except BaseException:
             tmp.unlink(missing_ok=True)
