@@ -79,12 +79,14 @@ def test_a_minibatch_stores_three_keys_through_a_zarr_store(fingerprint: dict[st
         cache.write(1, make_batch(64, seed=i), expected=4)
         stored.append(sum(store.stored.values()))
         assert [k for k in store.stored if k.endswith(packed.SUFFIX)], "the data file is one key"
-    # the first also records the step (group and run record), the last completes it (marker, summary)
-    assert stored[1:3] == [3, 3] and stored[0] == 5 + 3 and stored[3] == 5  # the first: root, 2 experiment groups
+    # the first also records the run in the step, the last completes it (marker, then the step's
+    # group with the summary: the group is written once, at completion, not also when the step starts)
+    assert stored[1:3] == [3, 3] and stored[0] == 4 + 3 and stored[3] == 5  # the first: root, 2 experiment groups
     store.stored.clear()
-    cache.write(2, make_batch(8), expected=1)
-    assert sum(store.stored.values()) == 7
+    cache.write(2, make_batch(8), expected=1)  # parameter_sync_step == 1: the whole step at once
+    assert sum(store.stored.values()) == 6
     assert max(store.stored.values()) <= 2  # a key is written at most twice (claim, then completion)
+    assert store.stored[f"{cache._exp()}/2/zarr.json"] == 1
 
 
 def _strace() -> str | None:

@@ -6,7 +6,8 @@ The protocol (``docs/format.md`` has the long version):
    ``overwrite``, which deletes it first. A step owned by a newer run is refused
    (``DisplacedWriterError``).
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
-   leftovers of older runs, logging what goes.
+   leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
+   not written here: it is written once, with the summary, when the step completes (step 6).
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
    exclusively with a writer token (read back: the token that stays wins).
 4. Write every array's metadata and chunks concurrently; the process's heartbeat thread
@@ -16,8 +17,8 @@ The protocol (``docs/format.md`` has the long version):
    completion marker: a writer killed before it leaves an incomplete mini-batch.
 6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
    exclusively: of the writers that see the step complete at once, the one whose create
-   stands is told ``step_complete=True`` and writes the step's summary attribute (a cache for
-   fast status; its content is the same whichever writer writes it).
+   stands is told ``step_complete=True`` and writes the step's group with its summary attribute
+   (a cache for fast status; its content is the same whichever writer writes it).
 """
 
 from __future__ import annotations
@@ -251,8 +252,6 @@ def _take_over(
         logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
         storage.delete_prefix(step_path)
         scan = scan_step(storage, experiment, step)
-    if not scan.grouped:  # the first write to the step (each write saves the requests after)
-        storage.create_if_absent(layout.meta_key(step_path), group_doc())
     mine = next((r for r in scan.runs if r.run == ctx.run), None)
     if mine is None:
         scan = _record_run(storage, experiment, step, step_path, ctx, expected, scan)
