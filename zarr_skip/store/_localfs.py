@@ -441,16 +441,22 @@ class Tree:
             d.mkdir(parents=True, exist_ok=True)
 
     def create(self, key: str, data: bytes) -> None:
-        """Create ``key`` holding ``data`` unless it exists (hard link of a complete temp file)."""
+        """Create ``key`` holding ``data`` unless it exists: a complete temp file renamed with
+        ``RENAME_NOREPLACE`` (one call), or where that is refused hard-linked and unlinked."""
         tmp, fd = self._temp(key)
+        renamed = False
         try:
             _write_all(fd, data)
-            try:
-                os.link(tmp, self.path(key))
-            except FileExistsError:
-                pass
+            done = _beneath.rename_noreplace(str(tmp), str(self.path(key)))
+            renamed = done is True
+            if done is None:
+                try:
+                    os.link(tmp, self.path(key))
+                except FileExistsError:
+                    pass
         finally:
-            tmp.unlink(missing_ok=True)
+            if not renamed:
+                tmp.unlink(missing_ok=True)
 
     def delete_tree(self, key: str) -> None:
         path = self.check_path(key)
