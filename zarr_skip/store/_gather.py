@@ -59,6 +59,11 @@ class GatheredFile:
         return self._pos
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
+        buf = self._buf
+        if type(data) is bytes and self._pos == self._written + len(buf) and len(buf) + len(data) < self._flush_bytes:
+            buf += data  # the common case (an append that stays in memory), without a view
+            self._pos += len(data)
+            return len(data)
         view = memoryview(data).cast("B")
         n = len(view)
         if not n:
