@@ -330,8 +330,12 @@ class Tree:
 
     def _temp(self, key: str) -> tuple[Path, int]:
         """A new temp file beside ``key`` (its directory made if missing), checked, open."""
+        return self._new(key, f".{uuid.uuid4().hex}.partial")
+
+    def _new(self, key: str, suffix: str = "") -> tuple[Path, int]:
+        """The new file ``key + suffix`` (its directory made if missing), checked, open for
+        writing; FileExistsError if it exists."""
         path = self.path(key)
-        suffix = f".{uuid.uuid4().hex}.partial"
         tmp = path.with_name(path.name + suffix)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
@@ -394,16 +398,22 @@ class Tree:
             raise
         return len(data)
 
-    def publish(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+    def publish(self, key: str, write: Callable[[BinaryIO], T], *, fresh: bool = False) -> T:
         """Make the file ``key`` with ``write(file)`` (the file open for writing and seeking, in
         a temp file beside ``key`` that is renamed into place once written: a reader never
-        sees a half-written file, a writer killed midway leaves a ``*.partial``)."""
-        tmp, fd = self._temp(key)
+        sees a half-written file, a writer killed midway leaves a ``*.partial``).
+
+        ``fresh``: ``key`` is a new name that nobody reads before a later record vouches for
+        its size and checksums (a writer's data file): it is created exclusively and written in
+        place, without temp file and rename (on a network file system, round trips saved). A
+        writer killed midway leaves a torn file under that name, which no record names."""
+        tmp, fd = self._new(key) if fresh else self._temp(key)
         try:
             # appends gathered into large writes, zipfile's header patches in memory (_gather)
             with GatheredFile(fd) as f:
                 result = write(cast("BinaryIO", f))
-            os.replace(tmp, self._file(key))
+            if not fresh:
+                os.replace(tmp, self._file(key))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

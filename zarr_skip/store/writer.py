@@ -412,7 +412,10 @@ def _write_arrays(
                 first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
                 array["first_rows"] = first
         manifest[col.spec.name] = entry
-    spans, size = storage.publish_zip(data_key, members)
+    # fresh: the file's name is this writer's, in the index it claimed, and no reader opens it
+    # before the completion record names its size and every chunk's checksum (a torn file of a
+    # killed writer is never trusted): written in place, without temp file and rename
+    spans, size = storage.publish_zip(data_key, members, fresh=True)
     for key, array in chunk_members:
         array["offset"] = spans[key][0]
     nbytes = raw = 0
