@@ -3,6 +3,7 @@ system calls per write, every offset bounded before use, every column kind exact
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,40 @@ def test_a_minibatch_stores_three_keys_through_a_zarr_store(fingerprint: dict[st
     assert sum(store.stored.values()) == 6
     assert max(store.stored.values()) <= 2  # a key is written at most twice (claim, then completion)
     assert store.stored[f"{cache._exp()}/2/zarr.json"] == 1
+
+
+class InFlightStore(MemoryStore):
+    """A MemoryStore that notes, for every get, the listings in flight when it began (an
+    object store's latency made visible: what overlaps is one round trip, not two)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listing: set[str] = set()
+        self.gets: list[tuple[str, frozenset[str]]] = []
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.gets.append((key, frozenset(self.listing)))
+        await asyncio.sleep(0.002)
+        return await super().get(key, *args, **kwargs)
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        self.listing.add(prefix)
+        try:
+            await asyncio.sleep(0.002)
+            async for name in super().list_dir(prefix):
+                yield name
+        finally:
+            self.listing.discard(prefix)
+
+
+def test_the_ownership_check_and_the_claim_check_are_one_round_of_requests(fingerprint: dict[str, Any]) -> None:
+    store = InFlightStore()
+    cache = zs.open_cache(store, fingerprint)
+    info = cache.write(1, make_batch(8), expected=2)
+    record = f"{info.path}/zarr.json"
+    step = info.path.rsplit("/", 2)[0]
+    # read back after its claim, then before the completion with the step's listing in flight
+    assert any(step in listing for key, listing in store.gets if key == record), store.gets
 
 
 def _strace() -> str | None:

@@ -140,8 +140,7 @@ def write_part(
                 here = records.Place(experiment, step).to_json()
                 place = dict(here, run=ctx.run, index=index, writer=ctx.writer)
                 manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, place)
-            _check_owner(storage, step_path, ctx, where)
-            if not _holds(storage, record_key, claim):
+            if not _check_owner(storage, step_path, ctx, where, record_key, claim):
                 # two writers both "won" the exclusive create (seen on shared FUSE mounts);
                 # the record names the other one: give the index up, our data is our own
                 logger.warning("%s: claimed by another writer at the same time; retrying", where)
@@ -211,8 +210,17 @@ def written_with(
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
     """Whether the record at ``key`` is still this writer's claim."""
     try:
-        doc = parse_json(storage.get(key), key)
+        blob = storage.get(key)
     except (OSError, ZarrSkipError):
+        return False
+    return _is_claim(blob, key, claim)
+
+
+def _is_claim(blob: bytes | None, key: str, claim: dict[str, Any]) -> bool:
+    """Whether ``blob``, the record read at ``key``, is this writer's claim."""
+    try:
+        doc = parse_json(blob, key)
+    except ZarrSkipError:
         return False
     rec = (doc or {}).get("attributes", {}).get(layout.PART_ATTR) or {}
     return rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"]
@@ -448,19 +456,30 @@ def _shard_pieces(jobs: deque[Future[bytes]], sizes: list[int], crcs: list[int])
     yield chunks.shard_index(sizes)
 
 
-def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
-    """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
-    newer = _newer_run(storage, step_path, ctx)
+def _check_owner(
+    storage: Storage, step_path: str, ctx: RunContext, where: str, record_key: str, claim: dict[str, Any]
+) -> bool:
+    """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself;
+    return whether the record at ``record_key`` is still this writer's claim. The step's
+    listing and the record are read in one round of requests (on an object store, one round
+    trip where two followed each other)."""
+    try:
+        (names,), (blob,) = storage.list_and_get([step_path], [record_key])
+    except (OSError, ZarrSkipError):  # the record unreadable: not held (a listing error recurs below)
+        names, blob = storage.list_dir(step_path), None
+    newer = _newer_run(storage, step_path, ctx, names)
     if newer == "":
         raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
     if newer is not None:
         raise DisplacedWriterError(f"{where}: run {newer} took the step over while this run ({ctx.run}) was writing")
+    return _is_claim(blob, record_key, claim)
 
 
-def _newer_run(storage: Storage, step_path: str, ctx: RunContext) -> str | None:
+def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None) -> str | None:
     """A run recorded in the step that started after this one (``""`` when this run's own
-    record is gone), or None."""
-    names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
+    record is gone), or None. ``listing``: the step's names, when just listed."""
+    listed = storage.list_dir(step_path) if listing is None else listing
+    names = [n for n in listed if n != layout.METADATA and not n.endswith(".partial")]
     if ctx.run not in names:
         return ""
     others = [n for n in names if n != ctx.run]
