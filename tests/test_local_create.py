@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,19 @@ def test_renameat2_says_whether_the_name_was_free(tmp_path: Path) -> None:
     assert (tmp_path / "b").read_bytes() == b"b" and (tmp_path / "a").exists()
     assert _beneath.rename_noreplace(str(tmp_path / "a"), str(tmp_path / "c")) is True
     assert (tmp_path / "c").read_bytes() == b"a" and not (tmp_path / "a").exists()
+
+
+def test_a_cache_kept_until_interpreter_exit_closes_quietly(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import make_batch\n"
+        "import zarr_skip as zs\n"
+        f"cache = zs.open_cache({str(tmp_path / 'c')!r}, {{'n': 1}})\n"
+        "cache.write(0, make_batch(8), expected=1)\n"
+    )
+    root = str(Path(__file__).parent.parent)
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr

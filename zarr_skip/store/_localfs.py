@@ -175,10 +175,12 @@ class Tree:
         self._fd: int | None = None  # the root directory, open, for _beneath (made when first needed)
         self._fd_pid = 0
 
-    def __del__(self) -> None:
-        if self._fd is not None and self._fd_pid == os.getpid():
+    # os's functions bound now: at interpreter exit a module-global cache's Tree may be
+    # collected after the os module was torn down ("Exception ignored in __del__")
+    def __del__(self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close) -> None:
+        if self._fd is not None and self._fd_pid == _getpid():
             try:
-                os.close(self._fd)
+                _close(self._fd)
             except OSError:  # pragma: no cover - closed already
                 pass
 
