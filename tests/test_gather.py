@@ -41,8 +41,9 @@ def _members(n: int) -> list[Member]:
 
 def test_a_zip_of_many_members_is_written_in_a_few_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = os.pwrite
-    monkeypatch.setattr(_gather.os, "pwrite", lambda fd, data, at: calls.append(len(data)) or real(fd, data, at))
+    pwrite, pwritev = os.pwrite, os.pwritev
+    monkeypatch.setattr(_gather.os, "pwrite", lambda fd, data, at: calls.append(len(data)) or pwrite(fd, data, at))
+    monkeypatch.setattr(_gather.os, "pwritev", lambda fd, bufs, at: calls.append(len(bufs)) or pwritev(fd, bufs, at))
     path = tmp_path / "d.zip"
     with GatheredFile(os.open(path, os.O_WRONLY | os.O_CREAT), flush_bytes=64 << 10) as f:
         spans = packed.write_zip(f, _members(40))  # type: ignore[arg-type]
