@@ -3,6 +3,7 @@ system calls per write, every offset bounded before use, every column kind exact
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,48 @@ def test_a_minibatch_stores_three_keys_through_a_zarr_store(fingerprint: dict[st
         cache.write(1, make_batch(64, seed=i), expected=4)
         stored.append(sum(store.stored.values()))
         assert [k for k in store.stored if k.endswith(packed.SUFFIX)], "the data file is one key"
-    # the first also records the step (group and run record), the last completes it (marker, summary)
-    assert stored[1:3] == [3, 3] and stored[0] == 5 + 3 and stored[3] == 5  # the first: root, 2 experiment groups
+    # the first also records the run in the step, the last completes it (marker, then the step's
+    # group with the summary: the group is written once, at completion, not also when the step starts)
+    assert stored[1:3] == [3, 3] and stored[0] == 4 + 3 and stored[3] == 5  # the first: root, 2 experiment groups
     store.stored.clear()
-    cache.write(2, make_batch(8), expected=1)
-    assert sum(store.stored.values()) == 7
+    cache.write(2, make_batch(8), expected=1)  # parameter_sync_step == 1: the whole step at once
+    assert sum(store.stored.values()) == 6
     assert max(store.stored.values()) <= 2  # a key is written at most twice (claim, then completion)
+    assert store.stored[f"{cache._exp()}/2/zarr.json"] == 1
+
+
+class InFlightStore(MemoryStore):
+    """A MemoryStore that notes, for every get, the listings in flight when it began (an
+    object store's latency made visible: what overlaps is one round trip, not two)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listing: set[str] = set()
+        self.gets: list[tuple[str, frozenset[str]]] = []
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.gets.append((key, frozenset(self.listing)))
+        await asyncio.sleep(0.002)
+        return await super().get(key, *args, **kwargs)
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        self.listing.add(prefix)
+        try:
+            await asyncio.sleep(0.002)
+            async for name in super().list_dir(prefix):
+                yield name
+        finally:
+            self.listing.discard(prefix)
+
+
+def test_the_ownership_check_and_the_claim_check_are_one_round_of_requests(fingerprint: dict[str, Any]) -> None:
+    store = InFlightStore()
+    cache = zs.open_cache(store, fingerprint)
+    info = cache.write(1, make_batch(8), expected=2)
+    record = f"{info.path}/zarr.json"
+    step = info.path.rsplit("/", 2)[0]
+    # read back after its claim, then before the completion with the step's listing in flight
+    assert any(step in listing for key, listing in store.gets if key == record), store.gets
 
 
 def _strace() -> str | None:
@@ -92,7 +130,7 @@ def _strace() -> str | None:
 
 
 @pytest.mark.skipif(_strace() is None, reason="strace is not installed")
-def test_a_minibatch_write_makes_at_most_40_file_system_calls(tmp_path: Path) -> None:
+def test_a_minibatch_write_makes_at_most_35_file_system_calls(tmp_path: Path) -> None:
     """Counted as on NFS every one is a round trip: ``strace -f -e trace=%file,mkdir``, between
     two markers around the write of the second of four mini-batches (and the first and last)."""
     script = textwrap.dedent(
@@ -120,8 +158,9 @@ def test_a_minibatch_write_makes_at_most_40_file_system_calls(tmp_path: Path) ->
         start = next(n for n, line in enumerate(lines) if f"/MARK-start-{i}" in line)
         end = next(n for n, line in enumerate(lines) if f"/MARK-end-{i}" in line)
         counts.append(sum(1 for line in lines[start + 1 : end] if "resumed>" not in line))
-    assert max(counts) <= 40, counts
-    assert counts[1] <= 32 and counts[2] <= 32, counts  # a mini-batch between the first and the last
+    # the first 27, the middle ones 23 and 24, the last 35 (it completes the step)
+    assert max(counts) <= 35, counts
+    assert counts[1] <= 24 and counts[2] <= 24, counts  # a mini-batch between the first and the last
 
 
 def _record(root: Path) -> tuple[Path, dict[str, Any]]:

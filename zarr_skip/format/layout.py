@@ -4,7 +4,7 @@ The layout, documented in ``docs/format.md``::
 
     zarr.json                               root group: {"zarr_skip": {"format", "version"}}
     {experiment}/zarr.json                  {"zarr_skip.experiment": {"name", "fingerprint"}}
-    {experiment}/{step}/zarr.json           step group; {"zarr_skip.complete": summary} once complete
+    {experiment}/{step}/zarr.json           step group {"zarr_skip.complete": summary}, once complete
     {experiment}/{step}/{run}/zarr.json     {"zarr_skip.run": {"run", "started", "expected"}}
     {experiment}/{step}/{run}/{i}/zarr.json {"zarr_skip.part": {... "state": "writing"|"complete"}}
     {experiment}/{step}/{run}/{i}/{column}  arrays (a group of arrays for multi-array columns)

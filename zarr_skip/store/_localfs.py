@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from zarr_skip.errors import OutsideCacheError
 from zarr_skip.format.layout import key_problem
 from zarr_skip.store import _beneath
+from zarr_skip.store._gather import GatheredFile
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -175,10 +176,12 @@ class Tree:
         self._fd: int | None = None  # the root directory, open, for _beneath (made when first needed)
         self._fd_pid = 0
 
-    def __del__(self) -> None:
-        if self._fd is not None and self._fd_pid == os.getpid():
+    # os's functions bound now: at interpreter exit a module-global cache's Tree may be
+    # collected after the os module was torn down ("Exception ignored in __del__")
+    def __del__(self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close) -> None:
+        if self._fd is not None and self._fd_pid == _getpid():
             try:
-                os.close(self._fd)
+                _close(self._fd)
             except OSError:  # pragma: no cover - closed already
                 pass
 
@@ -196,7 +199,8 @@ class Tree:
 
     def _fast(self, key: str, flags: int, mode: int = 0o666) -> int | None:
         """``key`` opened below the root in one call, refusing a way out (None: take the
-        portable path). Only for a key :meth:`_file` accepted."""
+        portable path; FileNotFoundError: it, or its directory, is missing). Only for a key
+        :meth:`_file` accepted."""
         root = self._root_fd()
         return None if root is None or not key else _beneath.open_beneath(root, key, flags, mode)
 
@@ -240,10 +244,10 @@ class Tree:
     def _open(self, key: str, flags: int) -> int | None:
         """A checked file descriptor of ``key`` opened with ``flags`` (None if absent)."""
         path = self._file(key)
-        fd = self._fast(key, flags)
-        if fd is not None:
-            return fd
         try:
+            fd = self._fast(key, flags)
+            if fd is not None:
+                return fd
             fd = os.open(path, flags)
         except _MISSING:
             return None
@@ -329,13 +333,21 @@ class Tree:
 
     def _temp(self, key: str) -> tuple[Path, int]:
         """A new temp file beside ``key`` (its directory made if missing), checked, open."""
+        return self._new(key, f".{uuid.uuid4().hex}.partial")
+
+    def _new(self, key: str, suffix: str = "") -> tuple[Path, int]:
+        """The new file ``key + suffix`` (its directory made if missing), checked, open for
+        writing; FileExistsError if it exists."""
         path = self.path(key)
-        suffix = f".{uuid.uuid4().hex}.partial"
         tmp = path.with_name(path.name + suffix)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = self._fast(key + suffix, flags)
-        if fd is None and self._mkdir_fast(key.rpartition("/")[0]):
+        try:
             fd = self._fast(key + suffix, flags)
+        except FileNotFoundError:  # its directory is missing
+            try:
+                fd = self._fast(key + suffix, flags) if self._mkdir_fast(key.rpartition("/")[0]) else None
+            except FileNotFoundError:  # removed again at once: the portable path decides
+                fd = None
         if fd is not None:
             return tmp, fd
         try:
@@ -352,12 +364,19 @@ class Tree:
         return tmp, fd
 
     def _mkdir_fast(self, key: str) -> bool:
-        """Make the directory ``key`` in its parent, opened below the root in one call (False
-        when that cannot be done: the caller takes the portable path)."""
+        """Make the directory ``key`` (and its missing parents) in its parent, opened below the
+        root in one call (False when that cannot be done: the caller takes the portable path)."""
         parent, _, name = key.rpartition("/")
         if not name:
             return False
-        pfd = self._fast(parent, os.O_RDONLY | os.O_DIRECTORY) if parent else self._root_fd()
+        flags = os.O_RDONLY | os.O_DIRECTORY
+        try:
+            pfd = self._fast(parent, flags) if parent else self._root_fd()
+        except FileNotFoundError:  # the first write to a step makes its directory too
+            try:
+                pfd = self._fast(parent, flags) if self._mkdir_fast(parent) else None
+            except FileNotFoundError:
+                return False
         if pfd is None:
             return False
         try:
@@ -382,15 +401,22 @@ class Tree:
             raise
         return len(data)
 
-    def publish(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+    def publish(self, key: str, write: Callable[[BinaryIO], T], *, fresh: bool = False) -> T:
         """Make the file ``key`` with ``write(file)`` (the file open for writing and seeking, in
         a temp file beside ``key`` that is renamed into place once written: a reader never
-        sees a half-written file, a writer killed midway leaves a ``*.partial``)."""
-        tmp, fd = self._temp(key)
+        sees a half-written file, a writer killed midway leaves a ``*.partial``).
+
+        ``fresh``: ``key`` is a new name that nobody reads before a later record vouches for
+        its size and checksums (a writer's data file): it is created exclusively and written in
+        place, without temp file and rename (on a network file system, round trips saved). A
+        writer killed midway leaves a torn file under that name, which no record names."""
+        tmp, fd = self._new(key) if fresh else self._temp(key)
         try:
-            with open(fd, "w+b") as f:
-                result = write(f)
-            os.replace(tmp, self._file(key))
+            # appends gathered into large writes, zipfile's header patches in memory (_gather)
+            with GatheredFile(fd) as f:
+                result = write(cast("BinaryIO", f))
+            if not fresh:
+                os.replace(tmp, self._file(key))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -428,16 +454,22 @@ class Tree:
             d.mkdir(parents=True, exist_ok=True)
 
     def create(self, key: str, data: bytes) -> None:
-        """Create ``key`` holding ``data`` unless it exists (hard link of a complete temp file)."""
+        """Create ``key`` holding ``data`` unless it exists: a complete temp file renamed with
+        ``RENAME_NOREPLACE`` (one call), or where that is refused hard-linked and unlinked."""
         tmp, fd = self._temp(key)
+        renamed = False
         try:
             _write_all(fd, data)
-            try:
-                os.link(tmp, self.path(key))
-            except FileExistsError:
-                pass
+            done = _beneath.rename_noreplace(str(tmp), str(self.path(key)))
+            renamed = done is True
+            if done is None:
+                try:
+                    os.link(tmp, self.path(key))
+                except FileExistsError:
+                    pass
         finally:
-            tmp.unlink(missing_ok=True)
+            if not renamed:
+                tmp.unlink(missing_ok=True)
 
     def delete_tree(self, key: str) -> None:
         path = self.check_path(key)

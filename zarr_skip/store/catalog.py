@@ -43,8 +43,6 @@ class StepScan:
     step: int
     path: str
     summary: dict[str, Any] | None = None
-    #: whether the step's group document (``{step}/zarr.json``) exists
-    grouped: bool = False
     runs: list[RunRecord] = field(default_factory=list)
     parts: list[PartRecord] = field(default_factory=list)
     #: names below the step without a run record (crashed creations, debris, object-store ghosts)
@@ -90,7 +88,6 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     listings, step_docs = storage.list_and_get([s.path for s in scans], [layout.meta_key(s.path) for s in scans])
     run_paths: list[tuple[StepScan, str, str]] = []
     for scan, names, blob in zip(scans, listings, step_docs, strict=True):
-        scan.grouped = blob is not None
         try:
             scan.summary = _summary(blob, storage.key_path(layout.meta_key(scan.path)), Place(experiment, scan.step))
         except MetadataError as exc:  # only a cache for fast status: the parts decide

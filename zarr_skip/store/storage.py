@@ -238,11 +238,14 @@ class Storage:
             return dict(_localfs.parallel(put, items))
         return _localfs.write_fresh_many(tree, items, lambda exc, key: storage_error(exc, self.key_path(key)))
 
-    def publish_zip(self, key: str, members: Sequence[Member]) -> tuple[dict[str, tuple[int, int]], int]:
+    def publish_zip(
+        self, key: str, members: Sequence[Member], *, fresh: bool = False
+    ) -> tuple[dict[str, tuple[int, int]], int]:
         """Store ``members`` as one data file at ``key`` (a ZIP of stored members, see
-        :mod:`zarr_skip.store.packed`), published at once: on a local disk written as the
-        values come to a temp file renamed into place, to another store as one value (one
-        request). Returns each member's ``(offset, length)`` in the file and its size."""
+        :mod:`zarr_skip.store.packed`): on a local disk written as the values come, to a temp
+        file renamed into place (``fresh``: to ``key`` itself, created exclusively, see
+        :meth:`_localfs.Tree.publish`), to another store as one value (one request). Returns
+        each member's ``(offset, length)`` in the file and its size."""
         self._check_writable(key)
         if self._tree is not None:
 
@@ -251,7 +254,7 @@ class Storage:
                 return spans, f.tell()
 
             try:
-                return self._tree.publish(key, write)
+                return self._tree.publish(key, write, fresh=fresh)
             except OSError as exc:
                 raise storage_error(exc, self.key_path(key)) from exc
         blob, spans = packed.zip_bytes(members)

@@ -6,7 +6,8 @@ The protocol (``docs/format.md`` has the long version):
    ``overwrite``, which deletes it first. A step owned by a newer run is refused
    (``DisplacedWriterError``).
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
-   leftovers of older runs, logging what goes.
+   leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
+   not written here: it is written once, with the summary, when the step completes (step 6).
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
    exclusively with a writer token (read back: the token that stays wins).
 4. Write every array's metadata and chunks concurrently; the process's heartbeat thread
@@ -16,8 +17,8 @@ The protocol (``docs/format.md`` has the long version):
    completion marker: a writer killed before it leaves an incomplete mini-batch.
 6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
    exclusively: of the writers that see the step complete at once, the one whose create
-   stands is told ``step_complete=True`` and writes the step's summary attribute (a cache for
-   fast status; its content is the same whichever writer writes it).
+   stands is told ``step_complete=True`` and writes the step's group with its summary attribute
+   (a cache for fast status; its content is the same whichever writer writes it).
 """
 
 from __future__ import annotations
@@ -140,8 +141,7 @@ def write_part(
                 here = records.Place(experiment, step).to_json()
                 place = dict(here, run=ctx.run, index=index, writer=ctx.writer)
                 manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, place)
-            _check_owner(storage, step_path, ctx, where)
-            if not _holds(storage, record_key, claim):
+            if not _check_owner(storage, step_path, ctx, where, record_key, claim):
                 # two writers both "won" the exclusive create (seen on shared FUSE mounts);
                 # the record names the other one: give the index up, our data is our own
                 logger.warning("%s: claimed by another writer at the same time; retrying", where)
@@ -211,8 +211,17 @@ def written_with(
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
     """Whether the record at ``key`` is still this writer's claim."""
     try:
-        doc = parse_json(storage.get(key), key)
+        blob = storage.get(key)
     except (OSError, ZarrSkipError):
+        return False
+    return _is_claim(blob, key, claim)
+
+
+def _is_claim(blob: bytes | None, key: str, claim: dict[str, Any]) -> bool:
+    """Whether ``blob``, the record read at ``key``, is this writer's claim."""
+    try:
+        doc = parse_json(blob, key)
+    except ZarrSkipError:
         return False
     rec = (doc or {}).get("attributes", {}).get(layout.PART_ATTR) or {}
     return bool(rec.get("writer") == claim["writer"] and rec.get("data") == claim["data"])
@@ -252,8 +261,6 @@ def _take_over(
         logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
         storage.delete_prefix(step_path)
         scan = scan_step(storage, experiment, step)
-    if not scan.grouped:  # the first write to the step (each write saves the requests after)
-        storage.create_if_absent(layout.meta_key(step_path), group_doc())
     mine = next((r for r in scan.runs if r.run == ctx.run), None)
     if mine is None:
         scan = _record_run(storage, experiment, step, step_path, ctx, expected, scan)
@@ -413,7 +420,10 @@ def _write_arrays(
                 first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
                 array["first_rows"] = first
         manifest[col.spec.name] = entry
-    spans, size = storage.publish_zip(data_key, members)
+    # fresh: the file's name is this writer's, in the index it claimed, and no reader opens it
+    # before the completion record names its size and every chunk's checksum (a torn file of a
+    # killed writer is never trusted): written in place, without temp file and rename
+    spans, size = storage.publish_zip(data_key, members, fresh=True)
     for key, array in chunk_members:
         array["offset"] = spans[key][0]
     nbytes = raw = 0
@@ -462,19 +472,30 @@ def _note(array: dict[str, Any], blob: bytes) -> None:
         array["block_crc32c"].append(crcs)
 
 
-def _check_owner(storage: Storage, step_path: str, ctx: RunContext, where: str) -> None:
-    """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself."""
-    newer = _newer_run(storage, step_path, ctx)
+def _check_owner(
+    storage: Storage, step_path: str, ctx: RunContext, where: str, record_key: str, claim: dict[str, Any]
+) -> bool:
+    """Raise DisplacedWriterError if this run's record is gone or a newer run recorded itself;
+    return whether the record at ``record_key`` is still this writer's claim. The step's
+    listing and the record are read in one round of requests (on an object store, one round
+    trip where two followed each other)."""
+    try:
+        (names,), (blob,) = storage.list_and_get([step_path], [record_key])
+    except (OSError, ZarrSkipError):  # the record unreadable: not held (a listing error recurs below)
+        names, blob = storage.list_dir(step_path), None
+    newer = _newer_run(storage, step_path, ctx, names)
     if newer == "":
         raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
     if newer is not None:
         raise DisplacedWriterError(f"{where}: run {newer} took the step over while this run ({ctx.run}) was writing")
+    return _is_claim(blob, record_key, claim)
 
 
-def _newer_run(storage: Storage, step_path: str, ctx: RunContext) -> str | None:
+def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None) -> str | None:
     """A run recorded in the step that started after this one (``""`` when this run's own
-    record is gone), or None."""
-    names = [n for n in storage.list_dir(step_path) if n != layout.METADATA and not n.endswith(".partial")]
+    record is gone), or None. ``listing``: the step's names, when just listed."""
+    listed = storage.list_dir(step_path) if listing is None else listing
+    names = [n for n in listed if n != layout.METADATA and not n.endswith(".partial")]
     if ctx.run not in names:
         return ""
     others = [n for n in names if n != ctx.run]
