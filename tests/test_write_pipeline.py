@@ -15,7 +15,7 @@ from helpers import assert_equal, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
-from zarr_skip.store import _localfs, chunkjobs, packed, writer
+from zarr_skip.store import _gather, _localfs, chunkjobs, packed, writer
 
 
 def test_compression_starts_before_the_index_is_claimed(
@@ -43,19 +43,20 @@ def test_compression_starts_before_the_index_is_claimed(
 def test_a_writer_that_loses_its_claim_encodes_again_and_stores_exactly(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    holds = writer._holds
+    check_owner = writer._check_owner
     lost: list[str] = []
 
-    def first_claim_lost(storage: Any, key: str, claim: dict[str, Any]) -> bool:
+    def first_claim_lost(storage: Any, step_path: str, ctx: Any, where: str, key: str, claim: Any) -> bool:
+        held = check_owner(storage, step_path, ctx, where, key, claim)
         if not lost:  # as when two writers both won the exclusive create of index 0
             lost.append(key)
             return False
-        return holds(storage, key, claim)
+        return held
 
     encoded: list[int] = []
     encode = chunkjobs.encode_chunk
     monkeypatch.setattr(chunkjobs, "encode_chunk", lambda *a: encoded.append(1) or encode(*a))
-    monkeypatch.setattr(writer, "_holds", first_claim_lost)
+    monkeypatch.setattr(writer, "_check_owner", first_claim_lost)
     batch = make_batch(6)
     cache = zs.open_cache(str(tmp_path), fingerprint)
     info = cache.write(1, batch, expected=2)
@@ -83,8 +84,8 @@ def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprin
 
 
 def _partial_size(root: Path) -> int:
-    """The bytes of the data file being written (its temp file), 0 before it exists."""
-    files = [p for p in root.rglob("*.zip.*.partial") if p.is_file()]
+    """The bytes of the data file being written (in place, under its own name), 0 before it exists."""
+    files = [p for p in root.rglob(f"*{packed.SUFFIX}") if p.is_file()]
     return files[0].stat().st_size if files else 0
 
 
@@ -92,8 +93,11 @@ def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the last chunk of the token ids waits until the chunks before it are in the shard's file
-    values = np.random.default_rng(0).integers(0, 151_000, 40_000)  # chunks of ~20 KB each
-    batch = {"ids": torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.tensor([0, 10_000, 40_000]))}
+    # (the file gathers its writes into pieces of _gather.FLUSH_BYTES: the shard is larger)
+    # ~3 bytes a value stored: chunks of ~20 KB, ~2.4 MB in all; the last chunk partial (its own call)
+    n = 3 * _gather.FLUSH_BYTES // 2 + 1000
+    values = np.random.default_rng(0).integers(0, 151_000, n)
+    batch = {"ids": torch.nested.nested_tensor_from_jagged(torch.from_numpy(values), torch.tensor([0, n // 4, n]))}
     cache = zs.open_cache(str(tmp_path), fingerprint, chunk_bytes=32 << 10)
     encode = chunkjobs.encode_chunk
     seen: list[int] = []
@@ -101,14 +105,15 @@ def test_a_shard_is_written_chunk_by_chunk_as_its_chunks_are_compressed(
     def waiting_encode(arr: Any, rows: slice, codec: Any) -> bytes:
         if arr.shape == values.shape and rows.stop >= len(values):
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _partial_size(tmp_path) < 16_000:  # a chunk is ~20 KB
+            while time.monotonic() < deadline and _partial_size(tmp_path) < _gather.FLUSH_BYTES:
                 time.sleep(0.01)
             seen.append(_partial_size(tmp_path))
         return encode(arr, rows, codec)
 
     monkeypatch.setattr(chunkjobs, "encode_chunk", waiting_encode)
     cache.write(1, batch)
-    assert seen and seen[0] >= 16_000  # the data file held the first chunks before the last was compressed
+    # the data file held the first chunks before the last was compressed
+    assert seen and seen[0] >= _gather.FLUSH_BYTES
     got = zs.open_cache(str(tmp_path), fingerprint).load(1)["ids"][:]
     assert torch.equal(got.values(), torch.from_numpy(values))
 
