@@ -195,7 +195,7 @@ def split_rows(value: Any) -> list[Any]:
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             return _split_jagged(value)
-        return list(value.unbind(0))
+        return list(value.detach().unbind(0))
     if isinstance(value, np.ndarray):
         return list(value) if value.dtype != object else value.tolist()
     return list(value)
