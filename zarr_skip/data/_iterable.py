@@ -30,11 +30,17 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     the shares differ by at most one row.
 
     Rows are read in blocks of at most ``block_rows`` contiguous rows of one mini-batch (each
-    column as one slice, so each chunk is fetched once per block), ``buffer_blocks`` blocks at a
+    column as one slice, so each chunk is fetched once per block; a mini-batch of at most
+    ``block_rows`` rows is one block, so each of its chunks is fetched and decoded once an
+    epoch). In stored order one block is held at a time; with ``shuffle``, ``buffer_blocks`` at a
     time: memory holds a few blocks, never whole steps. With ``shuffle`` the order of the blocks
     is shuffled from ``seed`` and the epoch (the same on every rank), and the rows of each buffer
     among themselves; the same ``seed`` and epoch give the same order. Call :meth:`set_epoch`
     before each epoch (as with ``DistributedSampler``).
+
+    An item's jagged rows are views of its block's decoded values (no per-row copies), and
+    :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
+    worker hands to the main process in one piece.
     """
 
     def __init__(
