@@ -365,7 +365,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="refuse to start on a busy machine (exit 2), and exit 3 when the machine became busy "
         f"during the run (results still written, marked BUSY). Quiet: load average <= "
         f"{DEFAULT_THRESHOLDS.load_per_core} per core before, other processes <= "
-        f"{DEFAULT_THRESHOLDS.other_cpu:.0%} of the CPU before and during",
+        f"{DEFAULT_THRESHOLDS.other_cpu:.0%}% of the CPU before and during",  # %% : argparse formats help
     )
     ap.add_argument("--quiet-load", type=float, default=DEFAULT_THRESHOLDS.load_per_core, help=argparse.SUPPRESS)
     ap.add_argument("--quiet-cpu", type=float, default=DEFAULT_THRESHOLDS.other_cpu, help=argparse.SUPPRESS)
