@@ -285,6 +285,13 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
         else:
             assert back[name] == value, name
     assert back["responses"][1, : back["responses_len"][1]].tolist() == items[1]["responses"].tolist()
+    nested = collate_rollouts(items, jagged="nested")
+    _, (bases, views, plain, order) = nested.__reduce__()
+    assert len(bases) == 1 and len(views["responses"]) == 2  # the values and offsets, in the one buffer
+    back = pickle.loads(pickle.dumps(nested))
+    assert back["responses"].is_nested and back["responses"].layout == torch.jagged
+    assert [r.tolist() for r in back["responses"].unbind()] == [it["responses"].tolist() for it in items]
+    assert back["responses"].dtype == items[0]["responses"].dtype and torch.equal(back["hidden"], batch["hidden"])
     # through DataLoader workers: one shared-memory block (one file descriptor) per batch
     import torch.multiprocessing.reductions as reductions
 

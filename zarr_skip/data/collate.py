@@ -26,29 +26,42 @@ ALIGN = 64
 _Planned = tuple[str, torch.dtype, tuple[int, ...], Callable[[torch.Tensor], None]]
 
 
+#: where a tensor lies: its base's index, dtype, shape, strides and offset (in elements)
+_View = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int]
+#: the key under which a nested column's offsets are planned (a name no column has)
+_OFFSETS = "{}\x00offsets"
+
+
 class RolloutBatch(dict[str, Any]):
     """A collated batch: a dict of columns (what :func:`collate_rollouts` returns).
 
     Pickling it (a DataLoader worker handing it to the main process) sends each distinct
-    storage under its strided CPU tensors once, with each tensor's dtype, shape, strides and
-    offset, and rebuilds the same views on the other side; other values pickle as usual.
+    storage under its strided CPU tensors (and jagged NestedTensors' values and offsets) once,
+    with where each tensor lies in it, and rebuilds the same views on the other side; other
+    values pickle as usual.
     """
 
     def __reduce__(self) -> tuple[Any, ...]:
         bases: list[torch.Tensor] = []
         where: dict[tuple[int, int], int] = {}
-        views: dict[str, tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int]] = {}
-        plain: dict[str, Any] = {}
-        for name, value in self.items():
-            if not _viewable(value):
-                plain[name] = value
-                continue
-            storage = value.untyped_storage()
+
+        def view(t: torch.Tensor) -> _View:
+            storage = t.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes())
             if key not in where:
                 where[key] = len(bases)
                 bases.append(torch.empty(0, dtype=torch.uint8).set_(storage))
-            views[name] = (where[key], value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
+            return (where[key], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
+
+        views: dict[str, tuple[_View, ...]] = {}
+        plain: dict[str, Any] = {}
+        for name, value in self.items():
+            if _viewable(value):
+                views[name] = (view(value),)
+            elif _plain_jagged(value):
+                views[name] = (view(value.values().detach()), view(value.offsets()))
+            else:
+                plain[name] = value
         return (_rebuild_batch, (bases, views, plain, list(self)))
 
 
@@ -61,19 +74,31 @@ def _viewable(value: Any) -> bool:
     )
 
 
+def _plain_jagged(value: Any) -> bool:
+    """A jagged NestedTensor without holes, ragged in dim 1, whose values and offsets are plain."""
+    if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
+        return False
+    if value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:  # type: ignore[attr-defined]
+        return False
+    return _viewable(value.values().detach()) and _viewable(value.offsets()) and not value.requires_grad  # type: ignore[attr-defined]
+
+
 def _rebuild_batch(
-    bases: list[torch.Tensor],
-    views: dict[str, tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int]],
-    plain: dict[str, Any],
-    order: list[str],
+    bases: list[torch.Tensor], views: dict[str, tuple[_View, ...]], plain: dict[str, Any], order: list[str]
 ) -> RolloutBatch:
+    def tensor(v: _View) -> torch.Tensor:
+        k, dtype, shape, stride, offset = v
+        return torch.empty(0, dtype=dtype).set_(bases[k].untyped_storage(), offset, shape, stride)
+
     out = RolloutBatch()
     for name in order:
-        if name in views:
-            k, dtype, shape, stride, offset = views[name]
-            out[name] = torch.empty(0, dtype=dtype).set_(bases[k].untyped_storage(), offset, shape, stride)
-        else:
+        if name not in views:
             out[name] = plain[name]
+        elif len(views[name]) == 1:
+            out[name] = tensor(views[name][0])
+        else:
+            values, offsets = (tensor(v) for v in views[name])
+            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
     return out
 
 
@@ -99,14 +124,15 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
         values = [item[name] for item in items]
         first = values[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
-            nested = _tensors(name, values, jagged, pad_value, planned)
-            if nested is not None:
-                out[name] = nested
+            _tensors(name, values, jagged, pad_value, planned)
         elif isinstance(first, int) and all(type(v) is int for v in values):
             planned.append((name, torch.int64, (len(values),), functools.partial(_write_ints, values)))
         else:
             out[name] = values
     views = _packed(planned)
+    for name in items[0]:
+        if _OFFSETS.format(name) in views:
+            views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(_OFFSETS.format(name)))
     return RolloutBatch((name, views[name] if name in views else out[name]) for name in _order(items[0], planned))
 
 
@@ -121,24 +147,26 @@ def _order(first: dict[str, Any], planned: list[_Planned]) -> list[str]:
     return keys
 
 
-def _tensors(
-    name: str, values: list[torch.Tensor], jagged: str, pad_value: float, planned: list[_Planned]
-) -> torch.Tensor | None:
-    """Plan ``name``'s stacked or padded tensor (and its lengths); a NestedTensor is returned."""
+def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: float, planned: list[_Planned]) -> None:
+    """Plan ``name``'s stacked, padded (and its lengths) or nested (its values and offsets) tensor."""
     dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
     shape = values[0].shape
     if all(v.shape == shape for v in values):
         planned.append((name, dtype, (len(values), *shape), functools.partial(_write_stack, values)))
-        return None
+        return
     if any(v.dim() == 0 or v.shape[1:] != shape[1:] for v in values):
         raise ConfigError(f"column {name!r}: rows differ beyond their first dimension; collate them yourself")
-    if jagged == "nested":
-        return torch.nested.nested_tensor(values, layout=torch.jagged)
     lengths = [len(v) for v in values]
+    if jagged == "nested":
+        total = (sum(lengths), *shape[1:])
+        planned.append((name, dtype, total, functools.partial(_write_cat, values)))
+        planned.append(
+            (_OFFSETS.format(name), torch.int64, (len(values) + 1,), functools.partial(_write_offsets, lengths))
+        )
+        return
     padded = (len(values), max(lengths), *shape[1:])
     planned.append((name, dtype, padded, functools.partial(_write_padded, values, lengths, pad_value)))
     planned.append((f"{name}_len", torch.int64, (len(values),), functools.partial(_write_ints, lengths)))
-    return None
 
 
 def _write_stack(values: list[torch.Tensor], out: torch.Tensor) -> None:
@@ -149,6 +177,15 @@ def _write_padded(values: list[torch.Tensor], lengths: list[int], pad_value: flo
     out.fill_(pad_value)
     for row, (value, n) in enumerate(zip(values, lengths, strict=True)):
         out[row, :n] = value
+
+
+def _write_cat(values: list[torch.Tensor], out: torch.Tensor) -> None:
+    torch.cat(values, out=out)
+
+
+def _write_offsets(lengths: list[int], out: torch.Tensor) -> None:
+    out[0] = 0
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=out[1:])
 
 
 def _write_ints(values: list[int], out: torch.Tensor) -> None:
