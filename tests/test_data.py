@@ -14,10 +14,11 @@ import torch
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
-from zarr_skip.data import RolloutDataset, RolloutIterableDataset, collate_rollouts
+from zarr_skip.data import RolloutBatch, RolloutDataset, RolloutIterableDataset, collate_rollouts
 from zarr_skip.data._plan import resolve_rank, shard_blocks
 from zarr_skip.data._source import Block
 from zarr_skip.errors import ConfigError
+from zarr_skip.store import reads
 from zarr_skip.synthetic import text_rollouts
 
 FP = {"experiment_name": "data", "n": 4}
@@ -158,11 +159,44 @@ def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, mo
     cache = zs.open_cache(local)
     it = iter(ds)
     first = [next(it) for _ in range(3)]
-    assert sum(reads) <= 8  # a buffer of two blocks of four rows, not a step
+    assert sum(reads) <= 4  # in stored order one block of four rows at a time, not a step
     items = first + list(it)
     assert keys(items) == ALL_ROWS and max(reads) <= 4
     for item in items:
         assert_item_equals_load(item, cache)
+    reads.clear()
+    ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2, shuffle=True)
+    monkeypatch.setattr(ds.source, "read", traced)
+    it = iter(ds)
+    first = [next(it) for _ in range(3)]
+    assert sum(reads) <= 8  # shuffled: a buffer of two blocks of four rows
+    items = first + list(it)
+    assert sorted(keys(items)) == ALL_ROWS and max(reads) <= 4
+    for item in items[:5]:
+        assert_item_equals_load(item, cache)
+
+
+def test_each_chunk_is_fetched_once_an_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # one mini-batch of 200 rows in small chunks: blocks of 64 rows fetched its small columns'
+    # chunks (and the chunks at block edges) several times an epoch
+    cache = zs.open_cache(tmp_path / "cache", FP, chunk_bytes=1024)
+    cache.write(1, dict(text_rollouts(50, 4, seed=1, max_response=40)), expected=1)
+    fetched: Counter[tuple[str, int]] = Counter()
+    original = reads.fetch_chunks
+
+    def counted(storage: Any, items: Any) -> Any:
+        fetched.update((item[0].path, item[1]) for item in items)
+        return original(storage, items)
+
+    monkeypatch.setattr(reads, "fetch_chunks", counted)
+    ds = RolloutIterableDataset(tmp_path / "cache")
+    ds.source.view(1)  # the view (its metadata) loaded
+    fetched.clear()
+    batches = list(DataLoader(ds, batch_size=64, collate_fn=collate_rollouts))
+    assert sum(len(b["row"]) for b in batches) == 200
+    assert len(fetched) > 2 * len(ds.source.columns) and set(fetched.values()) == {1}
+    rows = [item["responses"] for item in ds.source.read(Block(1, 0, 0, 200))[:2]]
+    assert rows[0].untyped_storage().data_ptr() == rows[1].untyped_storage().data_ptr()  # views of one buffer
 
 
 def test_ranks_from_torch_distributed(local: Path, tmp_path: Path) -> None:
@@ -233,3 +267,49 @@ def test_collate_pads_or_nests_jagged_columns() -> None:
     assert nested["ids"].is_nested and [t.tolist() for t in nested["ids"].unbind()] == [[1, 2, 3], [4]]
     with pytest.raises(ConfigError, match="choose 'pad' or 'nested'"):
         collate_rollouts(items, jagged="ragged")
+
+
+def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    items = list(RolloutIterableDataset(local, columns=COLUMNS, steps=[1]))
+    batch = collate_rollouts(items)
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    assert {"row", "responses", "responses_len", "hidden", "score"} <= set(tensors)
+    assert len({v.untyped_storage().data_ptr() for v in tensors.values()}) == 1
+    _, (bases, views, plain, order) = batch.__reduce__()
+    assert len(bases) == 1 and set(views) == set(tensors) and order == list(batch)
+    back = pickle.loads(pickle.dumps(batch))
+    assert isinstance(back, RolloutBatch) and list(back) == list(batch)
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
+        else:
+            assert back[name] == value, name
+    assert back["responses"][1, : back["responses_len"][1]].tolist() == items[1]["responses"].tolist()
+    nested = collate_rollouts(items, jagged="nested")
+    _, (bases, views, plain, order) = nested.__reduce__()
+    assert len(bases) == 1 and len(views["responses"]) == 2  # the values and offsets, in the one buffer
+    back = pickle.loads(pickle.dumps(nested))
+    assert back["responses"].is_nested and back["responses"].layout == torch.jagged
+    assert [r.tolist() for r in back["responses"].unbind()] == [it["responses"].tolist() for it in items]
+    assert back["responses"].dtype == items[0]["responses"].dtype and torch.equal(back["hidden"], batch["hidden"])
+    # through DataLoader workers: one shared-memory block (one file descriptor) per batch
+    import torch.multiprocessing.reductions as reductions
+
+    received = []
+    original = reductions.rebuild_storage_fd
+
+    def counted(*args: Any) -> Any:
+        received.append(args)
+        return original(*args)
+
+    ds = RolloutIterableDataset(local, columns=COLUMNS)
+    it = iter(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate_rollouts))
+    # patched once the workers run (their pickler must find the original under its name)
+    monkeypatch.setattr(reductions, "rebuild_storage_fd", counted)
+    loaded = list(it)
+    assert len(received) == len(loaded) == 8  # 18 + 18 rows: four batches of five or less per worker
+    assert sorted(keys(r for b in loaded for r in _rows(b))) == ALL_ROWS
+
+
+def _rows(batch: dict[str, Any]) -> list[dict[str, int]]:
+    return [{"step": int(s), "row": int(r)} for s, r in zip(batch["step"], batch["row"], strict=True)]

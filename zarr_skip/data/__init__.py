@@ -14,6 +14,6 @@ from __future__ import annotations
 
 from zarr_skip.data._iterable import RolloutIterableDataset
 from zarr_skip.data._map import RolloutDataset
-from zarr_skip.data.collate import collate_rollouts
+from zarr_skip.data.collate import RolloutBatch, collate_rollouts
 
-__all__ = ["RolloutDataset", "RolloutIterableDataset", "collate_rollouts"]
+__all__ = ["RolloutBatch", "RolloutDataset", "RolloutIterableDataset", "collate_rollouts"]

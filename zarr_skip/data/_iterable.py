@@ -13,10 +13,12 @@ from zarr_skip.data._source import RolloutSource
 
 __all__ = ["RolloutIterableDataset"]
 
-#: rows read at once from one mini-batch (each column as one slice: its chunks once)
-BLOCK_ROWS = 64
-#: blocks held in memory at once (the shuffle buffer)
-BUFFER_BLOCKS = 4
+#: rows read at once from one mini-batch (each column as one slice: its chunks once); a block
+#: of a whole mini-batch reads all its columns in one batch of reads
+BLOCK_ROWS = 256
+#: blocks held in memory at once when shuffling (the shuffle buffer); in stored order a block
+#: is dropped once its rows are handed on
+BUFFER_BLOCKS = 2
 
 
 class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
@@ -28,11 +30,17 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     the shares differ by at most one row.
 
     Rows are read in blocks of at most ``block_rows`` contiguous rows of one mini-batch (each
-    column as one slice, so each chunk is fetched once per block), ``buffer_blocks`` blocks at a
+    column as one slice, so each chunk is fetched once per block; a mini-batch of at most
+    ``block_rows`` rows is one block, so each of its chunks is fetched and decoded once an
+    epoch). In stored order one block is held at a time; with ``shuffle``, ``buffer_blocks`` at a
     time: memory holds a few blocks, never whole steps. With ``shuffle`` the order of the blocks
     is shuffled from ``seed`` and the epoch (the same on every rank), and the rows of each buffer
     among themselves; the same ``seed`` and epoch give the same order. Call :meth:`set_epoch`
     before each epoch (as with ``DistributedSampler``).
+
+    An item's jagged rows are views of its block's decoded values (no per-row copies), and
+    :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
+    worker hands to the main process in one piece.
     """
 
     def __init__(
@@ -75,11 +83,13 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shards, shard = self.world_size * workers, self.rank * workers + worker
         pieces = shard_blocks(self._blocks, shards, shard, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+        if not self.shuffle:  # one block at a time
+            for block in pieces:
+                yield from self.source.read(block)
+            return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
             items = [item for block in group for item in self.source.read(block)]
-            if self.shuffle:
-                items = [items[int(k)] for k in shuffled(len(items), self.seed, self.epoch, shard, n)]
-            yield from items
+            yield from (items[int(k)] for k in shuffled(len(items), self.seed, self.epoch, shard, n))
 
     def __repr__(self) -> str:
         return (

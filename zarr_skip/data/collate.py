@@ -1,19 +1,109 @@
-"""Batching items of the rollout datasets: jagged columns padded or nested."""
+"""Batching items of the rollout datasets: jagged columns padded or nested.
+
+A batch's tensors are views of one buffer (allocated in shared memory inside a DataLoader
+worker, as torch's ``default_collate`` does), and the batch pickles that buffer once: a worker
+hands the main process one shared-memory block per batch, not one per tensor (each costs a
+file-descriptor transfer, which dominates an epoch of small tensors).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from zarr_skip.errors import ConfigError
 
-__all__ = ["collate_rollouts"]
+__all__ = ["RolloutBatch", "collate_rollouts"]
+
+#: each tensor of a batch starts at a multiple of this many bytes of the batch's buffer
+ALIGN = 64
+
+#: a planned output tensor: name, dtype, shape and what writes its values into a view
+_Planned = tuple[str, torch.dtype, tuple[int, ...], Callable[[torch.Tensor], None]]
 
 
-def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pad_value: float = 0) -> dict[str, Any]:
-    """A batch of dataset items: a dict of columns.
+#: where a tensor lies: its base's index, dtype, shape, strides and offset (in elements)
+_View = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int]
+#: the key under which a nested column's offsets are planned (a name no column has)
+_OFFSETS = "{}\x00offsets"
+
+
+class RolloutBatch(dict[str, Any]):
+    """A collated batch: a dict of columns (what :func:`collate_rollouts` returns).
+
+    Pickling it (a DataLoader worker handing it to the main process) sends each distinct
+    storage under its strided CPU tensors (and jagged NestedTensors' values and offsets) once,
+    with where each tensor lies in it, and rebuilds the same views on the other side; other
+    values pickle as usual.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        bases: list[torch.Tensor] = []
+        where: dict[tuple[int, int], int] = {}
+
+        def view(t: torch.Tensor) -> _View:
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in where:
+                where[key] = len(bases)
+                bases.append(torch.empty(0, dtype=torch.uint8).set_(storage))
+            return (where[key], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
+
+        views: dict[str, tuple[_View, ...]] = {}
+        plain: dict[str, Any] = {}
+        for name, value in self.items():
+            if _viewable(value):
+                views[name] = (view(value),)
+            elif _plain_jagged(value):
+                views[name] = (view(value.values().detach()), view(value.offsets()))
+            else:
+                plain[name] = value
+        return (_rebuild_batch, (bases, views, plain, list(self)))
+
+
+def _viewable(value: Any) -> bool:
+    return (
+        type(value) is torch.Tensor
+        and value.layout == torch.strided
+        and value.device.type == "cpu"
+        and not value.requires_grad
+    )
+
+
+def _plain_jagged(value: Any) -> bool:
+    """A jagged NestedTensor without holes, ragged in dim 1, whose values and offsets are plain."""
+    if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
+        return False
+    if value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:  # type: ignore[attr-defined]
+        return False
+    return _viewable(value.values().detach()) and _viewable(value.offsets()) and not value.requires_grad  # type: ignore[attr-defined]
+
+
+def _rebuild_batch(
+    bases: list[torch.Tensor], views: dict[str, tuple[_View, ...]], plain: dict[str, Any], order: list[str]
+) -> RolloutBatch:
+    def tensor(v: _View) -> torch.Tensor:
+        k, dtype, shape, stride, offset = v
+        return torch.empty(0, dtype=dtype).set_(bases[k].untyped_storage(), offset, shape, stride)
+
+    out = RolloutBatch()
+    for name in order:
+        if name not in views:
+            out[name] = plain[name]
+        elif len(views[name]) == 1:
+            out[name] = tensor(views[name][0])
+        else:
+            values, offsets = (tensor(v) for v in views[name])
+            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+    return out
+
+
+def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pad_value: float = 0) -> RolloutBatch:
+    """A batch of dataset items: a dict of columns (a :class:`RolloutBatch`).
 
     Tensors of one shape are stacked; tensors whose first dimension differs between items
     (jagged columns) are padded at the end with ``pad_value`` to the longest, with their lengths
@@ -21,31 +111,118 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     ``step``, ``minibatch`` and ``row`` become int64 tensors; other values (strings, JSON) stay
     lists. Use as ``DataLoader(ds, batch_size=8, collate_fn=collate_rollouts)`` or, for nested,
     ``collate_fn=functools.partial(collate_rollouts, jagged="nested")``.
+
+    The stacked and padded tensors are views of one buffer (see the module docstring).
     """
     if jagged not in ("pad", "nested"):
         raise ConfigError(f"jagged={jagged!r}: choose 'pad' or 'nested'")
+    out = RolloutBatch()
     if not items:
-        return {}
-    out: dict[str, Any] = {}
+        return out
+    planned: list[_Planned] = []
     for name in items[0]:
         values = [item[name] for item in items]
         first = values[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
-            out.update(_tensors(name, values, jagged, pad_value))
+            _tensors(name, values, jagged, pad_value, planned)
         elif isinstance(first, int) and all(type(v) is int for v in values):
-            out[name] = torch.tensor(values, dtype=torch.int64)
+            planned.append((name, torch.int64, (len(values),), functools.partial(_write_ints, values)))
         else:
             out[name] = values
+    views = _packed(planned)
+    for name in items[0]:
+        if _OFFSETS.format(name) in views:
+            views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(_OFFSETS.format(name)))
+    return RolloutBatch((name, views[name] if name in views else out[name]) for name in _order(items[0], planned))
+
+
+def _order(first: dict[str, Any], planned: list[_Planned]) -> list[str]:
+    """The batch's keys: the items' order, each jagged column's ``{name}_len`` after it."""
+    names = {p[0] for p in planned}
+    keys = []
+    for name in first:
+        keys.append(name)
+        if f"{name}_len" in names and f"{name}_len" not in first:
+            keys.append(f"{name}_len")
+    return keys
+
+
+def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: float, planned: list[_Planned]) -> None:
+    """Plan ``name``'s stacked, padded (and its lengths) or nested (its values and offsets) tensor."""
+    dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
+    shape = values[0].shape
+    if all(v.shape == shape for v in values):
+        planned.append((name, dtype, (len(values), *shape), functools.partial(_write_stack, values)))
+        return
+    if any(v.dim() == 0 or v.shape[1:] != shape[1:] for v in values):
+        raise ConfigError(f"column {name!r}: rows differ beyond their first dimension; collate them yourself")
+    lengths = [len(v) for v in values]
+    if jagged == "nested":
+        total = (sum(lengths), *shape[1:])
+        planned.append((name, dtype, total, functools.partial(_write_cat, values)))
+        planned.append(
+            (_OFFSETS.format(name), torch.int64, (len(values) + 1,), functools.partial(_write_offsets, lengths))
+        )
+        return
+    padded = (len(values), max(lengths), *shape[1:])
+    planned.append((name, dtype, padded, functools.partial(_write_padded, values, lengths, pad_value)))
+    planned.append((f"{name}_len", torch.int64, (len(values),), functools.partial(_write_ints, lengths)))
+
+
+def _write_stack(values: list[torch.Tensor], out: torch.Tensor) -> None:
+    torch.stack(values, out=out)
+
+
+def _write_padded(values: list[torch.Tensor], lengths: list[int], pad_value: float, out: torch.Tensor) -> None:
+    out.fill_(pad_value)
+    for row, (value, n) in enumerate(zip(values, lengths, strict=True)):
+        out[row, :n] = value
+
+
+def _write_cat(values: list[torch.Tensor], out: torch.Tensor) -> None:
+    torch.cat(values, out=out)
+
+
+def _write_offsets(lengths: list[int], out: torch.Tensor) -> None:
+    out[0] = 0
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=out[1:])
+
+
+def _write_ints(values: list[int], out: torch.Tensor) -> None:
+    out.copy_(torch.tensor(values, dtype=torch.int64))
+
+
+def _packed(planned: list[_Planned]) -> dict[str, torch.Tensor]:
+    """The planned tensors written into views of one buffer (shared memory in a DataLoader
+    worker, whose batches go to the main process)."""
+    if not planned:
+        return {}
+    starts, total = [], 0
+    for _, dtype, shape, _ in planned:
+        starts.append(total)
+        nbytes = dtype.itemsize * _numel(shape)
+        total += -(-nbytes // ALIGN) * ALIGN
+    total = max(total, ALIGN)  # shared memory of no bytes cannot be mapped
+    in_worker = get_worker_info() is not None
+    storage = torch.UntypedStorage._new_shared(total) if in_worker else torch.UntypedStorage(total)
+    out = {}
+    for (name, dtype, shape, write), start in zip(planned, starts, strict=True):
+        view = torch.empty(0, dtype=dtype).set_(storage, start // dtype.itemsize, shape, _contiguous(shape))
+        write(view)
+        out[name] = view
     return out
 
 
-def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: float) -> dict[str, Any]:
-    if all(v.shape == values[0].shape for v in values):
-        return {name: torch.stack(values)}
-    if any(v.dim() == 0 or v.shape[1:] != values[0].shape[1:] for v in values):
-        raise ConfigError(f"column {name!r}: rows differ beyond their first dimension; collate them yourself")
-    if jagged == "nested":
-        return {name: torch.nested.nested_tensor(values, layout=torch.jagged)}
-    lengths = torch.tensor([len(v) for v in values], dtype=torch.int64)
-    padded = torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=pad_value)
-    return {name: padded, f"{name}_len": lengths}
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for s in reversed(shape):
+        strides.append(step)
+        step *= max(1, s)
+    return tuple(reversed(strides))
