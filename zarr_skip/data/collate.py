@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
@@ -204,7 +204,10 @@ def _packed(planned: list[_Planned]) -> dict[str, torch.Tensor]:
         total += -(-nbytes // ALIGN) * ALIGN
     total = max(total, ALIGN)  # shared memory of no bytes cannot be mapped
     in_worker = get_worker_info() is not None
-    storage = torch.UntypedStorage._new_shared(total) if in_worker else torch.UntypedStorage(total)
+    # torch's own default_collate makes a worker's batch in shared memory the same way; both
+    # constructors are untyped in torch
+    make = torch.UntypedStorage._new_shared if in_worker else torch.UntypedStorage
+    storage = cast(Callable[[int], torch.UntypedStorage], make)(total)
     out = {}
     for (name, dtype, shape, write), start in zip(planned, starts, strict=True):
         view = torch.empty(0, dtype=dtype).set_(storage, start // dtype.itemsize, shape, _contiguous(shape))
