@@ -313,3 +313,24 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
 
 def _rows(batch: dict[str, Any]) -> list[dict[str, int]]:
     return [{"step": int(s), "row": int(r)} for s, r in zip(batch["step"], batch["row"], strict=True)]
+
+
+def test_shuffled_items_hold_one_buffer_at_a_time(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+
+    ds = RolloutIterableDataset(local, columns=COLUMNS, shuffle=True, block_rows=4, buffer_blocks=2)
+    alive: list[weakref.ref[torch.Tensor]] = []
+    most = []
+    original = ds.source.read
+
+    def traced(block: Block) -> list[dict[str, Any]]:
+        most.append(sum(r() is not None for r in alive))
+        items = original(block)
+        alive.extend(weakref.ref(it["hidden"]) for it in items)
+        return items
+
+    monkeypatch.setattr(ds.source, "read", traced)
+    assert sum(1 for _ in ds) == 36
+    # reading a block, at most the rows of the other block of its buffer (four) and the item
+    # the loop holds are alive: the previous buffer's items were dropped before it
+    assert len(most) == 11 and max(most) <= 5

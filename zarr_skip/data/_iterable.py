@@ -90,6 +90,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
             items = [item for block in group for item in self.source.read(block)]
             yield from (items[int(k)] for k in shuffled(len(items), self.seed, self.epoch, shard, n))
+            del items  # before the next buffer is read: one buffer's rows held at a time
 
     def __repr__(self) -> str:
         return (
