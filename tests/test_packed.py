@@ -234,3 +234,73 @@ def test_records_name_where_each_chunk_lies_and_old_readers_are_refused(
     assert json.loads((tmp_path / "zarr.json").read_text())["attributes"]["zarr_skip"]["version"] == 4
     arrays = rec["columns"]["responses"]["arrays"]
     assert arrays["values"]["shard"] and arrays["values"]["offset"] > 0
+
+
+def _zipfile_bytes(members: list[packed.Member]) -> bytes:
+    """The same members written by ``zipfile`` itself (what packed.write_zip replaced)."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for member in members:
+            info = zipfile.ZipInfo(member.name, (1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            value = member.make()
+            with zf.open(info, "w", force_zip64=member.size_hint > packed._ZIP64_HINT) as f:
+                for piece in (value,) if isinstance(value, bytes) else value:
+                    f.write(piece)
+    return buf.getvalue()
+
+
+def _members(big_hint: int = 0) -> list[packed.Member]:
+    return [
+        packed.Member("zarr.json", lambda: b'{"zarr_format":3}'),
+        packed.Member("empty", lambda: b""),
+        packed.Member("tokens/c/0", lambda: iter([b"ab" * 100, b"", b"xyz" * 30]), 300),
+        packed.Member("réponses/zarr.json", lambda: b"{}"),  # a UTF-8 name, flagged
+        packed.Member("logp/c/0", lambda: (bytes([i]) * 60 for i in range(9)), big_hint),
+        packed.Member("mask/c/0", lambda: b"\x01" * 7),  # past 2 GiB with the lowered limits
+    ]
+
+
+@pytest.mark.parametrize("big_hint", [0, (1 << 30) + 1])
+def test_the_data_file_is_byte_for_byte_what_zipfile_writes(big_hint: int) -> None:
+    import zipfile
+
+    members = _members(big_hint)
+    blob, spans = packed.zip_bytes(members)
+    assert blob == _zipfile_bytes(members)
+    with zipfile.ZipFile(__import__("io").BytesIO(blob)) as zf:
+        assert zf.testzip() is None  # every CRC right
+        for m in members:
+            value = m.make()
+            data = value if isinstance(value, bytes) else b"".join(value)
+            assert zf.read(m.name) == data
+            start, length = spans[m.name]
+            assert blob[start : start + length] == data
+    assert packed.members_of(blob) == spans
+
+
+def test_zip64_records_are_written_as_zipfile_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offsets, sizes and counts beyond ZIP's 32/16-bit fields (a data file over 2 GiB, a
+    member over 2 GiB, over 65535 members), with the limits lowered in both writers."""
+    import zipfile
+
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 500)
+    monkeypatch.setattr(packed, "_ZIP64_LIMIT", 500)
+    monkeypatch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 3)
+    monkeypatch.setattr(packed, "_COUNT_LIMIT", 3)
+    members = _members((1 << 30) + 1)  # its last member's size is above the lowered limit
+    blob, spans = packed.zip_bytes(members)
+    assert blob == _zipfile_bytes(members)
+    assert b"PK\x06\x06" in blob and b"PK\x06\x07" in blob
+    with zipfile.ZipFile(__import__("io").BytesIO(blob)) as zf:
+        assert zf.testzip() is None
+        assert zf.read("logp/c/0") == b"".join(bytes([i]) * 60 for i in range(9))
+
+
+def test_a_member_larger_than_its_size_hint_allowed_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packed, "_ZIP64_LIMIT", 500)
+    with pytest.raises(RuntimeError, match="'logp/c/0': 540 bytes"):
+        packed.zip_bytes(_members(0))
