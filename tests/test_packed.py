@@ -91,6 +91,51 @@ def test_a_minibatch_stores_three_keys_through_a_zarr_store(fingerprint: dict[st
     assert store.stored[f"{cache._exp()}/2/zarr.json"] == 1
 
 
+class GetCountingStore(MemoryStore):
+    """A MemoryStore that counts the GETs of each key (what an object store sees)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.got: Counter[str] = Counter()
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.got[key] += 1
+        return await super().get(key, *args, **kwargs)
+
+
+def test_a_whole_minibatch_is_one_ranged_read_of_its_data_file(tmp_path: Path, fingerprint: dict[str, Any]) -> None:
+    """Its arrays' chunks lie between ZIP headers and zarr.json members: one GET (from an
+    object store) or one pread (a local file) steps over those holes."""
+    store = GetCountingStore()
+    for location in (store, tmp_path / "c"):
+        cache = zs.open_cache(location, fingerprint)
+        for i in range(3):
+            cache.write(1, make_batch(64, seed=i), expected=3)
+    store.got.clear()
+    view = zs.open_cache(store, fingerprint).load(1)  # opened read-only, a copy of the store would count
+    assert_equal(view.minibatches[1].to_dict(), make_batch(64, seed=1))
+    data = {k: n for k, n in store.got.items() if k.endswith(packed.SUFFIX)}
+    assert len(data) == 1 and set(data.values()) == {1}, data
+    store.got.clear()
+    view.to_dict()
+    assert len([k for k in store.got if k.endswith(packed.SUFFIX)]) == 3
+    assert all(n == 1 for k, n in store.got.items() if k.endswith(packed.SUFFIX))
+    from zarr_skip.store import _localfs
+
+    reads: list[str] = []
+    original = _localfs.Tree.read_range
+
+    def counted(tree: Any, key: str, *args: Any) -> Any:
+        reads.append(key)
+        return original(tree, key, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_localfs.Tree, "read_range", counted)
+        local = zs.open_cache(tmp_path / "c").load(1)
+        assert_equal(local.minibatches[2].to_dict(), make_batch(64, seed=2))
+    assert len([k for k in reads if k.endswith(packed.SUFFIX)]) == 1, reads
+
+
 class InFlightStore(MemoryStore):
     """A MemoryStore that notes, for every get, the listings in flight when it began (an
     object store's latency made visible: what overlaps is one round trip, not two)."""

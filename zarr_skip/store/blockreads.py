@@ -56,6 +56,11 @@ class Piece:
     def span(self, _chunk: int) -> tuple[int, int]:
         return (self.start, self.length)
 
+    @property
+    def max_hole(self) -> int:
+        """The most bytes read between this piece and a neighbour (:data:`GAP_BYTES`)."""
+        return GAP_BYTES
+
 
 #: pieces of a chunk at most this many bytes apart are fetched as one range (reading the bytes
 #: between costs less than another request)

@@ -1,5 +1,11 @@
-"""Fetching the stored bytes of chunks: those lying back to back in one file (the chunks of a
-packed mini-batch's arrays, of a shard) in one ranged read per run of them."""
+"""Fetching the stored bytes of chunks: those lying near each other in one file (the chunks of
+a packed mini-batch's arrays, of a shard) in one ranged read per run of them.
+
+Between two arrays' chunks a packed data file holds a ZIP local header and often an array's
+``zarr.json``: a run steps over holes of up to :data:`MAX_HOLE_BYTES` (a page), so a whole
+mini-batch is one ``pread`` or one GET, not one per array, while a hole holding a chunk of
+another column, or of rows not asked for, of more than that is not read. (Apache Arrow's read
+coalescing makes the same trade: ``CacheOptions``, holes of 8 KiB by default.)"""
 
 from __future__ import annotations
 
@@ -9,8 +15,10 @@ from typing import Any
 
 from zarr_skip.store.storage import Storage
 
-#: the most bytes fetched by one ranged read of adjacent chunks
+#: the most bytes fetched by one ranged read of nearby chunks
 MAX_RUN_BYTES = 8 << 20
+#: the most bytes between two chunks read as part of one run
+MAX_HOLE_BYTES = 4 << 10
 
 
 @dataclass(slots=True)
@@ -23,30 +31,34 @@ class _Run:
     length: int
     items: list[tuple[int, int, int]]
     whole: bool = False
+    hole: int = 0  # the largest hole after it that it may step over
 
 
 def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any]:
     """The stored bytes of chunk ``item[1]`` of array ``item[0]`` for each item (None where
     absent; fewer bytes where the file is cut short): chunks lying back to back in one file
-    are fetched together, one ranged read (a ``pread``, or a ranged GET) per run of them."""
+    are fetched together, one ranged read (a ``pread``, or a ranged GET) per run of them, a
+    run stepping over holes of a few bytes (see the module docstring)."""
+    hole = MAX_HOLE_BYTES
     runs: list[_Run] = []
-    spans: dict[str, list[tuple[int, int, int]]] = {}
+    spans: dict[str, list[tuple[int, int, int, int]]] = {}
     for n, item in enumerate(items):
         a, c = item[0], item[1]
         span = a.span(c)
         if span is None:
             runs.append(_Run(a.key(c), 0, 0, [(n, 0, -1)], whole=True))
-        else:
-            spans.setdefault(a.key(c), []).append((span[0], span[1], n))
+        else:  # some blocks of a chunk (blockreads.Piece) say how far apart they may be read
+            spans.setdefault(a.key(c), []).append((span[0], span[1], n, min(hole, getattr(a, "max_hole", hole))))
     for key, found in spans.items():
         found.sort()
         last: _Run | None = None
-        for start, length, n in found:
-            if last is not None and last.start + last.length == start and last.length < MAX_RUN_BYTES:
-                last.items.append((n, last.length, length))
-                last.length += length
+        for start, length, n, max_hole in found:
+            end = last.start + last.length if last is not None else 0
+            if last is not None and end <= start <= end + min(last.hole, max_hole) and last.length < MAX_RUN_BYTES:
+                last.items.append((n, start - last.start, length))
+                last.length, last.hole = start + length - last.start, max_hole
             else:
-                last = _Run(key, start, length, [(n, 0, length)])
+                last = _Run(key, start, length, [(n, 0, length)], hole=max_hole)
                 runs.append(last)
     out: list[Any] = [None] * len(items)
     if not runs:

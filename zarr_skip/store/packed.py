@@ -131,16 +131,10 @@ def _write_directory(out: BinaryIO, base: int, entries: list[_Entry]) -> None:
             big.append(e.header_offset)
         extra = struct.pack("<HH" + "Q" * len(big), 1, 8 * len(big), *big) if big else b""
         version = 45 if big or e.zip64 else 20
-        parts.append(
-            _CENTRAL.pack(
-                b"PK\x01\x02", version, 3, version, 0, e.flags, 0, 0, _DOSDATE, e.crc,
-                _FFFF32 if e.size > _ZIP64_LIMIT else e.size, _FFFF32 if e.size > _ZIP64_LIMIT else e.size,
-                len(e.name), len(extra), 0, 0, 0, _EXTERNAL_ATTR,
-                _FFFF32 if e.header_offset > _ZIP64_LIMIT else e.header_offset,
-            )  # fmt: skip
-            + e.name
-            + extra
-        )
+        size = _FFFF32 if e.size > _ZIP64_LIMIT else e.size
+        offset = _FFFF32 if e.header_offset > _ZIP64_LIMIT else e.header_offset
+        fields = (_DOSDATE, e.crc, size, size, len(e.name), len(extra), 0, 0, 0, _EXTERNAL_ATTR, offset)
+        parts.append(_CENTRAL.pack(b"PK\x01\x02", version, 3, version, 0, e.flags, 0, 0, *fields) + e.name + extra)
     directory = b"".join(parts)
     out.write(directory)
     count, size, offset = len(entries), len(directory), start_dir
