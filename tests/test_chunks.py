@@ -12,7 +12,7 @@ import zarr
 from helpers import assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
 import zarr_skip as zs
-from zarr_skip.format import layout
+from zarr_skip.format import chunks, layout
 from zarr_skip.format.chunks import (
     AUTO_BLOCK_BYTES,
     Compression,
@@ -276,3 +276,10 @@ def _check_ranges(view: Any, merged: dict[str, Any]) -> None:
                 assert [r.tolist() for r in got.unbind()] == [r.tolist() for r in want], (name, start, stop)
             else:
                 assert list(got) == list(merged[name][start:stop]), (name, start, stop)
+
+
+@pytest.mark.parametrize("name", ["auto", "zstd", "blosc-zstd", "lz4", "none"])
+def test_only_blosc_codecs_say_their_chunks_are_blosc_frames(name: str) -> None:
+    codec = chunks.Compression(name)  # type: ignore[arg-type]
+    assert codec.is_blosc == (name in ("blosc-zstd", "lz4"))
+    assert chunks.Compression("auto").for_dtype(np.dtype(np.int64)).is_blosc  # token ids: blosc blocks

@@ -85,6 +85,11 @@ class Compression:
         if isinstance(self.blocksize, bool) or not isinstance(self.blocksize, int) or self.blocksize < 0:
             raise ConfigError(f"blocksize: expected a byte count >= 0, got {self.blocksize!r}")
 
+    @property
+    def is_blosc(self) -> bool:
+        """Whether chunks are blosc frames (``blosc-zstd``, ``lz4``): blocks with a table."""
+        return self.name in _BLOSC
+
     def for_dtype(self, dtype: np.dtype) -> Compression:
         """The concrete codec for an array of ``dtype`` (resolves ``auto``)."""
         if self.name != "auto":

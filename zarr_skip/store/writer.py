@@ -458,7 +458,7 @@ def _blocky(codec: chunks.Compression, per: int, arr: StoredArray) -> bool:
     """Whether the chunks of ``arr`` may be blosc frames of several blocks (whose places and
     checksums the record then keeps, see :func:`chunks.block_index`)."""
     chunk_bytes = per * arr.dtype.itemsize * math.prod(arr.shape[1:])
-    return codec.name in ("blosc-zstd", "lz4") and 0 < codec.blocksize < chunk_bytes
+    return codec.is_blosc and 0 < codec.blocksize < chunk_bytes
 
 
 def _note(array: dict[str, Any], blob: bytes) -> None:
