@@ -149,14 +149,16 @@ def _order(first: dict[str, Any], planned: list[_Planned]) -> list[str]:
 
 def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: float, planned: list[_Planned]) -> None:
     """Plan ``name``'s stacked, padded (and its lengths) or nested (its values and offsets) tensor."""
-    dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
-    shape = values[0].shape
-    if all(v.shape == shape for v in values):
+    dtypes = {v.dtype for v in values}
+    dtype = dtypes.pop() if len(dtypes) == 1 else functools.reduce(torch.promote_types, (v.dtype for v in values))
+    shapes = [v.shape for v in values]
+    shape = shapes[0]
+    if all(s == shape for s in shapes):
         planned.append((name, dtype, (len(values), *shape), functools.partial(_write_stack, values)))
         return
-    if any(v.dim() == 0 or v.shape[1:] != shape[1:] for v in values):
+    if any(len(s) != len(shape) for s in shapes) or (len(shape) > 1 and any(s[1:] != shape[1:] for s in shapes)):
         raise ConfigError(f"column {name!r}: rows differ beyond their first dimension; collate them yourself")
-    lengths = [len(v) for v in values]
+    lengths = [s[0] for s in shapes]
     if jagged == "nested":
         total = (sum(lengths), *shape[1:])
         planned.append((name, dtype, total, functools.partial(_write_cat, values)))
@@ -174,6 +176,8 @@ def _write_stack(values: list[torch.Tensor], out: torch.Tensor) -> None:
 
 
 def _write_padded(values: list[torch.Tensor], lengths: list[int], pad_value: float, out: torch.Tensor) -> None:
+    # fill_ first, then the rows: on fresh memory (a worker's new shared memory) this touches the
+    # pages in order and is faster than writing each row then its padding (even through numpy)
     out.fill_(pad_value)
     for row, (value, n) in enumerate(zip(values, lengths, strict=True)):
         out[row, :n] = value
