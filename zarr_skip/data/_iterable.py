@@ -41,7 +41,9 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
 
     An item's jagged rows are views of its block's decoded values (no per-row copies), and
     :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
-    worker hands to the main process in one piece.
+    worker hands to the main process in one piece. A DataLoader worker freezes the objects it
+    inherited from its parent (``gc.freeze``, once a process) before it reads, so the garbage
+    collector never walks them there (see :func:`_freeze_inherited`).
     """
 
     def __init__(

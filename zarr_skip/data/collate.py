@@ -3,7 +3,9 @@
 A batch's tensors are views of one buffer (allocated in shared memory inside a DataLoader
 worker, as torch's ``default_collate`` does), and the batch pickles that buffer once: a worker
 hands the main process one shared-memory block per batch, not one per tensor (each costs a
-file-descriptor transfer, which dominates an epoch of small tensors).
+file-descriptor transfer, which dominates an epoch of small tensors). That shared memory is a
+new file, which reads as zeros, so a worker does not write a zero padding: the pages of padding
+alone are never touched there (each page a worker writes first costs it a page fault).
 """
 
 from __future__ import annotations
