@@ -334,3 +334,90 @@ def test_shuffled_items_hold_one_buffer_at_a_time(local: Path, monkeypatch: pyte
     # reading a block, at most the rows of the other block of its buffer (four) and the item
     # the loop holds are alive: the previous buffer's items were dropped before it
     assert len(most) == 11 and max(most) <= 5
+
+
+def test_collate_promotes_dtypes_and_refuses_rows_that_differ_beyond_dim_0() -> None:
+    mixed = [
+        {"ids": torch.tensor([1, 2], dtype=torch.int32), "x": torch.tensor([0.5], dtype=torch.float16)},
+        {"ids": torch.tensor([3], dtype=torch.int64), "x": torch.tensor([1.5, 2.5], dtype=torch.float32)},
+    ]
+    batch = collate_rollouts(mixed, pad_value=-1)
+    assert batch["ids"].dtype == torch.int64 and batch["ids"].tolist() == [[1, 2], [3, -1]]
+    assert batch["x"].dtype == torch.float32 and batch["x"].tolist() == [[0.5, -1.0], [1.5, 2.5]]
+    rows = [{"h": torch.ones(2, 3)}, {"h": torch.zeros(1, 3)}]
+    padded = collate_rollouts(rows)
+    assert padded["h"].shape == (2, 2, 3) and padded["h_len"].tolist() == [2, 1]
+    assert torch.equal(padded["h"][1], torch.zeros(2, 3)) and torch.equal(padded["h"][0], torch.ones(2, 3))
+    for bad in (
+        [{"h": torch.ones(2, 3)}, {"h": torch.ones(2, 4)}],  # trailing dimensions differ
+        [{"h": torch.ones(2)}, {"h": torch.ones(2, 1)}],  # number of dimensions differs
+        [{"h": torch.ones(2)}, {"h": torch.tensor(1.0)}],  # a 0-d row among jagged ones
+    ):
+        with pytest.raises(ConfigError, match="column 'h': rows differ beyond their first dimension"):
+            collate_rollouts(bad)
+
+
+def test_fresh_shared_memory_reads_as_zeros() -> None:
+    # what a worker's collate relies on to leave a zero padding unwritten (see the next test)
+    for _ in range(3):
+        storage = torch.UntypedStorage._new_shared(1 << 16)  # type: ignore[attr-defined]  # untyped in torch
+        data = torch.empty(0, dtype=torch.uint8).set_(storage)
+        assert not data.any()
+        data.fill_(7)  # then freed: the next one must not hand these bytes back
+        del data, storage
+
+
+@pytest.mark.parametrize("pad_value", [0, -1, -0.0])
+def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
+    local: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float
+) -> None:
+    import zarr_skip.data.collate as collate_module
+
+    items = list(RolloutIterableDataset(local, columns=COLUMNS, steps=[1]))
+    in_process = collate_rollouts(items, pad_value=pad_value)
+    fills: list[int] = []
+    original = torch.Tensor.fill_
+
+    def counted(self: torch.Tensor, value: Any) -> torch.Tensor:
+        fills.append(self.numel())
+        return original(self, value)
+
+    monkeypatch.setattr(torch.Tensor, "fill_", counted)
+    monkeypatch.setattr(collate_module, "get_worker_info", lambda: object())  # as in a worker: shared memory
+    in_worker = collate_rollouts(items, pad_value=pad_value)
+    padded = [name for name in in_worker if f"{name}_len" in in_worker]
+    assert len(padded) == 2  # responses, old_log_probs
+    # a padded tensor is filled (besides the 1-element conversions of pad_value) only when its
+    # padding is not all zero bits: -1 always, -0.0 in a float column (its sign bit), 0 never
+    nonzero = [n for n in padded if pad_value == -1 or (str(pad_value) == "-0.0" and in_worker[n].is_floating_point())]
+    assert len([n for n in fills if n > 1]) == len(nonzero) == {"0": 0, "-1": 2, "-0.0": 1}[str(pad_value)]
+    assert in_worker["responses"].untyped_storage().is_shared()
+    assert list(in_worker) == list(in_process)
+    for name, value in in_process.items():
+        got = in_worker[name]
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and torch.equal(got, value), name
+            if value.is_floating_point():
+                assert torch.equal(torch.signbit(got), torch.signbit(value)), name
+        else:
+            assert got == value, name
+
+
+def _freeze_count(items: list[dict[str, Any]]) -> dict[str, Any]:
+    import gc
+
+    return {"frozen": gc.get_freeze_count(), "rows": len(items)}
+
+
+def test_a_worker_freezes_what_it_inherited_and_the_main_process_does_not(local: Path) -> None:
+    import gc
+
+    before = gc.get_freeze_count()
+    ds = RolloutIterableDataset(local, columns=COLUMNS)
+    assert sum(b["rows"] for b in DataLoader(ds, batch_size=8, collate_fn=_freeze_count)) == len(ALL_ROWS)
+    assert gc.get_freeze_count() == before  # no worker: the caller's process is left alone
+    batches = list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=_freeze_count))
+    assert sum(b["rows"] for b in batches) == len(ALL_ROWS)
+    # the worker froze the objects it inherited (torch, the test session) before reading
+    assert all(b["frozen"] > before + 1000 for b in batches)
+    assert gc.get_freeze_count() == before
