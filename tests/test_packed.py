@@ -122,15 +122,15 @@ def test_a_whole_minibatch_is_one_ranged_read_of_its_data_file(tmp_path: Path, f
     assert all(n == 1 for k, n in store.got.items() if k.endswith(packed.SUFFIX))
     from zarr_skip.store import _localfs
 
-    reads: list[str] = []
-    original = _localfs.Tree.read_range
+    reads: list[str] = []  # one entry per pread (a span of a key read through an open file)
+    original = _localfs.Tree.read_spans
 
-    def counted(tree: Any, key: str, *args: Any) -> Any:
-        reads.append(key)
-        return original(tree, key, *args)
+    def counted(tree: Any, requests: Any) -> Any:
+        reads.extend(key for key, spans in requests for _ in spans)
+        return original(tree, requests)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_localfs.Tree, "read_range", counted)
+        mp.setattr(_localfs.Tree, "read_spans", counted)
         local = zs.open_cache(tmp_path / "c").load(1)
         assert_equal(local.minibatches[2].to_dict(), make_batch(64, seed=2))
     assert len([k for k in reads if k.endswith(packed.SUFFIX)]) == 1, reads

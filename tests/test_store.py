@@ -135,8 +135,11 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
         cache.write(2, p, expected=3)
     merged = concat(parts)
     rounds: list[str] = []
-    real_map_get, real_read_ahead = Storage.map_get, Storage.read_ahead
+    real_map_get, real_get_spans, real_read_ahead = Storage.map_get, Storage.get_spans, Storage.read_ahead
     monkeypatch.setattr(Storage, "map_get", lambda self, *a, **k: rounds.append("get") or real_map_get(self, *a, **k))
+    monkeypatch.setattr(
+        Storage, "get_spans", lambda self, *a, **k: rounds.append("get") or real_get_spans(self, *a, **k)
+    )
     monkeypatch.setattr(
         Storage, "read_ahead", lambda self, items: rounds.append("ahead") or real_read_ahead(self, items)
     )

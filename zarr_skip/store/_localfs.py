@@ -291,6 +291,26 @@ class Tree:
         finally:
             os.close(fd)
 
+    def read_spans(self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes] | None]:
+        """For each ``(key, spans)``: ``length`` bytes of ``key`` from each ``(start, length)``
+        (fewer at the end of the file; None if the file is absent), in this thread, each file
+        opened once. With more than one span, the kernel is first asked to read them all
+        (``posix_fadvise(WILLNEED)``), so that cold reads wait for one disk latency, not one each."""
+        fds: list[int | None] = []
+        try:
+            for key, _ in requests:
+                fds.append(self._open(key, os.O_RDONLY))
+            if sum(len(spans) for _, spans in requests) > 1 and hasattr(os, "posix_fadvise"):
+                for fd, (_, spans) in zip(fds, requests, strict=False):
+                    for start, length in spans:
+                        if fd is not None:
+                            _advise(fd, start, length)
+            return [_pread_all(fd, spans) for fd, (_, spans) in zip(fds, requests, strict=True)]
+        finally:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+
     def will_need(self, key: str, start: int, length: int) -> None:
         """Ask the kernel to start reading ``length`` bytes of ``key`` from ``start`` into the
         page cache now (``posix_fadvise(WILLNEED)``); returns at once. A missing file is left
@@ -302,9 +322,7 @@ class Tree:
         if fd is None:
             return
         try:
-            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
-        except OSError:  # pragma: no cover - a filesystem without read-ahead
-            pass
+            _advise(fd, start, length)
         finally:
             os.close(fd)
 
@@ -481,3 +499,21 @@ class Tree:
     def delete(self, key: str) -> None:
         self.check_path(key.rpartition("/")[0])
         self.path(key).unlink(missing_ok=True)
+
+
+def _advise(fd: int, start: int, length: int) -> None:
+    """Ask the kernel to start reading ``length`` bytes of ``fd`` from ``start`` (returns at once)."""
+    try:
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+    except OSError:  # pragma: no cover - a filesystem without read-ahead
+        pass
+
+
+def _pread_all(fd: int | None, spans: Sequence[tuple[int, int]]) -> list[bytes] | None:
+    """The bytes of each ``(start, length)`` of ``fd`` (None: no file, or a directory)."""
+    if fd is None:
+        return None
+    try:
+        return [os.pread(fd, length, start) for start, length in spans]
+    except IsADirectoryError:
+        return None

@@ -5,7 +5,8 @@ Between two arrays' chunks a packed data file holds a ZIP local header and often
 ``zarr.json``: a run steps over holes of up to :data:`MAX_HOLE_BYTES` (a page), so a whole
 mini-batch is one ``pread`` or one GET, not one per array, while a hole holding a chunk of
 another column, or of rows not asked for, of more than that is not read. (Apache Arrow's read
-coalescing makes the same trade: ``CacheOptions``, holes of 8 KiB by default.)"""
+coalescing makes the same trade: ``CacheOptions``, holes of 8 KiB by default.) The runs of one
+file are read through one open file; a small fetch (a read of a few rows) in the calling thread."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from zarr_skip.store.storage import Storage
 MAX_RUN_BYTES = 8 << 20
 #: the most bytes between two chunks read as part of one run
 MAX_HOLE_BYTES = 4 << 10
+#: a fetch of at most this many bytes (all ranged) is read in the calling thread, each file
+#: opened once and the kernel asked to read every range first: handing a few small reads to the
+#: pool costs more than reading them (a read of a few rows: ~30 us a task against ~5 us a pread)
+SERIAL_FETCH_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -41,6 +46,7 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
     run stepping over holes of a few bytes (see the module docstring)."""
     hole = MAX_HOLE_BYTES
     runs: list[_Run] = []
+    ranged: list[list[_Run]] = []  # per file: its runs, rising
     spans: dict[str, list[tuple[int, int, int, int]]] = {}
     for n, item in enumerate(items):
         a, c = item[0], item[1]
@@ -52,6 +58,7 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
     for key, found in spans.items():
         found.sort()
         last: _Run | None = None
+        ranged.append([])
         for start, length, n, max_hole in found:
             end = last.start + last.length if last is not None else 0
             if last is not None and end <= start <= end + min(last.hole, max_hole) and last.length < MAX_RUN_BYTES:
@@ -59,15 +66,32 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
                 last.length, last.hole = start + length - last.start, max_hole
             else:
                 last = _Run(key, start, length, [(n, 0, length)], hole=max_hole)
-                runs.append(last)
+                ranged[-1].append(last)
     out: list[Any] = [None] * len(items)
-    if not runs:
-        return out
-    blobs = storage.map_get(
-        runs, lambda r: r.key, lambda r, blob: blob, lambda r: None if r.whole else (r.start, r.length)
-    )
-    for run, blob in zip(runs, blobs, strict=True):
+    blobs = storage.map_get(runs, lambda r: r.key, lambda r, blob: blob) if runs else []
+    pairs = list(zip(runs, blobs, strict=True))
+    requests = _requests(ranged)
+    asked = [(g[0].key, [(r.start, r.length) for r in g]) for g in requests]
+    serial = sum(r.length for g in requests for r in g) <= SERIAL_FETCH_BYTES
+    for group, got in zip(requests, storage.get_spans(asked, serial=serial) if asked else [], strict=True):
+        pairs += zip(group, got if got is not None else [None] * len(group), strict=True)
+    for run, blob in pairs:
         view = None if blob is None else memoryview(blob)
         for n, at, size in run.items:
             out[n] = None if view is None else (blob if size < 0 else view[at : at + size])
+    return out
+
+
+def _requests(ranged: list[list[_Run]]) -> list[list[_Run]]:
+    """The runs of each file in requests of at most :data:`MAX_RUN_BYTES` (each one open file,
+    and a large read still shared among the pool's threads)."""
+    out: list[list[_Run]] = []
+    for runs in ranged:
+        size = MAX_RUN_BYTES
+        for run in runs:
+            if size + run.length > MAX_RUN_BYTES:
+                out.append([])
+                size = 0
+            out[-1].append(run)
+            size += run.length
     return out

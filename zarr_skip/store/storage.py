@@ -182,6 +182,24 @@ class Storage:
         pairs = list(zip(items, blobs, strict=True))
         return [fn(*pair) for pair in pairs] if serial else _localfs.parallel(lambda pair: fn(*pair), pairs)
 
+    def get_spans(
+        self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]], *, serial: bool = False
+    ) -> list[list[bytes] | None]:
+        """For each ``(key, spans)``: the bytes of each ``(start, length)`` span of ``key``
+        (fewer at the end of the object; None when it is absent). Local files: each request
+        opens its file once, the requests in the pool, or with ``serial`` in this thread (the
+        kernel asked to read every span first: :meth:`_localfs.Tree.read_spans`); other
+        stores: every span fetched concurrently (ranged GETs)."""
+        if self._tree is not None:
+            tree = self._tree
+            if serial:
+                return tree.read_spans(requests)
+            return _localfs.parallel(lambda r: tree.read_spans([r])[0], requests)
+        flat = [(key, span) for key, spans in requests for span in spans]
+        blobs = iter(self.run(gather_limited([partial(self.aget, k, w) for k, w in flat]))) if flat else iter(())
+        got = [[next(blobs) for _ in spans] for _, spans in requests]
+        return [None if any(b is None for b in bs) else [b or b"" for b in bs] for bs in got]
+
     def read_ahead(self, items: Sequence[tuple[str, tuple[int, int] | None]]) -> bool:
         """Say that ``(key, span)`` will be read soon. Local files: the kernel starts reading
         them (no thread, no wait) and True is returned. Other stores: False, and the caller

@@ -1,0 +1,116 @@
+"""A read of a few rows of a jagged column costs about those rows: each data file opened once
+per round of reads, small reads made in the calling thread (no task handed to the pool per
+piece) (``zarr_skip/store/fetching.py``, ``zarr_skip/store/_localfs.py``). Counts, never
+timings."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import FINGERPRINT
+from zarr.storage import MemoryStore
+
+import zarr_skip as zs
+from zarr_skip.errors import MissingDataError
+from zarr_skip.store import _localfs, fetching
+from zarr_skip.store.storage import Storage
+
+BLOCK = 1024
+CHUNK_BYTES = 8 << 10
+
+
+def _batch(rows: int, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(100, 400, rows)
+    offsets = torch.zeros(rows + 1, dtype=torch.int64)
+    offsets[1:] = torch.from_numpy(lengths).cumsum(0)
+    values = torch.from_numpy(rng.integers(0, 151936, int(offsets[-1])))
+    return {"responses": torch.nested.nested_tensor_from_jagged(values, offsets=offsets)}
+
+
+def _step(location: Any, parts: int = 4, rows: int = 256) -> tuple[zs.StepView, list[torch.Tensor]]:
+    cache = zs.open_cache(
+        location, FINGERPRINT, chunk_bytes=CHUNK_BYTES, compression=zs.Compression("auto", blocksize=BLOCK)
+    )
+    batches = [_batch(rows, i) for i in range(parts)]
+    for b in batches:
+        cache.write(1, b, expected=parts)
+    return zs.open_cache(location).load(1), [r for b in batches for r in b["responses"].unbind()]
+
+
+def _same(got: Any, want: list[torch.Tensor]) -> None:
+    rows = got.unbind()
+    assert len(rows) == len(want) and all(torch.equal(a, b) for a, b in zip(rows, want, strict=True))
+
+
+def test_a_few_rows_open_each_data_file_once_per_round_in_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    view, want = _step(tmp_path / "cache")
+    col = view["responses"]
+    files = {p.arrays["responses"]["values"].file for p in view._parts}
+    assert len(files) == 4
+    opened: Counter[str] = Counter()
+    threads: set[int] = set()
+    open_, spans_ = _localfs.Tree._open, _localfs.Tree.read_spans
+
+    def counting_open(self: _localfs.Tree, key: str, flags: int) -> int | None:
+        if key.endswith(".zip"):
+            opened[key] += 1
+        return open_(self, key, flags)
+
+    def counting_spans(self: _localfs.Tree, requests: Any) -> Any:
+        threads.add(threading.get_ident())
+        return spans_(self, requests)
+
+    monkeypatch.setattr(_localfs.Tree, "_open", counting_open)
+    monkeypatch.setattr(_localfs.Tree, "read_spans", counting_spans)
+    idx = np.sort(np.random.default_rng(0).choice(len(want), 64, replace=False))
+    _same(col[idx], [want[i] for i in idx])
+    # two rounds (the rows' lengths, then their blocks): each data file opened once in each,
+    # where a file was opened for every piece of every chunk read (dozens)
+    assert sum(opened.values()) == 8 and set(opened.values()) == {2}
+    assert threads == {threading.get_ident()}  # a few small reads: no task handed to the pool
+
+
+def test_a_large_fetch_is_still_shared_among_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    view, want = _step(tmp_path / "cache")
+    monkeypatch.setattr(fetching, "SERIAL_FETCH_BYTES", 0)
+    threads: set[int] = set()
+    spans_ = _localfs.Tree.read_spans
+
+    def counting_spans(self: _localfs.Tree, requests: Any) -> Any:
+        threads.add(threading.get_ident())
+        return spans_(self, requests)
+
+    monkeypatch.setattr(_localfs.Tree, "read_spans", counting_spans)
+    _same(view["responses"][:], want)
+    assert threads and threading.get_ident() not in threads
+
+
+def test_get_spans_gives_each_span_or_none_for_an_absent_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(bytes(range(100)))
+    storage = Storage(zs.open_cache(tmp_path, FINGERPRINT)._storage.store)
+    for serial in (True, False):
+        got = storage.get_spans([("f", [(0, 3), (98, 5)]), ("absent", [(0, 1)])], serial=serial)
+        assert got == [[bytes([0, 1, 2]), bytes([98, 99])], None]
+    memory = Storage(MemoryStore())
+    assert memory.get_spans([("absent", [(0, 1)])]) == [None]
+
+
+def test_a_cut_data_file_read_in_one_range_is_a_missing_data_error(tmp_path: Path) -> None:
+    view, want = _step(tmp_path / "cache", parts=1)
+    col = view["responses"]
+    col.lengths()
+    a = view._parts[0].arrays["responses"]["values"]
+    path = tmp_path / "cache" / str(view._parts[0].path) / Path(str(a.file)).name
+    data = path.read_bytes()
+    path.write_bytes(data[: a.offset + a.sizes[0] + a.sizes[1] // 2])  # cut inside chunk 1
+    with pytest.raises(MissingDataError):
+        col[np.array([len(want) - 1, 0])]
