@@ -18,7 +18,8 @@ from zarr.storage import MemoryStore
 
 import zarr_skip as zs
 from zarr_skip.errors import MissingDataError
-from zarr_skip.store import _localfs, fetching
+from zarr_skip.format import blosc_frames, chunks
+from zarr_skip.store import _localfs, blockreads, fetching
 from zarr_skip.store.storage import Storage
 
 BLOCK = 1024
@@ -114,3 +115,50 @@ def test_a_cut_data_file_read_in_one_range_is_a_missing_data_error(tmp_path: Pat
     path.write_bytes(data[: a.offset + a.sizes[0] + a.sizes[1] // 2])  # cut inside chunk 1
     with pytest.raises(MissingDataError):
         col[np.array([len(want) - 1, 0])]
+
+
+def test_a_gathered_frame_decodes_to_its_blocks_in_one_call() -> None:
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 151936, 4 * 1024 + 100).astype("<u4")  # 4 blocks of 4 KiB and a short one
+    codec = chunks.Compression("blosc-zstd", 1, "shuffle", 4096).codec()
+    assert codec is not None
+    frame = bytes(codec.encode(raw))
+    starts = blosc_frames.block_starts(frame)
+    head = blosc_frames.parse_header(frame)
+    assert starts is not None and head is not None and head.blocks == 5
+    ends = (*starts[1:], len(frame))
+    body = raw.view(np.uint8)
+    for pick in ([1], [0, 3], [1, 2, 4], [4]):
+        gathered = blosc_frames.gathered_frame(head, pick, [frame[starts[k] : ends[k]] for k in pick])
+        want = b"".join(bytes(body[k * 4096 : (k + 1) * 4096]) for k in pick)
+        assert bytes(codec.decode(gathered)) == want
+    with pytest.raises(ValueError, match="blocks"):  # the short block is not the frame's last
+        blosc_frames.gathered_frame(head, [4, 0], [frame[starts[4] :], frame[starts[0] : ends[0]]])
+
+
+def test_the_blocks_of_a_chunk_are_decoded_in_one_codec_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    view, want = _step(tmp_path / "cache")
+    col = view["responses"]
+    col.lengths()
+    calls: list[int] = []
+    plans: list[int] = []
+    real_codec, real_decode = chunks.Compression.codec, blockreads.decode
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def decode(self, buf: Any, out: Any = None) -> Any:
+            calls.append(1)
+            return self.inner.decode(buf, out=out)
+
+    def counting_plan(p: blockreads.BlockPlan, blobs: Any, where: str) -> np.ndarray:
+        plans.append(len(p.blocks))
+        return real_decode(p, blobs, where)
+
+    monkeypatch.setattr(chunks.Compression, "codec", lambda self: Counting(real_codec(self)))
+    monkeypatch.setattr(blockreads, "decode", counting_plan)
+    idx = np.sort(np.random.default_rng(1).choice(len(want), 64, replace=False))
+    _same(col[idx], [want[i] for i in idx])
+    assert plans and sum(plans) > len(plans)  # some chunks gave several blocks
+    assert len(calls) == len(plans)  # one call per chunk, where there was one per block

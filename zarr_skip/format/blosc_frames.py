@@ -10,7 +10,8 @@ lock once for all of them.
 
 The same independence lets a reader decode some blocks of a chunk alone: :func:`block_starts`
 finds where each block of a frame lies, :func:`parse_header` reads a frame's header back, and
-:func:`block_frame` makes the frame of one block (which blosc decodes to that block's bytes).
+:func:`gathered_frame` makes one frame of some of its blocks (which blosc decodes, in one call,
+to those blocks' bytes).
 
 The blosc 1 frame (all fields little-endian)::
 
@@ -21,6 +22,7 @@ The blosc 1 frame (all fields little-endian)::
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 _HEADER = struct.Struct("<BBBBIII")
@@ -69,7 +71,7 @@ def table_bytes(count: int) -> int:
 
 def block_starts(frame: bytes | memoryview) -> tuple[int, ...] | None:
     """Where each block of ``frame`` begins, when it holds two blocks or more, each one stream
-    (so that each decodes alone: :func:`block_frame`); None for another frame (one block,
+    (so that each decodes alone: :func:`gathered_frame`); None for another frame (one block,
     stored uncompressed, split streams, or a layout this does not know)."""
     head = parse_header(frame)
     if head is None or head.version != 2 or head.flags & MEMCPYED or not head.flags & DONT_SPLIT:
@@ -83,15 +85,26 @@ def block_starts(frame: bytes | memoryview) -> tuple[int, ...] | None:
     return starts
 
 
-def block_frame(head: Header, k: int, body: bytes | memoryview) -> bytes:
-    """The frame of block ``k`` alone, of a frame with header ``head`` (of several blocks, each one
-    stream: see :func:`block_starts`), whose compressed bytes are ``body``."""
-    size = head.block_bytes(k)
-    first = table_bytes(1)
-    return (
-        _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, size, size, first + len(body))
-        + _START.pack(first)
-        + bytes(body)
+def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[bytes | memoryview]) -> bytes:
+    """One frame of blocks ``blocks`` (rising) of a frame with header ``head`` (of several blocks,
+    each one stream: see :func:`block_starts`), whose compressed bytes are ``bodies``: blosc
+    decodes it in one call (one context for all of them) to those blocks' bytes back to back.
+    Only the frame's last block may be shorter than the others (ValueError otherwise)."""
+    sizes = [head.block_bytes(k) for k in blocks]
+    if not sizes or any(n != head.blocksize for n in sizes[:-1]) or not 0 < sizes[-1] <= head.blocksize:
+        raise ValueError(f"blocks {list(blocks)!r} of a frame of {head.blocks} blocks")
+    first = table_bytes(len(blocks))
+    starts, at = [], first
+    for body in bodies:
+        starts.append(at)
+        at += len(body)
+    block = head.blocksize if len(sizes) > 1 else sizes[0]  # blosc refuses a block larger than the frame
+    return b"".join(
+        [
+            _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, sum(sizes), block, at),
+            struct.pack(f"<{len(starts)}I", *starts),
+            *bodies,
+        ]
     )
 
 

@@ -157,13 +157,16 @@ def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
     head = _checked_header(a, c, items[0], where)
     out = np.empty((a.chunk, *a.shape[1:]), dtype=a.dtype)
     flat = out.reshape(-1).view(np.uint8)
-    codec = a.compression.codec()
-    for k, blob in zip(p.blocks, items[1:], strict=True):
+    # the blocks in one frame, decoded in one call: a call per block cost a codec context each
+    # (~10 us of the ~35 an 8 KiB zstd block costs), then each block put in its place
+    blocks = np.empty(sum(head.block_bytes(k) for k in p.blocks), dtype=np.uint8)
+    try:
+        a.compression.codec().decode(blosc_frames.gathered_frame(head, p.blocks, items[1:]), out=blocks)  # type: ignore[union-attr]
+    except (ValueError, RuntimeError) as exc:
+        raise ChecksumError(f"{where}: blocks {list(p.blocks)} do not decode ({exc})") from None
+    for i, k in enumerate(p.blocks):
         at, size = k * head.blocksize, head.block_bytes(k)
-        try:
-            codec.decode(blosc_frames.block_frame(head, k, blob), out=flat[at : at + size])  # type: ignore[union-attr]
-        except (ValueError, RuntimeError) as exc:
-            raise ChecksumError(f"{where}: block {k} does not decode ({exc})") from None
+        flat[at : at + size] = blocks[i * head.blocksize : i * head.blocksize + size]
     return out
 
 
