@@ -19,7 +19,7 @@ from zarr.storage import MemoryStore
 import zarr_skip as zs
 from zarr_skip.errors import MissingDataError
 from zarr_skip.format import blosc_frames, chunks
-from zarr_skip.store import _localfs, blockreads, fetching
+from zarr_skip.store import _localfs, blockreads, fetching, reads
 from zarr_skip.store.storage import Storage
 
 BLOCK = 1024
@@ -162,3 +162,20 @@ def test_the_blocks_of_a_chunk_are_decoded_in_one_codec_call(tmp_path: Path, mon
     _same(col[idx], [want[i] for i in idx])
     assert plans and sum(plans) > len(plans)  # some chunks gave several blocks
     assert len(calls) == len(plans)  # one call per chunk, where there was one per block
+
+
+def test_a_few_rows_hand_the_pool_one_share_per_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    view, want = _step(tmp_path / "cache")
+    col = view["responses"]
+    col.lengths()
+    monkeypatch.setattr(reads, "PARALLEL_DECODE_BYTES", 0)  # the pool, however little to decode
+    handed: list[int] = []
+    parallel = _localfs.parallel
+    monkeypatch.setattr(_localfs, "parallel", lambda fn, items: handed.append(len(items)) or parallel(fn, items))
+    idx = np.sort(np.random.default_rng(2).choice(len(want), 64, replace=False))
+    _same(col[idx], [want[i] for i in idx])
+    # a task per chunk was one per chunk touched (up to 16 tasks, each a hand-over under the GIL)
+    assert handed == [min(_localfs.workers(), 16)]
+    handed.clear()
+    assert len(col[:].unbind()) == len(want)  # the whole column: chunk by chunk, as before
+    assert handed and max(handed) > _localfs.workers()

@@ -14,8 +14,9 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,9 +24,11 @@ from zarr_skip.errors import MetadataError, SchemaMismatchError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
-from zarr_skip.store import blockreads
+from zarr_skip.store import _localfs, blockreads
 from zarr_skip.store.fetching import fetch_chunks
 from zarr_skip.store.storage import Storage
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +428,7 @@ def read_index(
         c = int(grouped[lo] - firsts[p])
         n = min(a.chunk, a.rows - c * a.chunk)
         jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
-    _decode_jobs(storage, jobs, fetched=fetched)
+    _decode_jobs(storage, jobs, fetched=fetched, few=True)
     return out
 
 
@@ -473,7 +476,7 @@ def read_runs(
         (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
         for (p, c), pairs in found.items()
     ]
-    _decode_jobs(storage, jobs, fetched=fetched)
+    _decode_jobs(storage, jobs, fetched=fetched, few=True)
     return out
 
 
@@ -482,11 +485,14 @@ def _decode_jobs(
     jobs: list[tuple[Any, ...]],
     prefetch: Sequence[tuple[ArrayPart, int]] = (),
     fetched: Fetched | None = None,
+    *,
+    few: bool = False,
 ) -> None:
     """Fetch and decode chunks concurrently, each straight into its output when it can (and
     fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again).
     A few rows of a chunk of several blosc blocks fetch and decode only the blocks holding them
-    (:mod:`zarr_skip.store.blockreads`)."""
+    (:mod:`zarr_skip.store.blockreads`). ``few``: chosen rows (:func:`read_runs`,
+    :func:`read_index`), decoded in one share of the chunks per thread."""
     fetched = {} if fetched is None else fetched
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
     todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
@@ -508,13 +514,33 @@ def _decode_jobs(
             work.append((job, (p, [next(blobs) for _ in p.pieces])))
     work += [(job, fetched[job[0].path, job[1]]) for job in ready]
     # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
-    # a few are decoded here, many in the pool (which takes them in shares, not one by one)
-    cost = sum(blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work)
-    if cost <= PARALLEL_DECODE_BYTES:
+    # a few are decoded here, many in the pool (which takes them in shares, not one by one);
+    # a read of a few rows hands it one share per thread, of about equal cost
+    costs = [blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work]
+    if sum(costs) <= PARALLEL_DECODE_BYTES:
         for job, blob in work:
             _decode(storage, job, blob)
+    elif few:
+        storage.parallel(partial(_decode_all, storage), _balanced(work, costs))
     else:
         storage.parallel(lambda item: _decode(storage, *item), work)
+
+
+def _decode_all(storage: Storage, share: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
+    for job, blob in share:
+        _decode(storage, job, blob)
+
+
+def _balanced(items: Sequence[T], costs: Sequence[int]) -> list[list[T]]:
+    """``items`` in one share per thread of the pool, of about equal total cost (the costliest
+    first, each to the share of least cost so far)."""
+    shares: list[list[T]] = [[] for _ in range(min(len(items), _localfs.workers()))]
+    loads = [0] * len(shares)
+    for i in sorted(range(len(items)), key=costs.__getitem__, reverse=True):
+        j = loads.index(min(loads))
+        shares[j].append(items[i])
+        loads[j] += costs[i]
+    return shares
 
 
 def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
