@@ -86,6 +86,45 @@ def parallel(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     return out
 
 
+def share_out(fn: Callable[[T], object], items: Sequence[T], mine: Sequence[T] = ()) -> None:
+    """``fn(x)`` for every ``x`` of ``mine`` in this thread, and of ``items`` in the pool's
+    threads but one and this one (once done with ``mine``): each thread takes the next item
+    when free, so that no thread waits while another has two left.
+
+    For work of mixed sizes (decoding chunks): the small items ``mine`` cost less to do than
+    to hand to a thread, the large ``items`` go to whoever is free. As many threads as cores
+    (see :func:`workers`). The first failure stops every thread and is raised once none runs.
+    """
+    todo = iter(items)
+    lock = threading.Lock()
+    stopped = threading.Event()
+
+    def drain() -> None:
+        while not stopped.is_set():
+            with lock:
+                item = next(todo, None)
+            if item is None:
+                return
+            try:
+                fn(item)
+            except BaseException:
+                stopped.set()
+                raise
+
+    helpers = [submit(drain) for _ in range(min(len(items), workers() - 1))]
+    try:
+        for item in mine:
+            fn(item)
+        drain()
+    except BaseException:
+        stopped.set()
+        raise
+    finally:
+        wait(helpers)
+    for f in helpers:
+        f.result()
+
+
 def write_fresh_many(
     tree: Tree,
     items: Sequence[tuple[str, Callable[[], bytes | Iterable[bytes]]]],

@@ -514,8 +514,9 @@ def _decode_jobs(
             work.append((job, (p, [next(blobs) for _ in p.pieces])))
     work += [(job, fetched[job[0].path, job[1]]) for job in ready]
     # small chunks cost more to hand to a thread than to decode (Python work, under the GIL):
-    # a few are decoded here, many in the pool (which takes them in shares, not one by one);
-    # a read of a few rows hands it one share per thread, of about equal cost
+    # a few are decoded here; a read of a few rows hands the pool one share per thread, of
+    # about equal cost; a larger read decodes its small ones here while the pool's threads
+    # start on the large ones
     costs = [blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work]
     if sum(costs) <= PARALLEL_DECODE_BYTES:
         for job, blob in work:
@@ -523,7 +524,9 @@ def _decode_jobs(
     elif few:
         storage.parallel(partial(_decode_all, storage), _balanced(work, costs))
     else:
-        storage.parallel(lambda item: _decode(storage, *item), work)
+        large = [item for item, cost in zip(work, costs, strict=True) if cost > SMALL_CHUNK_BYTES]
+        small = [item for item, cost in zip(work, costs, strict=True) if cost <= SMALL_CHUNK_BYTES]
+        storage.share_out(lambda item: _decode(storage, *item), large, small)
 
 
 def _decode_all(storage: Storage, share: Sequence[tuple[tuple[Any, ...], Any]]) -> None:

@@ -218,6 +218,11 @@ class Storage:
         """``[fn(x) for x in items]`` in the I/O and codec pool (see :func:`_localfs.parallel`)."""
         return _localfs.parallel(fn, items)
 
+    def share_out(self, fn: Callable[[T], object], items: Sequence[T], mine: Sequence[T] = ()) -> None:
+        """``fn`` over ``mine`` in this thread, then over ``items`` with the pool's threads (see
+        :func:`_localfs.share_out`)."""
+        _localfs.share_out(fn, items, mine)
+
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` in the I/O and codec pool (see :func:`_localfs.submit`)."""
         return _localfs.submit(fn, *args)
