@@ -309,3 +309,20 @@ def test_jagged_tensor_is_the_public_constructors_nested_tensor() -> None:
     assert mine.values().data_ptr() == values.data_ptr()  # a view, as the public one gives
     assert torch.equal(mine.offsets(), theirs.offsets())
     assert [r.tolist() for r in mine.unbind()] == [r.tolist() for r in theirs.unbind()]
+
+
+def test_jagged_tensor_is_made_as_torch_load_makes_a_saved_one() -> None:
+    """The NestedTensor class called on values and offsets (as ``torch.load`` does), not a view
+    of the values made through torch's dispatcher: same rows, no view bookkeeping."""
+    import io
+
+    from zarr_skip.format.specs import jagged_tensor
+
+    values, offsets = torch.arange(10), torch.tensor([0, 3, 3, 10])
+    buf = io.BytesIO()
+    torch.save(torch.nested.nested_tensor_from_jagged(values, offsets=offsets), buf)
+    buf.seek(0)
+    loaded, mine = torch.load(buf, weights_only=True), jagged_tensor(values, offsets)
+    assert type(mine) is type(loaded) and mine._is_view() is loaded._is_view() is False
+    assert mine.offsets() is offsets and mine.values().data_ptr() == values.data_ptr()
+    assert [r.tolist() for r in mine.unbind()] == [r.tolist() for r in loaded.unbind()]
