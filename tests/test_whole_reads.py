@@ -92,3 +92,40 @@ def test_a_whole_read_equals_the_columns_read_one_by_one(tmp_path: Path, fingerp
     got = view.to_dict()
     for name, value in got.items():
         assert_equal(value, view[name][:], name)
+
+
+def test_reading_every_column_asks_the_kernel_for_the_data_files_first(
+    tmp_path: Path, fingerprint: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold read's data files come from the disk while the columns' records are checked,
+    not after: each is hinted (whole) before the first column is set up; a read of some rows
+    or columns hints no whole data file."""
+    from zarr_skip import lazy
+
+    cache = zs.open_cache(tmp_path, fingerprint)
+    for i in range(2):
+        cache.write(1, make_batch(16, seed=i), expected=2)
+    view = zs.open_cache(tmp_path, fingerprint).load(1)
+    events: list[tuple[str, Any]] = []
+    will_need, column = _localfs.Tree.will_need, lazy.LazyColumn.__init__
+
+    def hinted(self: Any, key: str, start: int, length: int) -> None:
+        events.append(("hint", (key, start, length)))
+        will_need(self, key, start, length)
+
+    def made(self: Any, *args: Any) -> None:
+        events.append(("column", args[3]))
+        column(self, *args)
+
+    monkeypatch.setattr(_localfs.Tree, "will_need", hinted)
+    monkeypatch.setattr(lazy.LazyColumn, "__init__", made)
+    keys = {p.arrays["uid"]["values"].file for p in view._parts}
+    files = {(key, 0, (tmp_path / key).stat().st_size) for key in keys if key}
+    assert len(files) == 2 and all(n > 1000 for _, _, n in files)
+    view["responses"][:5]
+    view.to_dict(["uid"])
+    assert not [e for e in events if e[1] in files], events
+    fresh = zs.open_cache(tmp_path, fingerprint).load(1)
+    events.clear()
+    fresh.to_dict()
+    assert {e[1] for e in events[:2]} == files and events[2][0] == "column", events[:3]

@@ -170,7 +170,12 @@ class StepView:
 
     def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """Every column (or those named) read in full, as the types that were written; the
-        chunks of all of them are fetched and decoded in one batch."""
+        chunks of all of them are fetched and decoded in one batch (those of a mini-batch's
+        data file in one ranged read). Reading every column of local files first asks the
+        kernel to read the data files (``posix_fadvise``), which a cold read then finds read
+        while its columns' records were checked."""
+        if columns is None:  # the kernel reads the data files while the columns are set up
+            self._storage.read_ahead([(p.data_file[0], (0, p.data_file[1])) for p in self._parts if p.data_file])
         cols = [self[name] for name in (columns or self.columns)]
         wanted = [col._whole() for col in cols]
         arrays = iter(read_ranges(self._storage, [r for ranges in wanted for r in ranges]))

@@ -124,6 +124,8 @@ class Part:
     arrays: Mapping[str, dict[str, ArrayPart]]
     nbytes: int
     raw_nbytes: int
+    #: of a packed mini-batch (format 4): the key and size of its data file
+    data_file: tuple[str, int] | None = None
 
     @classmethod
     def from_doc(cls, step: int, path: str, doc: Mapping[str, Any], experiment: str | None = None) -> Part:
@@ -175,6 +177,7 @@ class Part:
                 ),
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
+                (data, int(doc["data_nbytes"])) if packed else None,  # bounded by check_frame
             )
         except MetadataError:
             raise
