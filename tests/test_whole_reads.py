@@ -22,9 +22,11 @@ from zarr_skip.store import _localfs, reads
 
 
 def _batch(rows: int = 64) -> dict[str, Any]:
-    """Per-row objects (tiny chunks) and two jagged columns of ~600 KiB (large chunks)."""
+    """Per-row objects (tiny chunks), two jagged columns of ~600 KiB (large chunks) and one of
+    300 KiB (``hidden``, at 64 rows)."""
     batch = make_batch(rows)
     g = torch.Generator().manual_seed(3)
+    batch["hidden"] = torch.randn(rows, 1200, generator=g)
     offsets = torch.arange(rows + 1, dtype=torch.int64) * 2500
     for name in ("responses", "old_log_probs"):
         values = torch.randint(0, 151936, (rows * 2500,), generator=g)
@@ -56,12 +58,18 @@ def test_small_chunks_are_decoded_in_the_calling_thread_large_ones_shared(
     monkeypatch.setattr(reads, "_decode", traced)
     monkeypatch.setattr(_localfs, "submit", counted)
     got = view.to_dict()
-    small = [here for size, here in decoded if size <= reads.SMALL_CHUNK_BYTES]
-    large = [size for size, _ in decoded if size > reads.SMALL_CHUNK_BYTES]
+    small = [here for size, here in decoded if size <= reads.HANDOFF_BYTES]
+    large = [size for size, _ in decoded if size > reads.HANDOFF_BYTES]
     assert len(small) > 10 and all(small), decoded  # every tiny chunk: no hand-over to a thread
-    assert len(large) >= 2 and sum(large) > reads.PARALLEL_DECODE_BYTES
+    assert len(large) >= 2 and sum(large) > reads.SERIAL_DECODE_BYTES
     assert len(submitted) == min(len(large), _localfs.workers() - 1), submitted  # one task per helper
     assert_equal(got, batch)
+    decoded.clear()
+    submitted.clear()
+    small_step = zs.open_cache(tmp_path, fingerprint).load(1).to_dict(["uid", "tags", "hidden"])
+    assert 256 << 10 < sum(size for size, _ in decoded) <= reads.SERIAL_DECODE_BYTES
+    assert all(here for _, here in decoded) and not submitted  # a small read wakes no thread
+    assert_equal(small_step["hidden"], batch["hidden"])
 
 
 def test_sharing_out_runs_each_item_once_and_raises_the_first_failure() -> None:
