@@ -177,5 +177,13 @@ def test_a_few_rows_hand_the_pool_one_share_per_thread(tmp_path: Path, monkeypat
     # a task per chunk was one per chunk touched (up to 16 tasks, each a hand-over under the GIL)
     assert handed == [min(_localfs.workers(), 16)]
     handed.clear()
-    assert len(col[:].unbind()) == len(want)  # the whole column: chunk by chunk, as before
-    assert handed and max(handed) > _localfs.workers()
+    monkeypatch.setattr(reads, "SERIAL_DECODE_BYTES", 0)
+    shared: list[int] = []
+    share_out = _localfs.share_out
+    monkeypatch.setattr(
+        _localfs,
+        "share_out",
+        lambda fn, items, mine=(): shared.append(len(items) + len(mine)) or share_out(fn, items, mine),
+    )
+    assert len(col[:].unbind()) == len(want)  # the whole column: chunk by chunk, pulled by the threads
+    assert not handed and shared and max(shared) > _localfs.workers()
