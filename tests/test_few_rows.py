@@ -164,7 +164,11 @@ def test_the_blocks_of_a_chunk_are_decoded_in_one_codec_call(tmp_path: Path, mon
     assert len(calls) == len(plans)  # one call per chunk, where there was one per block
 
 
-def test_a_few_rows_hand_the_pool_one_share_per_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_few_rows_are_decoded_by_this_thread_and_the_pool_pulling_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No task per chunk, and no static share per thread that leaves this one waiting: this
+    thread and the pool's threads take the next chunk when free (``share_out``)."""
     view, want = _step(tmp_path / "cache")
     col = view["responses"]
     col.lengths()
@@ -172,12 +176,6 @@ def test_a_few_rows_hand_the_pool_one_share_per_thread(tmp_path: Path, monkeypat
     handed: list[int] = []
     parallel = _localfs.parallel
     monkeypatch.setattr(_localfs, "parallel", lambda fn, items: handed.append(len(items)) or parallel(fn, items))
-    idx = np.sort(np.random.default_rng(2).choice(len(want), 64, replace=False))
-    _same(col[idx], [want[i] for i in idx])
-    # a task per chunk was one per chunk touched (up to 16 tasks, each a hand-over under the GIL)
-    assert handed == [min(_localfs.workers(), 16)]
-    handed.clear()
-    monkeypatch.setattr(reads, "SERIAL_DECODE_BYTES", 0)
     shared: list[int] = []
     share_out = _localfs.share_out
     monkeypatch.setattr(
@@ -185,5 +183,10 @@ def test_a_few_rows_hand_the_pool_one_share_per_thread(tmp_path: Path, monkeypat
         "share_out",
         lambda fn, items, mine=(): shared.append(len(items) + len(mine)) or share_out(fn, items, mine),
     )
+    idx = np.sort(np.random.default_rng(2).choice(len(want), 64, replace=False))
+    _same(col[idx], [want[i] for i in idx])
+    assert not handed and len(shared) == 1 and shared[0] > _localfs.workers()  # every chunk, pulled
+    shared.clear()
+    monkeypatch.setattr(reads, "SERIAL_DECODE_BYTES", 0)
     assert len(col[:].unbind()) == len(want)  # the whole column: chunk by chunk, pulled by the threads
     assert not handed and shared and max(shared) > _localfs.workers()

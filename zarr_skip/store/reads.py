@@ -14,9 +14,8 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import accumulate, pairwise
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +23,9 @@ from zarr_skip.errors import MetadataError, SchemaMismatchError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
-from zarr_skip.store import _localfs, blockreads
+from zarr_skip.store import blockreads
 from zarr_skip.store.fetching import fetch_chunks
 from zarr_skip.store.storage import Storage
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,7 +492,7 @@ def _decode_jobs(
     fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again).
     A few rows of a chunk of several blosc blocks fetch and decode only the blocks holding them
     (:mod:`zarr_skip.store.blockreads`). ``few``: chosen rows (:func:`read_runs`,
-    :func:`read_index`), decoded in one share of the chunks per thread."""
+    :func:`read_index`), decoded in the pool from a smaller size on."""
     fetched = {} if fetched is None else fetched
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
     todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
@@ -516,37 +513,19 @@ def _decode_jobs(
         if p is not None:
             work.append((job, (p, [next(blobs) for _ in p.pieces])))
     work += [(job, fetched[job[0].path, job[1]]) for job in ready]
-    # a read of whole chunks of up to a MiB costs less than waking the pool's threads for it;
-    # in larger ones, small chunks cost more to hand to a thread than to decode (Python work,
-    # under the GIL): they are decoded here while the pool's threads start on the others; a
-    # read of chosen rows hands the pool one share per thread, of about equal cost
+    # a read of whole chunks of up to a MiB (of chosen rows: 256 KiB) costs less than waking
+    # the pool's threads for it; in larger ones, small chunks cost more to hand to a thread than
+    # to decode (Python work, under the GIL): they are decoded here while the pool's threads
+    # start on the others, and this thread then pulls the rest with them (a static share per
+    # thread left this one idle: 64 random rows of the medium step 13-14 -> 16.5-17 ms, quiet)
     costs = [blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work]
     if sum(costs) <= (PARALLEL_DECODE_BYTES if few else SERIAL_DECODE_BYTES):
         for job, blob in work:
             _decode(storage, job, blob)
-    elif few:
-        storage.parallel(partial(_decode_all, storage), _balanced(work, costs))
-    else:
-        mine = [item for item, cost in zip(work, costs, strict=True) if cost <= HANDOFF_BYTES]
-        shared = [item for item, cost in zip(work, costs, strict=True) if cost > HANDOFF_BYTES]
-        storage.share_out(lambda item: _decode(storage, *item), shared, mine)
-
-
-def _decode_all(storage: Storage, share: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
-    for job, blob in share:
-        _decode(storage, job, blob)
-
-
-def _balanced(items: Sequence[T], costs: Sequence[int]) -> list[list[T]]:
-    """``items`` in one share per thread of the pool, of about equal total cost (the costliest
-    first, each to the share of least cost so far)."""
-    shares: list[list[T]] = [[] for _ in range(min(len(items), _localfs.workers()))]
-    loads = [0] * len(shares)
-    for i in sorted(range(len(items)), key=costs.__getitem__, reverse=True):
-        j = loads.index(min(loads))
-        shares[j].append(items[i])
-        loads[j] += costs[i]
-    return shares
+        return
+    mine = [item for item, cost in zip(work, costs, strict=True) if cost <= HANDOFF_BYTES]
+    shared = [item for item, cost in zip(work, costs, strict=True) if cost > HANDOFF_BYTES]
+    storage.share_out(lambda item: _decode(storage, *item), shared, mine)
 
 
 def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
