@@ -517,7 +517,8 @@ def _decode_jobs(
     # the pool's threads for it; in larger ones, small chunks cost more to hand to a thread than
     # to decode (Python work, under the GIL): they are decoded here while the pool's threads
     # start on the others, and this thread then pulls the rest with them (a static share per
-    # thread left this one idle: 64 random rows of the medium step 13-14 -> 16.5-17 ms, quiet)
+    # thread left this one idle: 64 random rows of the medium step took 16.5-17 ms that way,
+    # 13-14 ms this way, quiet)
     costs = [blob[0].nbytes if isinstance(blob, tuple) else job[0].chunk_bytes for job, blob in work]
     if sum(costs) <= (PARALLEL_DECODE_BYTES if few else SERIAL_DECODE_BYTES):
         for job, blob in work:
