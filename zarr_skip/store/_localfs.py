@@ -19,7 +19,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
@@ -123,61 +123,6 @@ def share_out(fn: Callable[[T], object], items: Sequence[T], mine: Sequence[T] =
         wait(helpers)
     for f in helpers:
         f.result()
-
-
-def write_fresh_many(
-    tree: Tree,
-    items: Sequence[tuple[str, Callable[[], bytes | Iterable[bytes]]]],
-    error: Callable[[OSError, str], Exception],
-) -> dict[str, int]:
-    """Make and write the new files ``items`` (key, value maker) of a fresh group; the size of each.
-
-    This thread makes the directories, then writes the items in order (a value that comes in
-    pieces, e.g. a shard's chunks as they are encoded, piece by piece) while the pool finishes
-    the work submitted before (the values' encoding); the pool's threads join in when done.
-    The first failure stops every thread, ``error(exc, key)`` making an OSError typed; nothing
-    is still writing when this returns or raises.
-    """
-    todo = iter(items)
-    lock = threading.Lock()
-    ready, stopped = threading.Event(), threading.Event()  # stopped: a thread failed
-    sizes: dict[str, int] = {}
-
-    def drain() -> None:
-        while not stopped.is_set():
-            with lock:
-                item = next(todo, None)
-            if item is None:
-                return
-            key, make = item
-            try:
-                sizes[key] = tree.write_fresh(key, make())
-            except BaseException as exc:
-                stopped.set()
-                if isinstance(exc, OSError):
-                    raise error(exc, key) from exc
-                raise
-
-    def helper() -> None:
-        ready.wait()
-        drain()
-
-    helpers = [submit(helper) for _ in range(workers())]
-    try:
-        try:
-            tree.make_dirs([key for key, _ in items])
-        except OSError as exc:
-            raise error(exc, items[0][0]) from exc
-        finally:
-            ready.set()
-        drain()
-        for f in helpers:
-            f.result()
-    except BaseException:
-        stopped.set()
-        wait(helpers)
-        raise
-    return {key: sizes[key] for key, _ in items}
 
 
 #: bytes read from a file before asking for its size (records and documents are smaller)
@@ -478,26 +423,6 @@ class Tree:
             tmp.unlink(missing_ok=True)
             raise
         return result
-
-    def write_fresh(self, key: str, data: bytes | Iterable[bytes]) -> int:
-        """Write a file in a directory only this writer uses and nobody reads before it says so.
-
-        No temp file and rename: a writer's data group is read only after its completion record
-        names every chunk with its size and checksum, so a torn write is caught, never trusted.
-        ``data`` may come in pieces (the chunks of a shard), each written as it comes. Returns
-        the bytes written.
-        """
-        pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-        path = self.path(key)
-        # its directory was checked when made (make_dirs); a link in its place is not followed
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
-        size = 0
-        with open(fd, "wb") as f:
-            self._check_fd(fd, key, path)
-            for piece in pieces:
-                f.write(piece)
-                size += len(piece)
-        return size
 
     def make_dirs(self, keys: Sequence[str]) -> None:
         """Create the directories of ``keys`` (parents first), once each. Where a new branch

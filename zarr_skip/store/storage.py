@@ -40,9 +40,6 @@ from zarr_skip.store.packed import Member
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-#: a value to store: bytes, or its pieces (a shard's chunks), which may come one by one as
-#: they are made (an iterator: a fresh local file is written piece by piece as they come)
-Value = bytes | Iterable[bytes]
 _PROTO = default_buffer_prototype()
 #: requests in flight at once; object stores are latency-bound, local disks don't mind
 CONCURRENCY = 64
@@ -227,40 +224,6 @@ class Storage:
         """Run ``fn(*args)`` in the I/O and codec pool (see :func:`_localfs.submit`)."""
         return _localfs.submit(fn, *args)
 
-    def put_many(self, items: Sequence[tuple[str, Callable[[], Value]]], *, fresh: bool = False) -> dict[str, int]:
-        """Make (e.g. encode) and store values concurrently; the stored size of every key.
-
-        A value may come in pieces (e.g. the chunks of a shard, possibly an iterator of them as
-        they are encoded): they are stored as one.
-
-        ``fresh``: the keys are new and unread until a later record names them (a writer's
-        own data group), so local files are written in place, without temp file and rename,
-        by this thread and the pool's, in the order of ``items``.
-        """
-        if items:
-            self._check_writable(items[0][0])
-        if self._tree is not None:
-            return self._put_local(self._tree, items, fresh)
-        values = _localfs.parallel(lambda item: _joined(item[1]()), items)
-        data = {key: value for (key, _), value in zip(items, values, strict=True)}
-        self.set_many(data)
-        return {key: len(value) for key, value in data.items()}
-
-    def _put_local(
-        self, tree: _localfs.Tree, items: Sequence[tuple[str, Callable[[], Value]]], fresh: bool
-    ) -> dict[str, int]:
-        if not fresh:
-
-            def put(item: tuple[str, Callable[[], Value]]) -> tuple[str, int]:
-                key, make = item
-                try:
-                    return key, tree.write(key, _joined(make()))
-                except OSError as exc:
-                    raise storage_error(exc, self.key_path(key)) from exc
-
-            return dict(_localfs.parallel(put, items))
-        return _localfs.write_fresh_many(tree, items, lambda exc, key: storage_error(exc, self.key_path(key)))
-
     def publish_zip(
         self, key: str, members: Sequence[Member], *, fresh: bool = False
     ) -> tuple[dict[str, tuple[int, int]], int]:
@@ -357,12 +320,6 @@ class Storage:
                 raise storage_error(exc, self.key_path(key)) from exc
             return
         self.run(self.aset(key, data))
-
-    def set_many(self, items: Mapping[str, bytes]) -> None:
-        if items:
-            self._check_writable(next(iter(items)))
-        # every write ends before a failure is raised: the caller's clean-up must not race them
-        self.run(gather_limited([partial(self.aset, k, v) for k, v in items.items()], settle=True))
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
@@ -511,7 +468,3 @@ def storage_error(exc: OSError, where: str) -> Exception:
         err = StorageError(f"{where}: write failed ({exc})")
     err.errno = exc.errno
     return err
-
-
-def _joined(value: Value) -> bytes:
-    return value if isinstance(value, bytes) else b"".join(value)
