@@ -263,18 +263,6 @@ class Tree:
         finally:
             os.close(fd)
 
-    def read_range(self, key: str, start: int, length: int) -> bytes | None:
-        """``length`` bytes of ``key`` from ``start`` (fewer at the end of the file; None if absent)."""
-        fd = self._open(key, os.O_RDONLY)
-        if fd is None:
-            return None
-        try:
-            return os.pread(fd, length, start)
-        except IsADirectoryError:
-            return None
-        finally:
-            os.close(fd)
-
     def read_spans(self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes] | None]:
         """For each ``(key, spans)``: ``length`` bytes of ``key`` from each ``(start, length)``
         (fewer at the end of the file; None if the file is absent), in this thread, each file

@@ -68,7 +68,7 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
                 last = _Run(key, start, length, [(n, 0, length)], hole=max_hole)
                 ranged[-1].append(last)
     out: list[Any] = [None] * len(items)
-    blobs = storage.map_get(runs, lambda r: r.key, lambda r, blob: blob) if runs else []
+    blobs = storage.get_many([r.key for r in runs]) if runs else []  # whole chunk files (formats 2, 3)
     pairs = list(zip(runs, blobs, strict=True))
     requests = _requests(ranged)
     asked = [(g[0].key, [(r.start, r.length) for r in g]) for g in requests]

@@ -146,39 +146,6 @@ class Storage:
             return []
         return self.run(gather_limited([partial(self.aget, k) for k in keys]))
 
-    def map_get(
-        self,
-        items: Sequence[T],
-        key: Callable[[T], str],
-        fn: Callable[[T, bytes | None], Any],
-        span: Callable[[T], tuple[int, int] | None] = lambda _: None,
-        *,
-        serial: bool = False,
-    ) -> list[Any]:
-        """``fn(item, bytes at key(item) or None)`` for every item, fetched and applied
-        concurrently; ``span(item)``, when not None, is the ``(start, length)`` to read.
-
-        ``serial``: ``fn`` is cheap (e.g. decoding a small chunk) and runs in this thread; the
-        values are still fetched concurrently (from local files: the kernel is asked to read
-        them all ahead first)."""
-        if self._tree is not None:
-            tree = self._tree
-
-            def one(it: T) -> Any:
-                where = span(it)
-                k = key(it)
-                return fn(it, tree.read(k) if where is None else tree.read_range(k, *where))
-
-            if serial and len(items) > 1:
-                self._hint([(key(it), span(it)) for it in items])  # the kernel reads while this thread decodes
-                return [one(it) for it in items]
-            return _localfs.parallel(one, items)
-        spans = [span(it) for it in items]
-        keys = [key(it) for it in items]
-        blobs = self.run(gather_limited([partial(self.aget, k, w) for k, w in zip(keys, spans, strict=True)]))
-        pairs = list(zip(items, blobs, strict=True))
-        return [fn(*pair) for pair in pairs] if serial else _localfs.parallel(lambda pair: fn(*pair), pairs)
-
     def get_spans(
         self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]], *, serial: bool = False
     ) -> list[list[bytes] | None]:
