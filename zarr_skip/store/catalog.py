@@ -146,19 +146,27 @@ def _check_expected(scan: StepScan, storage: Storage) -> None:
             scan.parts.remove(part)
 
 
-def own_parts(storage: Storage, experiment: str, step: int, run: str, expected: int) -> list[PartRecord] | None:
+def own_parts(
+    storage: Storage, experiment: str, step: int, run: str, expected: int, known: Mapping[int, PartRecord] | None = None
+) -> list[PartRecord] | None:
     """The complete mini-batch records ``0 .. expected-1`` of ``run`` in ``step``, read by
     their keys in one round of requests, or None when any is missing, incomplete, unreadable,
     misplaced or written for another count (the writer's check whether its write completed
-    the step; the step's other runs are the caller's to check)."""
+    the step; the step's other runs are the caller's to check). ``known``: records the caller
+    has already read (or written) and checked, by index, not read again."""
     run_path = layout.join(experiment, str(step), run)
-    keys = [layout.meta_key(layout.join(run_path, str(i))) for i in range(expected)]
-    parts = []
-    for i, (key, blob) in enumerate(zip(keys, storage.get_many(keys), strict=True)):
+    known = known or {}
+    wanted = [i for i in range(expected) if i not in known]
+    keys = [layout.meta_key(layout.join(run_path, str(i))) for i in wanted]
+    found: dict[int, PartRecord | None] = dict(known)
+    for i, key, blob in zip(wanted, keys, storage.get_many(keys), strict=True):
         try:
-            record = _part_record(blob, storage.key_path(key), Place(experiment, step, run, i))
+            found[i] = _part_record(blob, storage.key_path(key), Place(experiment, step, run, i))
         except MetadataError:
             return None
+    parts = []
+    for i in range(expected):
+        record = found[i]
         if record is None or not record.complete or record.doc.get("expected", expected) != expected:
             return None
         parts.append(record)

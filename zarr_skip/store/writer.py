@@ -30,7 +30,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -41,7 +41,7 @@ from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteErro
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
-from zarr_skip.format.state import HOST, RunRecord, owner
+from zarr_skip.format.state import HOST, PartRecord, RunRecord, owner
 from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
@@ -120,11 +120,12 @@ def write_part(
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
+    scan = None
     if token is not None:
-        earlier = written_with(storage, experiment, step, ctx, token, expected)
+        earlier, scan = written_with(storage, experiment, step, ctx, token, expected)
         if earlier is not None:
             return earlier
-    scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite)
+    scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite, scan)
     _check_schema(scan, ctx, batch, step)
     run_path = layout.join(step_path, ctx.run)
     # indices with unreadable records are left to the exclusive create to decide
@@ -170,7 +171,9 @@ def write_part(
             raise
         break
     logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
-    complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
+    known = {p.index: p for p in scan.parts if p.run == ctx.run and p.complete}
+    known[index] = PartRecord.from_json(done)
+    complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected, known)
     return MinibatchInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
 
 
@@ -187,13 +190,15 @@ def _check_schema(scan: StepScan, ctx: RunContext, batch: EncodedBatch, step: in
 
 def written_with(
     storage: Storage, experiment: str, step: int, ctx: RunContext, token: str, expected: int
-) -> MinibatchInfo | None:
+) -> tuple[MinibatchInfo | None, StepScan | None]:
     """The complete mini-batch of ``step`` this run stored with ``token``, if there is one (the
-    step's completion is finished on the way, as the lost write would have). An unfinished one
-    this writer left with the token (an earlier attempt that failed before completing, and
-    could not clean up) is deleted, so that the retry may take its index."""
+    step's completion is finished on the way, as the lost write would have), and the step's
+    scan for the write to go on from (None when this deleted something). An unfinished
+    mini-batch this writer left with the token (an earlier attempt that failed before
+    completing, and could not clean up) is deleted, so that the retry may take its index."""
     scan = scan_step(storage, experiment, step)
     step_path = layout.join(experiment, layout.step_name(step))
+    deleted = False
     for p in scan.parts:
         if p.run != ctx.run or p.doc.get("token") != token:
             continue
@@ -201,11 +206,12 @@ def written_with(
         if p.complete:
             logger.info("step %d: mini-batch %d was stored with this write's token; not stored again", step, p.index)
             complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected)
-            return MinibatchInfo(step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, complete, path)
+            return MinibatchInfo(step, p.index, p.run, p.rows, p.nbytes, p.raw_nbytes, complete, path), scan
         if p.doc.get("writer") == ctx.writer:
             logger.info("step %d: deleting mini-batch %d, left unfinished by an earlier attempt", step, p.index)
             storage.delete_prefix(path)
-    return None
+            deleted = True
+    return None, None if deleted else scan
 
 
 def _holds(storage: Storage, key: str, claim: dict[str, Any]) -> bool:
@@ -235,8 +241,11 @@ def _take_over(
     ctx: RunContext,
     expected: int,
     overwrite: bool,
+    scan: StepScan | None = None,
 ) -> StepScan:
-    scan = scan_step(storage, experiment, step)
+    """The step taken over by this run (see the module docstring, steps 1 and 2), from ``scan``
+    when the caller has just scanned the step."""
+    scan = scan_step(storage, experiment, step) if scan is None else scan
     newest = owner(scan.runs)
     if (
         newest is not None
@@ -508,13 +517,21 @@ def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[
 
 
 def _maybe_complete(
-    storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext, expected: int
+    storage: Storage,
+    experiment: str,
+    step: int,
+    step_path: str,
+    ctx: RunContext,
+    expected: int,
+    known: Mapping[int, PartRecord] | None = None,
 ) -> bool:
     """Whether this write completed the step (and this writer is the one to say so).
 
-    The run's mini-batch records are read by their keys, without listing the step; only when
-    all are complete is the step listed for a newer run (which would own it instead)."""
-    parts = own_parts(storage, experiment, step, ctx.run, expected)
+    The run's mini-batch records are read by their keys, without listing the step (but for
+    those in ``known``: complete records this write has read or written, which stay so); only
+    when all are complete is the step listed for a newer run (which would own it instead, or
+    has removed this run's records)."""
+    parts = own_parts(storage, experiment, step, ctx.run, expected, known)
     if parts is None or _newer_run(storage, step_path, ctx) is not None:  # or this run's record gone
         return False
     # every writer that sees the step complete gets here; the one whose exclusive create of
