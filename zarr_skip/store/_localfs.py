@@ -425,7 +425,10 @@ class Tree:
 
     def create(self, key: str, data: bytes) -> None:
         """Create ``key`` holding ``data`` unless it exists: a complete temp file renamed with
-        ``RENAME_NOREPLACE`` (one call), or where that is refused hard-linked and unlinked."""
+        ``RENAME_NOREPLACE`` (one call), or where that is refused hard-linked and unlinked.
+        Its directory is made first: each key created so is the first of a new directory (a
+        run's, a claim's or a completion's record), where a create tried first fails."""
+        self._mkdir_fast(key.rpartition("/")[0])
         tmp, fd = self._temp(key)
         renamed = False
         try:
