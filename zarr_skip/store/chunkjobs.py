@@ -238,7 +238,7 @@ def chunking(
     row_bytes = arr.dtype.itemsize * math.prod(arr.shape[1:])
     per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
     count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
-    codec = chunks.array_codec(name, compression, arr.dtype)
+    codec = chunks.array_codec(name, compression, arr.dtype, per * row_bytes)
     return per, [slice(i * per, (i + 1) * per) for i in range(count)], codec
 
 
