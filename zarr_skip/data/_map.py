@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from zarr_skip.data._source import RolloutSource
+from zarr_skip.errors import ConfigTypeError, RowIndexError
 
 __all__ = ["RolloutDataset"]
 
@@ -22,6 +25,11 @@ class RolloutDataset(Dataset[dict[str, Any]]):
     rows as tensors, per-row objects (strings, JSON) as Python values. Rows are counted step after
     step, mini-batch after mini-batch. Each item reads that row of each column (the chunks it lies
     in); the steps' views are loaded once per process.
+
+    ``ds.__getitems__(indices)``, which a ``DataLoader`` with a ``batch_size`` calls with each
+    batch's indices, gives ``[ds[i] for i in indices]`` but reads the rows of each step together:
+    each column's rows of a step with one indexed read, so each chunk is fetched and decoded once
+    a batch, not once an item.
 
     The dataset pickles without open handles, so ``DataLoader(ds, num_workers=N)`` works: each
     worker opens the store itself.
@@ -59,13 +67,42 @@ class RolloutDataset(Dataset[dict[str, Any]]):
         return self._len
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        i = int(index) + (self._len if index < 0 else 0)
-        if not 0 <= i < self._len:
-            where = self.source.location
-            raise IndexError(f"RolloutDataset: index {index} out of range for {self._len} rows at {where}")
+        i = self._resolve(index)
         k = bisect.bisect_right(self._starts, i) - 1
         block = self._blocks[k]
         return self.source.item(block, block.start + i - self._starts[k])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """``[self[i] for i in indices]``, each step's rows read together (see the class)."""
+        flat = np.array([self._resolve(i) for i in indices], dtype=np.int64)
+        which = np.searchsorted(np.asarray(self._starts, dtype=np.int64), flat, side="right") - 1
+        step_of = np.array([b.step for b in self._blocks], dtype=np.int64)[which]
+        row_of = flat - np.asarray(self._starts, dtype=np.int64)[which]
+        row_of += np.array([b.start for b in self._blocks], dtype=np.int64)[which]
+        mb_of = np.array([b.minibatch for b in self._blocks], dtype=np.int64)[which]
+        out: list[dict[str, Any]] = [{}] * len(flat)
+        for step in dict.fromkeys(step_of.tolist()):  # steps in the order first asked
+            mine = np.flatnonzero(step_of == step)
+            mine = mine[np.argsort(row_of[mine], kind="stable")]  # read in stored order
+            for pos, item in zip(mine.tolist(), self.source.take(step, row_of[mine], mb_of[mine]), strict=True):
+                out[pos] = item
+        return out
+
+    def _resolve(self, index: Any) -> int:
+        """``index`` as a row number in ``[0, len)`` (negative ones counted from the end)."""
+        if isinstance(index, (bool, np.bool_)):
+            raise ConfigTypeError(f"RolloutDataset: index {index!r} is a bool; index with an int")
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise ConfigTypeError(
+                f"RolloutDataset: index {index!r:.40} of type {type(index).__name__}: index with an int"
+            ) from None
+        j = i + self._len if i < 0 else i
+        if not 0 <= j < self._len:
+            where = self.source.location
+            raise RowIndexError(f"RolloutDataset: index {index} out of range for {self._len} rows at {where}")
+        return j
 
     def __repr__(self) -> str:
         return f"<RolloutDataset {self.source.location} steps={self.source.steps} rows={self._len}>"

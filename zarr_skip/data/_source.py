@@ -172,6 +172,17 @@ class RolloutSource:
         rows = zip(range(block.start, block.stop), *columns.values(), strict=True)
         return [dict(zip(names, (block.step, block.minibatch, *row), strict=True)) for row in rows]
 
+    def take(self, step: int, rows: np.ndarray, minibatches: np.ndarray) -> list[dict[str, Any]]:
+        """The items of rows ``rows`` of ``step`` (counted in the step, in any order, repeats
+        allowed; ``minibatches`` holds each one's mini-batch), in that order: each column's rows
+        read with one indexed read, so each chunk they lie in is fetched and decoded once."""
+        view = self.view(step)
+        read = {name: view[name][rows] for name in self.columns}
+        columns = {name: _item_values(split_rows(value)) for name, value in read.items()}
+        names = ["step", "minibatch", "row", *columns]
+        per_row = zip(minibatches.tolist(), rows.tolist(), *columns.values(), strict=True)
+        return [dict(zip(names, (step, *values), strict=True)) for values in per_row]
+
     def item(self, block: Block, row: int) -> dict[str, Any]:
         """The item of one row (counted in the step) of ``block``: that row of each column."""
         view = self.view(block.step)
