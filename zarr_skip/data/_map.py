@@ -73,18 +73,23 @@ class RolloutDataset(Dataset[dict[str, Any]]):
         return self.source.item(block, block.start + i - self._starts[k])
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        """``[self[i] for i in indices]``, each step's rows read together (see the class)."""
+        """``[self[i] for i in indices]``, read together (see the class): the rows of each step
+        in stored order, every column of every step in the same two rounds of requests."""
         flat = np.array([self._resolve(i) for i in indices], dtype=np.int64)
-        which = np.searchsorted(np.asarray(self._starts, dtype=np.int64), flat, side="right") - 1
+        starts = np.asarray(self._starts, dtype=np.int64)
+        which = np.searchsorted(starts, flat, side="right") - 1
         step_of = np.array([b.step for b in self._blocks], dtype=np.int64)[which]
-        row_of = flat - np.asarray(self._starts, dtype=np.int64)[which]
-        row_of += np.array([b.start for b in self._blocks], dtype=np.int64)[which]
+        row_of = flat - starts[which] + np.array([b.start for b in self._blocks], dtype=np.int64)[which]
         mb_of = np.array([b.minibatch for b in self._blocks], dtype=np.int64)[which]
-        out: list[dict[str, Any]] = [{}] * len(flat)
+        places, requests = [], []
         for step in dict.fromkeys(step_of.tolist()):  # steps in the order first asked
             mine = np.flatnonzero(step_of == step)
-            mine = mine[np.argsort(row_of[mine], kind="stable")]  # read in stored order
-            for pos, item in zip(mine.tolist(), self.source.take(step, row_of[mine], mb_of[mine]), strict=True):
+            mine = mine[np.argsort(row_of[mine], kind="stable")]  # each step's rows in stored order
+            places.append(mine.tolist())
+            requests.append((step, row_of[mine], mb_of[mine]))
+        out: list[dict[str, Any]] = [{}] * len(flat)
+        for positions, items in zip(places, self.source.take(requests), strict=True):
+            for pos, item in zip(positions, items, strict=True):
                 out[pos] = item
         return out
 

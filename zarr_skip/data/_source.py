@@ -19,7 +19,7 @@ import torch
 
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import ConfigError, StepNotFoundError
-from zarr_skip.lazy import StepView
+from zarr_skip.lazy import StepView, read_rows
 
 __all__ = ["Block", "RolloutSource", "as_item_value", "split_rows"]
 
@@ -172,24 +172,24 @@ class RolloutSource:
         rows = zip(range(block.start, block.stop), *columns.values(), strict=True)
         return [dict(zip(names, (block.step, block.minibatch, *row), strict=True)) for row in rows]
 
-    def take(self, step: int, rows: np.ndarray, minibatches: np.ndarray) -> list[dict[str, Any]]:
-        """The items of rows ``rows`` of ``step`` (counted in the step, in any order, repeats
-        allowed; ``minibatches`` holds each one's mini-batch), in that order: each column's rows
-        read with one indexed read, so each chunk they lie in is fetched and decoded once."""
-        view = self.view(step)
-        read = {name: view[name][rows] for name in self.columns}
-        columns = {name: _item_values(split_rows(value)) for name, value in read.items()}
-        names = ["step", "minibatch", "row", *columns]
-        per_row = zip(minibatches.tolist(), rows.tolist(), *columns.values(), strict=True)
-        return [dict(zip(names, (step, *values), strict=True)) for values in per_row]
+    def take(self, requests: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> list[list[dict[str, Any]]]:
+        """The items of the rows of each ``(step, rows, minibatches)`` (rows counted in the step,
+        in any order, repeats allowed; ``minibatches``: each one's mini-batch), in that order:
+        every column of every step read together (:func:`zarr_skip.lazy.read_rows`), so each
+        chunk is fetched and decoded once, in two rounds of requests."""
+        names = ["step", "minibatch", "row", *self.columns]
+        got = read_rows([(self.view(step), rows) for step, rows, _ in requests], self.columns)
+        out = []
+        for (step, rows, minibatches), read in zip(requests, got, strict=True):
+            columns = [_item_values(split_rows(read[name])) for name in self.columns]
+            per_row = zip(minibatches.tolist(), rows.tolist(), *columns, strict=True)
+            out.append([dict(zip(names, (step, *values), strict=True)) for values in per_row])
+        return out
 
     def item(self, block: Block, row: int) -> dict[str, Any]:
-        """The item of one row (counted in the step) of ``block``: that row of each column."""
-        view = self.view(block.step)
-        item: dict[str, Any] = {"step": block.step, "minibatch": block.minibatch, "row": row}
-        for name in self.columns:
-            item[name] = as_item_value(view[name][row])
-        return item
+        """The item of one row (counted in the step) of ``block``: that row of each column, all
+        of them read together (two rounds of requests, not two per column)."""
+        return self.take([(block.step, np.array([row], dtype=np.int64), np.array([block.minibatch]))])[0][0]
 
 
 def _pieces(block: Block, size: int) -> list[Block]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Any
@@ -376,22 +376,10 @@ def read_ranges(
     are fetched in this batch into ``fetched`` (the later call decodes them from there); from
     local files the kernel is asked to read them meanwhile (:meth:`Storage.read_ahead`).
     """
-    outs, jobs = [], []
-    for parts, start, stop, dtype, trailing in ranges:
-        _check_shape(parts, trailing)
-        out = _alloc((stop - start, *trailing), dtype, parts)
-        outs.append(out)
-        base = 0
-        for a in parts:
-            lo, hi = max(start, base), min(stop, base + a.rows)
-            if lo < hi and a.sizes:
-                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
-                    c0 = base + c * a.chunk
-                    c1 = min(c0 + a.chunk, base + a.rows)
-                    s0, s1 = max(lo, c0), min(hi, c1)
-                    jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
-            base += a.rows
-    _decode_jobs(storage, jobs, prefetch, fetched)
+    batch = Batch()
+    outs = [batch.range(*r) for r in ranges]
+    batch.prefetch += prefetch
+    batch.run(storage, fetched)
     return outs
 
 
@@ -405,30 +393,9 @@ def read_index(
     fetched: Fetched | None = None,
 ) -> np.ndarray:
     """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
-    _check_shape(parts, trailing)
-    out = _alloc((len(idx), *trailing), dtype, parts)
-    if not len(idx):
-        return out
-    starts = np.cumsum([0] + [a.rows for a in parts])
-    which = np.searchsorted(starts, idx, side="right") - 1
-    # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
-    # few hundred thousand values of a few rows group in one pass, not one per chunk
-    firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
-    per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
-    local = idx - starts[which]
-    glob = firsts[which] + local // per[which]
-    order = np.argsort(glob, kind="stable")
-    grouped = glob[order]
-    cuts = np.flatnonzero(np.diff(grouped)) + 1
-    jobs = []
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
-        sel = order[lo:hi]
-        p = int(which[sel[0]])
-        a = parts[p]
-        c = int(grouped[lo] - firsts[p])
-        n = min(a.chunk, a.rows - c * a.chunk)
-        jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
-    _decode_jobs(storage, jobs, fetched=fetched, few=True)
+    batch = Batch()
+    out = batch.index(parts, idx, dtype, trailing)
+    batch.run(storage, fetched)
     return out
 
 
@@ -457,27 +424,142 @@ def read_runs(
     """Rows ``starts[i] : starts[i] + lengths[i]`` of arrays concatenated along axis 0, run after
     run (the values of chosen rows of a jagged column): each run is copied from its chunks as
     slices, not gathered row by row as :func:`read_index` does (at most :data:`MAX_RUNS`)."""
-    _check_shape(parts, trailing)
-    out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
-    bases = list(accumulate((a.rows for a in parts), initial=0))
-    found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
-    at = 0
-    for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-        stop = start + n
-        while start < stop:
-            p = bisect.bisect_right(bases, start) - 1
-            a, base = parts[p], bases[p]
-            c = (start - base) // a.chunk
-            first = base + c * a.chunk
-            end = min(stop, first + a.chunk)
-            found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
-            at, start = at + end - start, end
-    jobs = [
-        (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
-        for (p, c), pairs in found.items()
-    ]
-    _decode_jobs(storage, jobs, fetched=fetched, few=True)
+    batch = Batch()
+    out = batch.runs(parts, starts, lengths, dtype, trailing)
+    batch.run(storage, fetched)
     return out
+
+
+class Batch:
+    """Reads of rows of several arrays gathered, then fetched and decoded in one round.
+
+    :meth:`range`, :meth:`index` and :meth:`runs` each hand back their output at once, filled
+    by :meth:`run`: so the rows of many columns (of many steps) wait for one round of requests
+    and each chunk is fetched and decoded once, however many of them want its rows.
+    """
+
+    __slots__ = ("few", "jobs", "prefetch")
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, ...]] = []
+        self.prefetch: list[tuple[ArrayPart, int]] = []
+        self.few = False  # chosen rows among them (decoded in the pool from a smaller size on)
+
+    def range(
+        self, parts: Sequence[ArrayPart], start: int, stop: int, dtype: np.dtype, trailing: tuple[int, ...]
+    ) -> np.ndarray:
+        """Rows ``start:stop`` of ``parts`` concatenated (as :func:`read_range`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((stop - start, *trailing), dtype, parts)
+        base = 0
+        for a in parts:
+            lo, hi = max(start, base), min(stop, base + a.rows)
+            if lo < hi and a.sizes:
+                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
+                    c0 = base + c * a.chunk
+                    c1 = min(c0 + a.chunk, base + a.rows)
+                    s0, s1 = max(lo, c0), min(hi, c1)
+                    self.jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
+            base += a.rows
+        return out
+
+    def index(
+        self, parts: Sequence[ArrayPart], idx: np.ndarray, dtype: np.dtype, trailing: tuple[int, ...]
+    ) -> np.ndarray:
+        """Rows ``idx`` of ``parts`` concatenated (as :func:`read_index`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((len(idx), *trailing), dtype, parts)
+        if not len(idx):
+            return out
+        self.few = True
+        starts = np.cumsum([0] + [a.rows for a in parts])
+        which = np.searchsorted(starts, idx, side="right") - 1
+        # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
+        # few hundred thousand values of a few rows group in one pass, not one per chunk
+        firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
+        per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
+        local = idx - starts[which]
+        glob = firsts[which] + local // per[which]
+        order = np.argsort(glob, kind="stable")
+        grouped = glob[order]
+        cuts = np.flatnonzero(np.diff(grouped)) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
+            sel = order[lo:hi]
+            p = int(which[sel[0]])
+            a = parts[p]
+            c = int(grouped[lo] - firsts[p])
+            n = min(a.chunk, a.rows - c * a.chunk)
+            self.jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
+        return out
+
+    def runs(
+        self,
+        parts: Sequence[ArrayPart],
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        dtype: np.dtype,
+        trailing: tuple[int, ...],
+    ) -> np.ndarray:
+        """Rows ``starts[i] : starts[i] + lengths[i]`` of ``parts`` concatenated (as :func:`read_runs`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
+        self.few = True
+        bases = list(accumulate((a.rows for a in parts), initial=0))
+        found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
+        at = 0
+        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            stop = start + n
+            while start < stop:
+                p = bisect.bisect_right(bases, start) - 1
+                a, base = parts[p], bases[p]
+                c = (start - base) // a.chunk
+                first = base + c * a.chunk
+                end = min(stop, first + a.chunk)
+                found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
+                at, start = at + end - start, end
+        self.jobs += [
+            (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
+            for (p, c), pairs in found.items()
+        ]
+        return out
+
+    def run(self, storage: Storage, fetched: Fetched | None = None) -> None:
+        """Fetch and decode every read gathered (and fetch the ``prefetch`` chunks into
+        ``fetched``), then start anew."""
+        if self.jobs or self.prefetch:
+            _decode_jobs(storage, self.jobs, self.prefetch, fetched, few=self.few)
+        self.jobs, self.prefetch, self.few = [], [], False
+
+
+#: a read in rounds (see :func:`read_rounds`): a generator that yields each round's reads (a
+#: :class:`Batch`), resumed once they are done, and returns what it read
+Reader = Generator[Batch, None, Any]
+
+
+def read_rounds(storage: Storage, readers: Sequence[Reader]) -> list[Any]:
+    """What each reader returns, the readers run together: the batches they yield in their
+    first round are run as one (one round of requests, each chunk decoded once), then each is
+    resumed and the batches of their second round run as one, and so on. So many reads in two
+    rounds (the lengths of jagged columns, then their values) take two rounds together. Chunks
+    fetched ahead in one round (``prefetch``) are decoded from there in a later one."""
+    fetched: Fetched = {}
+    results: list[Any] = [None] * len(readers)
+    live = list(enumerate(readers))
+    while live:
+        merged, still = Batch(), []
+        for k, reader in live:
+            try:
+                batch = next(reader)
+            except StopIteration as stop:
+                results[k] = stop.value
+                continue
+            merged.jobs += batch.jobs
+            merged.prefetch += batch.prefetch
+            merged.few |= batch.few
+            still.append((k, reader))
+        merged.run(storage, fetched)
+        live = still
+    return results
 
 
 def _decode_jobs(
