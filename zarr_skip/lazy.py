@@ -22,6 +22,7 @@ from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
+from zarr_skip.store.memo import ChunkMemo
 from zarr_skip.store.reads import ArrayPart, Batch, Fetched, Part, Range, Reader, read_range, read_ranges, read_rounds
 from zarr_skip.store.storage import Storage
 from zarr_skip.store.writer import MinibatchInfo
@@ -590,7 +591,9 @@ class LazyColumn:
         return display.column_html(self)
 
 
-def read_rows(requests: Sequence[tuple[StepView, Any]], columns: Sequence[str]) -> list[dict[str, Any]]:
+def read_rows(
+    requests: Sequence[tuple[StepView, Any]], columns: Sequence[str], *, memo: ChunkMemo | None = None
+) -> list[dict[str, Any]]:
     """Chosen rows of several columns of several steps, read together: for each ``(view,
     rows)`` (rows as a column takes them: row numbers in any order, repeats allowed, a slice or
     a mask), ``{name: view[name][rows]}`` for each of ``columns``, the same values.
@@ -599,7 +602,8 @@ def read_rows(requests: Sequence[tuple[StepView, Any]], columns: Sequence[str]) 
     dense rows, the lengths of jagged columns and the codes of dictionary-encoded ones in one
     round of requests, the values in a second; each chunk is fetched and decoded once, however
     many rows and columns lie in it. Views of another cache's storage are read in rounds of
-    their own.
+    their own. ``memo``: small decoded chunks kept across calls (:mod:`zarr_skip.store.memo`),
+    copied from there instead of fetched and decoded again.
     """
     readers: dict[int, tuple[Storage, list[Reader]]] = {}
     for view, rows in requests:
@@ -611,7 +615,7 @@ def read_rows(requests: Sequence[tuple[StepView, Any]], columns: Sequence[str]) 
         cols = [view[name] for name in columns]
         readers.setdefault(id(view._storage), (view._storage, []))[1].extend(col._reader(idx) for col in cols)
     got: dict[int, Iterator[Any]] = {
-        key: iter(read_rounds(storage, found)) for key, (storage, found) in readers.items()
+        key: iter(read_rounds(storage, found, memo=memo)) for key, (storage, found) in readers.items()
     }
     return [{name: next(got[id(view._storage)]) for name in columns} for view, _ in requests]
 

@@ -20,6 +20,7 @@ import torch
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import ConfigError, StepNotFoundError
 from zarr_skip.lazy import StepView, read_rows
+from zarr_skip.store.memo import ChunkMemo
 
 __all__ = ["Block", "RolloutSource", "as_item_value", "split_rows"]
 
@@ -76,6 +77,7 @@ class RolloutSource:
         self._pid = os.getpid()
         self._views: dict[int, StepView] = {}
         self._blocks: list[Block] | None = None
+        self.memo = ChunkMemo()
 
     # -- pickling: the description travels, the open handles do not ---------------------------
 
@@ -94,6 +96,7 @@ class RolloutSource:
         self._cache = None
         self._pid = os.getpid()
         self._views = {}
+        self.memo = ChunkMemo()
 
     # -- the cache and its steps ---------------------------------------------------------------
 
@@ -176,9 +179,11 @@ class RolloutSource:
         """The items of the rows of each ``(step, rows, minibatches)`` (rows counted in the step,
         in any order, repeats allowed; ``minibatches``: each one's mini-batch), in that order:
         every column of every step read together (:func:`zarr_skip.lazy.read_rows`), so each
-        chunk is fetched and decoded once, in two rounds of requests."""
+        chunk is fetched and decoded once, in two rounds of requests; small chunks decoded
+        once in this process (lengths, codes, dense per-row columns) are copied from
+        :attr:`memo` (:mod:`zarr_skip.store.memo`, at most 16 MiB)."""
         names = ["step", "minibatch", "row", *self.columns]
-        got = read_rows([(self.view(step), rows) for step, rows, _ in requests], self.columns)
+        got = read_rows([(self.view(step), rows) for step, rows, _ in requests], self.columns, memo=self.memo)
         out = []
         for (step, rows, minibatches), read in zip(requests, got, strict=True):
             columns = [_item_values(split_rows(read[name])) for name in self.columns]

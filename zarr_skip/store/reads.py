@@ -25,6 +25,7 @@ from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
 from zarr_skip.store import blockreads
 from zarr_skip.store.fetching import fetch_chunks
+from zarr_skip.store.memo import ChunkMemo
 from zarr_skip.store.storage import Storage
 
 
@@ -523,12 +524,40 @@ class Batch:
         ]
         return out
 
-    def run(self, storage: Storage, fetched: Fetched | None = None) -> None:
+    def run(self, storage: Storage, fetched: Fetched | None = None, memo: ChunkMemo | None = None) -> None:
         """Fetch and decode every read gathered (and fetch the ``prefetch`` chunks into
-        ``fetched``), then start anew."""
+        ``fetched``), then start anew. With a ``memo``, small chunks it holds are copied from
+        it, and those it may hold that are decoded here are kept in it."""
         if self.jobs or self.prefetch:
-            _decode_jobs(storage, self.jobs, self.prefetch, fetched, few=self.few)
+            jobs, kept = (self.jobs, []) if memo is None else _through_memo(storage, self.jobs, memo)
+            _decode_jobs(storage, jobs, self.prefetch, fetched, few=self.few)
+            for key, whole, (_, _, _, src, dst, out) in kept:
+                memo.put(key, whole)  # type: ignore[union-attr]  # kept is empty without a memo
+                _put(out, dst, whole, src)
         self.jobs, self.prefetch, self.few = [], [], False
+
+
+def _through_memo(
+    storage: Storage, jobs: list[tuple[Any, ...]], memo: ChunkMemo
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, np.ndarray, tuple[Any, ...]]]]:
+    """The jobs left to decode once those of chunks ``memo`` holds are copied from it, and, for
+    each chunk it may hold (small, with a recorded crc32c), its key, the array it is decoded
+    into whole (its job made to do that) and its job (whose rows are copied from that array)."""
+    left, kept = [], []
+    for job in jobs:
+        a, c, n = job[0], job[1], job[2]
+        if a.crc(c) is None or a.chunk_bytes > memo.max_chunk_bytes:
+            left.append(job)
+            continue
+        key = (storage.key_path(a.key(c)), a.span(c), a.sizes[c], a.crc(c))
+        found = memo.get(key)
+        if found is not None:
+            _put(job[5], job[4], found, job[3])
+            continue
+        whole = _alloc((n, *a.shape[1:]), a.dtype, [a])
+        left.append((a, c, n, slice(0, n), slice(0, n), whole))
+        kept.append((key, whole, job))
+    return left, kept
 
 
 #: a read in rounds (see :func:`read_rounds`): a generator that yields each round's reads (a
@@ -536,12 +565,13 @@ class Batch:
 Reader = Generator[Batch, None, Any]
 
 
-def read_rounds(storage: Storage, readers: Sequence[Reader]) -> list[Any]:
+def read_rounds(storage: Storage, readers: Sequence[Reader], *, memo: ChunkMemo | None = None) -> list[Any]:
     """What each reader returns, the readers run together: the batches they yield in their
     first round are run as one (one round of requests, each chunk decoded once), then each is
     resumed and the batches of their second round run as one, and so on. So many reads in two
     rounds (the lengths of jagged columns, then their values) take two rounds together. Chunks
-    fetched ahead in one round (``prefetch``) are decoded from there in a later one."""
+    fetched ahead in one round (``prefetch``) are decoded from there in a later one. ``memo``:
+    small decoded chunks kept across reads (see :mod:`zarr_skip.store.memo`)."""
     fetched: Fetched = {}
     results: list[Any] = [None] * len(readers)
     live = list(enumerate(readers))
@@ -557,7 +587,7 @@ def read_rounds(storage: Storage, readers: Sequence[Reader]) -> list[Any]:
             merged.prefetch += batch.prefetch
             merged.few |= batch.few
             still.append((k, reader))
-        merged.run(storage, fetched)
+        merged.run(storage, fetched, memo)
         live = still
     return results
 
