@@ -233,3 +233,23 @@ def test_bad_indices_are_typed_errors_naming_the_index(local: Path) -> None:
         with pytest.raises(IndexError, match=rf"index {bad} out of range"):
             ds.__getitems__([1, bad])
     assert ds[np.int64(-96)]["row"] == 0 and ds.__getitems__([np.int32(95)])[0]["row"] == ROWS - 1
+
+
+def _freeze_count(items: list[dict[str, Any]]) -> dict[str, Any]:
+    import gc
+
+    return {"frozen": gc.get_freeze_count(), "rows": len(items)}
+
+
+def test_a_worker_freezes_what_it_inherited_and_the_main_process_does_not(local: Path) -> None:
+    import gc
+
+    before = gc.get_freeze_count()
+    ds = RolloutDataset(local, columns=["responses", "uid"])
+    assert sum(b["rows"] for b in DataLoader(ds, batch_size=8, collate_fn=_freeze_count)) == len(ds)
+    assert gc.get_freeze_count() == before  # no worker: the caller's process is left alone
+    for batch_size in (8, None):  # __getitems__, then __getitem__
+        batches = list(DataLoader(ds, batch_size=batch_size, num_workers=1, collate_fn=_freeze_count))
+        assert sum(b["rows"] if batch_size else 1 for b in batches) == len(ds)
+        assert all(b["frozen"] > before + 1000 for b in batches)  # what the worker inherited, frozen
+    assert gc.get_freeze_count() == before

@@ -9,8 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
+from zarr_skip.data._iterable import _freeze_inherited
 from zarr_skip.data._source import RolloutSource
 from zarr_skip.errors import ConfigTypeError, RowIndexError
 
@@ -67,6 +68,7 @@ class RolloutDataset(Dataset[dict[str, Any]]):
         return self._len
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        _in_worker()
         i = self._resolve(index)
         k = bisect.bisect_right(self._starts, i) - 1
         block = self._blocks[k]
@@ -75,6 +77,7 @@ class RolloutDataset(Dataset[dict[str, Any]]):
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """``[self[i] for i in indices]``, read together (see the class): the rows of each step
         in stored order, every column of every step in the same two rounds of requests."""
+        _in_worker()
         flat = np.array([self._resolve(i) for i in indices], dtype=np.int64)
         starts = np.asarray(self._starts, dtype=np.int64)
         which = np.searchsorted(starts, flat, side="right") - 1
@@ -111,3 +114,9 @@ class RolloutDataset(Dataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return f"<RolloutDataset {self.source.location} steps={self.source.steps} rows={self._len}>"
+
+
+def _in_worker() -> None:
+    """In a DataLoader worker: freeze what it inherited, once (see :func:`_freeze_inherited`)."""
+    if get_worker_info() is not None:
+        _freeze_inherited()
