@@ -15,6 +15,7 @@ the stored bytes (``verify``, the lazy views) do not use a memo.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 
@@ -31,13 +32,14 @@ MEMO_CHUNK_BYTES = 64 << 10
 class ChunkMemo:
     """Decoded chunks by key, at most ``max_bytes`` in all, each at most ``max_chunk_bytes``."""
 
-    __slots__ = ("_held", "hits", "max_bytes", "max_chunk_bytes", "misses", "nbytes")
+    __slots__ = ("_held", "_lock", "hits", "max_bytes", "max_chunk_bytes", "misses", "nbytes")
 
     def __init__(self, max_bytes: int = MEMO_BYTES, max_chunk_bytes: int = MEMO_CHUNK_BYTES) -> None:
         if max_bytes < 0 or max_chunk_bytes < 0:
             raise ConfigError(f"ChunkMemo({max_bytes}, {max_chunk_bytes}): sizes must not be negative")
         self.max_bytes, self.max_chunk_bytes = int(max_bytes), int(max_chunk_bytes)
         self._held: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # a dataset read from several threads at once
         self.nbytes = 0
         self.hits = self.misses = 0
 
@@ -46,32 +48,35 @@ class ChunkMemo:
 
     def get(self, key: Hashable) -> np.ndarray | None:
         """The chunk kept under ``key`` (read-only), or None."""
-        found = self._held.get(key)
-        if found is None:
-            self.misses += 1
-            return None
-        self._held.move_to_end(key)
-        self.hits += 1
-        return found
+        with self._lock:
+            found = self._held.get(key)
+            if found is None:
+                self.misses += 1
+                return None
+            self._held.move_to_end(key)
+            self.hits += 1
+            return found
 
     def put(self, key: Hashable, chunk: np.ndarray) -> None:
         """Keep ``chunk`` (made read-only) under ``key``, dropping the least recently used ones
         beyond ``max_bytes``; a chunk larger than ``max_chunk_bytes`` is not kept."""
         if chunk.nbytes > self.max_chunk_bytes or chunk.nbytes > self.max_bytes:
             return
-        old = self._held.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
         chunk.flags.writeable = False
-        self._held[key] = chunk
-        self.nbytes += chunk.nbytes
-        while self.nbytes > self.max_bytes:
-            _, dropped = self._held.popitem(last=False)
-            self.nbytes -= dropped.nbytes
+        with self._lock:
+            old = self._held.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self._held[key] = chunk
+            self.nbytes += chunk.nbytes
+            while self.nbytes > self.max_bytes:
+                _, dropped = self._held.popitem(last=False)
+                self.nbytes -= dropped.nbytes
 
     def clear(self) -> None:
-        self._held.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._held.clear()
+            self.nbytes = 0
 
     def __repr__(self) -> str:
         return f"<ChunkMemo {len(self._held)} chunks, {self.nbytes} of {self.max_bytes} bytes>"
