@@ -135,10 +135,9 @@ class DictColumn:
         batch = Batch()
         small = [[batch.range(*r) for r in self._small(p)] for p in touched]
         yield batch  # the codes and lengths
-        batch = Batch()
-        none = (np.empty((0, *self.spec.storage_shape), self.spec.storage_dtype), np.empty(0, np.int64))
-        entries: list[tuple[np.ndarray, np.ndarray]] = [none] * len(self.arrays)
         row_code = np.empty(len(idx), dtype=np.int64)
+        used_lengths, positions = [], []
+        value_starts = np.cumsum([0] + [a["values"].rows for a in self.arrays])
         for p, got in zip(touched, small, strict=True):
             a = self.arrays[p]
             codes, lengths = (got[0], got[1]) if is_dictionary(a) else (None, got[0])
@@ -146,10 +145,17 @@ class DictColumn:
             mine = which == p
             local = idx[mine] - starts[p]
             used, row_code[mine] = np.unique(local if codes is None else codes[local], return_inverse=True)
-            positions = dictionary.gather_positions(lengths, used)
-            values = batch.index([a["values"]], positions, self.spec.storage_dtype, self.spec.storage_shape)
-            entries[p] = (values, lengths[used])
-        yield batch  # the values of the entries used
+            positions.append(dictionary.gather_positions(lengths, used) + value_starts[p])
+            used_lengths.append(lengths[used])
+        batch = Batch()  # the values of the entries used, of every mini-batch at once
+        shape = self.spec.storage_shape
+        values = batch.index([a["values"] for a in self.arrays], _cat(positions), self.spec.storage_dtype, shape)
+        yield batch
+        none = (np.empty((0, *shape), self.spec.storage_dtype), np.empty(0, np.int64))
+        entries: list[tuple[np.ndarray, np.ndarray]] = [none] * len(self.arrays)
+        cuts = np.cumsum([0] + [len(pos) for pos in positions]).tolist()
+        for p, lengths, lo, hi in zip(touched, used_lengths, cuts, cuts[1:], strict=False):
+            entries[p] = (values[lo:hi], lengths)
         return self._assemble(entries, which.astype(np.int64), row_code)
 
     def _assemble(
