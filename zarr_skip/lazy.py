@@ -595,8 +595,9 @@ def read_rows(
     requests: Sequence[tuple[StepView, Any]], columns: Sequence[str], *, memo: ChunkMemo | None = None
 ) -> list[dict[str, Any]]:
     """Chosen rows of several columns of several steps, read together: for each ``(view,
-    rows)`` (rows as a column takes them: row numbers in any order, repeats allowed, a slice or
-    a mask), ``{name: view[name][rows]}`` for each of ``columns``, the same values.
+    rows)`` (row numbers in any order, repeats allowed, negative ones from the end; a slice or a
+    boolean mask; one int is read as ``[i]``), ``{name: view[name][rows]}`` for each of
+    ``columns``, the same values.
 
     Every column of every step is read in the same rounds (:func:`reads.read_rounds`): the
     dense rows, the lengths of jagged columns and the codes of dictionary-encoded ones in one
