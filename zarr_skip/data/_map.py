@@ -24,13 +24,19 @@ class RolloutDataset(Dataset[dict[str, Any]]):
     ``len(ds)`` is the number of rows; ``ds[i]`` is a dict with ``step``, ``minibatch``, ``row``
     (the row within its step) and the columns: a jagged column as a 1-D tensor of that row, dense
     rows as tensors, per-row objects (strings, JSON) as Python values. Rows are counted step after
-    step, mini-batch after mini-batch. Each item reads that row of each column (the chunks it lies
-    in); the steps' views are loaded once per process.
+    step, mini-batch after mini-batch. Each item reads that row of every column (the chunks it
+    lies in) in two rounds of requests; the steps' views are loaded once per process.
 
     ``ds.__getitems__(indices)``, which a ``DataLoader`` with a ``batch_size`` calls with each
-    batch's indices, gives ``[ds[i] for i in indices]`` but reads the rows of each step together:
-    each column's rows of a step with one indexed read, so each chunk is fetched and decoded once
-    a batch, not once an item.
+    batch's indices, gives ``[ds[i] for i in indices]`` (equal items, in that order) but reads the
+    rows of every step of the batch together (:func:`zarr_skip.lazy.read_rows`): every column in
+    the same two rounds of requests, each chunk fetched and decoded once a batch, not once an
+    item. Rows of one batch that share a stored entry of a dictionary-encoded column (a GRPO
+    group's ``raw_prompt``) share its decoded object, as the iterable dataset's items do. Small
+    decoded chunks (lengths, codes, dense per-row columns) are kept per process and copied into
+    each item (see :class:`~zarr_skip.data._source.RolloutSource`), so random items do not decode
+    them again. In a DataLoader worker the objects it inherited are frozen first, as
+    :class:`RolloutIterableDataset` does.
 
     The dataset pickles without open handles, so ``DataLoader(ds, num_workers=N)`` works: each
     worker opens the store itself.

@@ -3,8 +3,10 @@
 A :class:`RolloutSource` holds the location, experiment, steps, columns and storage options, and
 opens the cache (and each step's lazy view) on first use in the process that reads: a worker of
 a ``DataLoader`` or a Ray task gets a copy without open handles and opens the store itself.
-Rows are read through the public handle only (:meth:`zarr_skip.Cache.load`, the
-:class:`~zarr_skip.StepView` and its :class:`~zarr_skip.LazyColumn` row indexing).
+Rows are read through the handle: :meth:`zarr_skip.Cache.load`, the
+:class:`~zarr_skip.StepView` and its :class:`~zarr_skip.LazyColumn` slices, and
+:func:`zarr_skip.lazy.read_rows` for chosen rows of many columns and steps at once, with a
+per-process :class:`~zarr_skip.store.memo.ChunkMemo` of small decoded chunks.
 """
 
 from __future__ import annotations
