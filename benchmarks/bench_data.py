@@ -10,7 +10,10 @@ Usage::
   the epoch in one process (what each worker holds) and of the baseline, each in a fresh
   process, against one step's decoded size (target: under 2x);
 * map: ``--items`` random ``RolloutDataset[i]``: time per item and bytes read per item
-  (``rchar`` of ``/proc/self/io``) against one row's decoded size;
+  (``rchar`` of ``/proc/self/io``) against one row's decoded size; and ``--loader-rows`` random
+  rows through ``DataLoader(RolloutDataset, batch_size=64, shuffle=True (seeded),
+  num_workers=2, collate_fn=collate_rollouts)`` (batches read by ``__getitems__``), time per row
+  against the iterable epoch's;
 * ray: ``read_rollouts(...).count()`` and a ``groupby("step")`` mean on a local Ray cluster of
   two CPUs, against ``cache.table()`` and pandas.
 
@@ -137,6 +140,18 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         workers = 0 if how == "iterable_inline" else 2
         loader = DataLoader(ds, batch_size=64, num_workers=workers, collate_fn=collate_rollouts)
         rows = sum(len(batch["row"]) for batch in loader)
+    elif how == "map_loader":  # random rows, a batch's indices read together (__getitems__)
+        import itertools
+
+        import torch
+
+        ds_map = RolloutDataset(where)
+        generator = torch.Generator().manual_seed(0)
+        loader = DataLoader(
+            ds_map, batch_size=64, shuffle=True, generator=generator, num_workers=2, collate_fn=collate_rollouts
+        )
+        batches = itertools.islice(loader, -(-spec["loader_rows"] // 64))
+        rows = sum(len(batch["row"]) for batch in batches)
     else:  # map
         import numpy as np
 
@@ -171,13 +186,14 @@ def step_sizes(where: Path) -> dict[str, int]:
     return {"rows": len(view), "step_decoded": decoded, "row_decoded": decoded // len(view)}
 
 
-def bench_torch(where: Path, parts: set[str], items: int, reps: int) -> dict[str, Any]:
+def bench_torch(where: Path, parts: set[str], items: int, reps: int, loader_rows: int = 1536) -> dict[str, Any]:
     out: dict[str, Any] = {}
     hows = [h for h in ("to_dict", "iterable", "iterable_inline") if "iterable" in parts] + (
-        ["map"] if "map" in parts else []
+        ["map", "map_loader"] if "map" in parts else []
     )
     for how in hows:
-        samples = [run_worker({"dir": str(where), "how": how, "items": items}) for _ in range(reps)]
+        spec = {"dir": str(where), "how": how, "items": items, "loader_rows": loader_rows}
+        samples = [run_worker(spec) for _ in range(reps)]
         best = min(samples, key=lambda r: r["s"])
         out[how] = {**best, "s": sorted(r["s"] for r in samples)[len(samples) // 2]}
         log(f"{how}: {out[how]}")
@@ -234,6 +250,12 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
         m = t["map"]
         out["map_item_ms"] = 1000 * m["s"] / m["rows"]
         out["map_bytes_per_item_vs_row"] = m["bytes_read"] / m["rows"] / max(1, sizes["row_decoded"])
+    if "map_loader" in t:
+        out["map_loader_row_ms"] = 1000 * t["map_loader"]["s"] / t["map_loader"]["rows"]
+        if "iterable" in t:  # against a row of the iterable epoch (both through two workers)
+            out["map_loader_vs_iterable"] = out["map_loader_row_ms"] / (
+                1000 * t["iterable"]["s"] / t["iterable"]["rows"]
+            )
     return out
 
 
@@ -266,6 +288,17 @@ def report(res: dict[str, Any]) -> str:
             f"{m['bytes_read'] / m['rows'] / 1024:.1f} KiB read an item | "
             f"{tg['map_bytes_per_item_vs_row']:.1f}x one row's decoded size |"
         )
+    if "map_loader_row_ms" in tg:
+        ml = t["map_loader"]
+        against = (
+            f"epoch of RolloutIterableDataset: {tg['map_loader_vs_iterable']:.1f}x its time a row"
+            if "map_loader_vs_iterable" in tg
+            else ""
+        )
+        lines.append(
+            f"| {ml['rows']} random rows, RolloutDataset through DataLoader(batch_size=64, shuffle=True, "
+            f"num_workers=2) | {tg['map_loader_row_ms']:.2f} ms a row ({ml['s']:.2f} s) | {against} |"
+        )
     if "ray" in res:
         r = res["ray"]
         lines += [
@@ -283,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--minibatches", type=int, default=4)
     ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--loader-rows", type=int, default=1536, help="random rows read through a DataLoader")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -316,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         write_steps(where, args.preset, args.steps, args.minibatches)
         log(f"{args.steps} {args.preset} steps written in {time.perf_counter() - t0:.1f} s")
         res["sizes"] = step_sizes(where)
-        res["torch"] = bench_torch(where, parts, args.items, args.reps)
+        res["torch"] = bench_torch(where, parts, args.items, args.reps, args.loader_rows)
         if "ray" in parts:
             res["ray"] = bench_ray(where, args.reps)
     finally:

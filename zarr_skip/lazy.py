@@ -8,7 +8,7 @@ output array when it can (no per-mini-batch copies followed by a concatenation).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Sequence, ValuesView
+from collections.abc import Generator, ItemsView, Iterable, Iterator, KeysView, Sequence, ValuesView
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +22,8 @@ from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
-from zarr_skip.store.reads import ArrayPart, Fetched, Part, Range, read_index, read_range, read_ranges, read_runs
+from zarr_skip.store.memo import ChunkMemo
+from zarr_skip.store.reads import ArrayPart, Batch, Fetched, Part, Range, Reader, read_range, read_ranges, read_rounds
 from zarr_skip.store.storage import Storage
 from zarr_skip.store.writer import MinibatchInfo
 from zarr_skip.views import browse, display
@@ -521,33 +522,27 @@ class LazyColumn:
                 return []
         return list(ahead.values())
 
-    def _lengths_index(self, idx: np.ndarray, fetched: Fetched) -> tuple[np.ndarray, np.ndarray]:
+    def _lengths_index(self, idx: np.ndarray) -> Generator[Batch, None, tuple[np.ndarray, np.ndarray]]:
         """Lengths of rows ``idx`` and the position of each one's first value, from the lengths
         of the mini-batches holding them only (with, for a few rows, their values chunks in the
-        same batch, as :meth:`_lengths_range` does)."""
+        same batch, as :meth:`_lengths_range` does): a reader for :func:`reads.read_rounds`."""
         if self._lengths is not None:
             return self._lengths[idx], _offsets(self._lengths)[idx]
         row_starts, value_starts = self._starts()
         which = np.searchsorted(row_starts, idx, side="right") - 1
         touched = [int(p) for p in np.unique(which)]
         few = len(idx) <= PREFETCH_CHUNKS  # else the rows' chunks are not worth a Python loop
-        ahead = (
-            self._values_ahead(
+        batch = Batch()
+        if few:
+            batch.prefetch += self._values_ahead(
                 (p, i - int(row_starts[p]), i - int(row_starts[p]) + 1)
                 for i, p in zip(idx.tolist(), which.tolist(), strict=True)
             )
-            if few
-            else []
-        )
-        lens = read_ranges(
-            self._storage,
-            [
-                ([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), np.dtype(np.int64), ())
-                for p in touched
-            ],
-            prefetch=ahead,
-            fetched=fetched,
-        )
+        lens = [
+            batch.range([self._parts[p]["lengths"]], 0, int(row_starts[p + 1] - row_starts[p]), _INT64, ())
+            for p in touched
+        ]
+        yield batch  # the lengths read
         for p, part_lengths in zip(touched, lens, strict=True):
             reads.checked_lengths(part_lengths, [self._parts[p]])
         if len(touched) == len(self._parts):
@@ -561,27 +556,28 @@ class LazyColumn:
         return sel, starts
 
     def _select(self, idx: np.ndarray) -> Any:
+        return read_rounds(self._storage, [self._reader(idx)])[0]
+
+    def _reader(self, idx: np.ndarray) -> Reader:
+        """Rows ``idx`` (checked, any order, repeats allowed), as a reader for
+        :func:`reads.read_rounds`: so the rows of several columns are read in the same rounds."""
         spec = self.spec
+        batch = Batch()
         if not spec.jagged:
-            data = read_index(
-                self._storage, [p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape
-            )
+            data = batch.index([p["data"] for p in self._parts], idx, spec.storage_dtype, spec.storage_shape)
+            yield batch
             return restore(spec, {"data": data})
         if self._dict is not None:
-            return self._dict.rows(idx)
-        fetched: Fetched = {}
-        sel, starts = self._lengths_index(idx, fetched)
+            return (yield from self._dict.reader(idx))
+        sel, starts = yield from self._lengths_index(idx)
         values_parts = [p["values"] for p in self._parts]
         if len(idx) <= reads.MAX_RUNS:  # each row's values copied as one run
-            values = read_runs(
-                self._storage, values_parts, starts, sel, spec.storage_dtype, spec.storage_shape, fetched=fetched
-            )
+            values = batch.runs(values_parts, starts, sel, spec.storage_dtype, spec.storage_shape)
         else:  # value positions of every selected row, in order: starts repeated, plus 0..len-1
             within = np.arange(int(sel.sum()), dtype=np.int64) - np.repeat(_offsets(sel)[:-1], sel)
             vidx = np.repeat(starts, sel) + within
-            values = read_index(
-                self._storage, values_parts, vidx, spec.storage_dtype, spec.storage_shape, fetched=fetched
-            )
+            values = batch.index(values_parts, vidx, spec.storage_dtype, spec.storage_shape)
+        yield batch
         plain = None if self._plain is None else self._plain[idx]
         return restore(spec, {"values": values, "lengths": sel}, allow_pickle=self._allow_pickle, plain=plain)
 
@@ -593,6 +589,36 @@ class LazyColumn:
 
     def _repr_html_(self) -> str:
         return display.column_html(self)
+
+
+def read_rows(
+    requests: Sequence[tuple[StepView, Any]], columns: Sequence[str], *, memo: ChunkMemo | None = None
+) -> list[dict[str, Any]]:
+    """Chosen rows of several columns of several steps, read together: for each ``(view,
+    rows)`` (row numbers in any order, repeats allowed, negative ones from the end; a slice or a
+    boolean mask; one int is read as ``[i]``), ``{name: view[name][rows]}`` for each of
+    ``columns``, the same values.
+
+    Every column of every step is read in the same rounds (:func:`reads.read_rounds`): the
+    dense rows, the lengths of jagged columns and the codes of dictionary-encoded ones in one
+    round of requests, the values in a second; each chunk is fetched and decoded once, however
+    many rows and columns lie in it. Views of another cache's storage are read in rounds of
+    their own. ``memo``: small decoded chunks kept across calls (:mod:`zarr_skip.store.memo`),
+    copied from there instead of fetched and decoded again.
+    """
+    readers: dict[int, tuple[Storage, list[Reader]]] = {}
+    for view, rows in requests:
+        n = len(view)
+        idx = args.rows(rows, n, "rows", f"step {view.step}", none=False)
+        if isinstance(idx, slice):
+            idx = np.arange(*idx.indices(n), dtype=np.int64)
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        cols = [view[name] for name in columns]
+        readers.setdefault(id(view._storage), (view._storage, []))[1].extend(col._reader(idx) for col in cols)
+    got: dict[int, Iterator[Any]] = {
+        key: iter(read_rounds(storage, found, memo=memo)) for key, (storage, found) in readers.items()
+    }
+    return [{name: next(got[id(view._storage)]) for name in columns} for view, _ in requests]
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:

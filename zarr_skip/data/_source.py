@@ -3,8 +3,10 @@
 A :class:`RolloutSource` holds the location, experiment, steps, columns and storage options, and
 opens the cache (and each step's lazy view) on first use in the process that reads: a worker of
 a ``DataLoader`` or a Ray task gets a copy without open handles and opens the store itself.
-Rows are read through the public handle only (:meth:`zarr_skip.Cache.load`, the
-:class:`~zarr_skip.StepView` and its :class:`~zarr_skip.LazyColumn` row indexing).
+Rows are read through the handle: :meth:`zarr_skip.Cache.load`, the
+:class:`~zarr_skip.StepView` and its :class:`~zarr_skip.LazyColumn` slices, and
+:func:`zarr_skip.lazy.read_rows` for chosen rows of many columns and steps at once, with a
+per-process :class:`~zarr_skip.store.memo.ChunkMemo` of small decoded chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import ConfigError, StepNotFoundError
-from zarr_skip.lazy import StepView
+from zarr_skip.lazy import StepView, read_rows
+from zarr_skip.store.memo import ChunkMemo
 
 __all__ = ["Block", "RolloutSource", "as_item_value", "split_rows"]
 
@@ -76,6 +79,7 @@ class RolloutSource:
         self._pid = os.getpid()
         self._views: dict[int, StepView] = {}
         self._blocks: list[Block] | None = None
+        self.memo = ChunkMemo()
 
     # -- pickling: the description travels, the open handles do not ---------------------------
 
@@ -94,6 +98,7 @@ class RolloutSource:
         self._cache = None
         self._pid = os.getpid()
         self._views = {}
+        self.memo = ChunkMemo()
 
     # -- the cache and its steps ---------------------------------------------------------------
 
@@ -172,13 +177,26 @@ class RolloutSource:
         rows = zip(range(block.start, block.stop), *columns.values(), strict=True)
         return [dict(zip(names, (block.step, block.minibatch, *row), strict=True)) for row in rows]
 
+    def take(self, requests: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> list[list[dict[str, Any]]]:
+        """The items of the rows of each ``(step, rows, minibatches)`` (rows counted in the step,
+        in any order, repeats allowed; ``minibatches``: each one's mini-batch), in that order:
+        every column of every step read together (:func:`zarr_skip.lazy.read_rows`), so each
+        chunk is fetched and decoded once, in two rounds of requests; small chunks decoded
+        once in this process (lengths, codes, dense per-row columns) are copied from
+        :attr:`memo` (:mod:`zarr_skip.store.memo`, at most 16 MiB)."""
+        names = ["step", "minibatch", "row", *self.columns]
+        got = read_rows([(self.view(step), rows) for step, rows, _ in requests], self.columns, memo=self.memo)
+        out = []
+        for (step, rows, minibatches), read in zip(requests, got, strict=True):
+            columns = [_item_values(split_rows(read[name])) for name in self.columns]
+            per_row = zip(minibatches.tolist(), rows.tolist(), *columns, strict=True)
+            out.append([dict(zip(names, (step, *values), strict=True)) for values in per_row])
+        return out
+
     def item(self, block: Block, row: int) -> dict[str, Any]:
-        """The item of one row (counted in the step) of ``block``: that row of each column."""
-        view = self.view(block.step)
-        item: dict[str, Any] = {"step": block.step, "minibatch": block.minibatch, "row": row}
-        for name in self.columns:
-            item[name] = as_item_value(view[name][row])
-        return item
+        """The item of one row (counted in the step) of ``block``: that row of each column, all
+        of them read together (two rounds of requests, not two per column)."""
+        return self.take([(block.step, np.array([row], dtype=np.int64), np.array([block.minibatch]))])[0][0]
 
 
 def _pieces(block: Block, size: int) -> list[Block]:

@@ -19,7 +19,16 @@ import numpy as np
 from zarr_skip.format import dictionary
 from zarr_skip.format.restore import restore
 from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec
-from zarr_skip.store.reads import ArrayPart, Range, checked_entries, checked_lengths, read_index, read_ranges
+from zarr_skip.store.reads import (
+    ArrayPart,
+    Batch,
+    Range,
+    Reader,
+    checked_entries,
+    checked_lengths,
+    read_ranges,
+    read_rounds,
+)
 from zarr_skip.store.storage import Storage
 
 _INT64 = np.dtype(np.int64)
@@ -115,29 +124,38 @@ class DictColumn:
 
     def rows(self, idx: np.ndarray) -> Any:
         """Rows ``idx`` (any order, repeats allowed): the mini-batches' codes and lengths in one
-        round, then the values of the entries they use."""
+        round, then the values of the entries they use (of every mini-batch) in another."""
+        return read_rounds(self.storage, [self.reader(idx)])[0]
+
+    def reader(self, idx: np.ndarray) -> Reader:
+        """:meth:`rows` as a reader for :func:`read_rounds` (read in the rounds of others)."""
         starts = np.cumsum([0, *self.part_rows])
         which = np.searchsorted(starts, idx, side="right") - 1
         touched = [int(p) for p in np.unique(which)]
-        small = iter(read_ranges(self.storage, [r for p in touched for r in self._small(p)]))
-        none = (np.empty((0, *self.spec.storage_shape), self.spec.storage_dtype), np.empty(0, np.int64))
-        entries: list[tuple[np.ndarray, np.ndarray]] = [none] * len(self.arrays)
+        batch = Batch()
+        small = [[batch.range(*r) for r in self._small(p)] for p in touched]
+        yield batch  # the codes and lengths
         row_code = np.empty(len(idx), dtype=np.int64)
-        for p in touched:
+        used_lengths, positions = [], []
+        value_starts = np.cumsum([0] + [a["values"].rows for a in self.arrays])
+        for p, got in zip(touched, small, strict=True):
             a = self.arrays[p]
-            codes = next(small) if is_dictionary(a) else None
-            lengths = next(small)
+            codes, lengths = (got[0], got[1]) if is_dictionary(a) else (None, got[0])
             checked_entries(a, codes, lengths)
             mine = which == p
             local = idx[mine] - starts[p]
-            wanted = local if codes is None else codes[local]
-            used, row_code[mine] = np.unique(wanted, return_inverse=True)
-            used_lengths = lengths[used]
-            positions = dictionary.gather_positions(lengths, used)
-            values = read_index(
-                self.storage, [a["values"]], positions, self.spec.storage_dtype, self.spec.storage_shape
-            )
-            entries[p] = (values, used_lengths)
+            used, row_code[mine] = np.unique(local if codes is None else codes[local], return_inverse=True)
+            positions.append(dictionary.gather_positions(lengths, used) + value_starts[p])
+            used_lengths.append(lengths[used])
+        batch = Batch()  # the values of the entries used, of every mini-batch at once
+        shape = self.spec.storage_shape
+        values = batch.index([a["values"] for a in self.arrays], _cat(positions), self.spec.storage_dtype, shape)
+        yield batch
+        none = (np.empty((0, *shape), self.spec.storage_dtype), np.empty(0, np.int64))
+        entries: list[tuple[np.ndarray, np.ndarray]] = [none] * len(self.arrays)
+        cuts = np.cumsum([0] + [len(pos) for pos in positions]).tolist()
+        for p, lengths, lo, hi in zip(touched, used_lengths, cuts, cuts[1:], strict=False):
+            entries[p] = (values[lo:hi], lengths)
         return self._assemble(entries, which.astype(np.int64), row_code)
 
     def _assemble(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Any
@@ -25,6 +25,7 @@ from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
 from zarr_skip.store import blockreads
 from zarr_skip.store.fetching import fetch_chunks
+from zarr_skip.store.memo import ChunkMemo
 from zarr_skip.store.storage import Storage
 
 
@@ -376,22 +377,10 @@ def read_ranges(
     are fetched in this batch into ``fetched`` (the later call decodes them from there); from
     local files the kernel is asked to read them meanwhile (:meth:`Storage.read_ahead`).
     """
-    outs, jobs = [], []
-    for parts, start, stop, dtype, trailing in ranges:
-        _check_shape(parts, trailing)
-        out = _alloc((stop - start, *trailing), dtype, parts)
-        outs.append(out)
-        base = 0
-        for a in parts:
-            lo, hi = max(start, base), min(stop, base + a.rows)
-            if lo < hi and a.sizes:
-                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
-                    c0 = base + c * a.chunk
-                    c1 = min(c0 + a.chunk, base + a.rows)
-                    s0, s1 = max(lo, c0), min(hi, c1)
-                    jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
-            base += a.rows
-    _decode_jobs(storage, jobs, prefetch, fetched)
+    batch = Batch()
+    outs = [batch.range(*r) for r in ranges]
+    batch.prefetch += prefetch
+    batch.run(storage, fetched)
     return outs
 
 
@@ -405,30 +394,9 @@ def read_index(
     fetched: Fetched | None = None,
 ) -> np.ndarray:
     """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
-    _check_shape(parts, trailing)
-    out = _alloc((len(idx), *trailing), dtype, parts)
-    if not len(idx):
-        return out
-    starts = np.cumsum([0] + [a.rows for a in parts])
-    which = np.searchsorted(starts, idx, side="right") - 1
-    # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
-    # few hundred thousand values of a few rows group in one pass, not one per chunk
-    firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
-    per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
-    local = idx - starts[which]
-    glob = firsts[which] + local // per[which]
-    order = np.argsort(glob, kind="stable")
-    grouped = glob[order]
-    cuts = np.flatnonzero(np.diff(grouped)) + 1
-    jobs = []
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
-        sel = order[lo:hi]
-        p = int(which[sel[0]])
-        a = parts[p]
-        c = int(grouped[lo] - firsts[p])
-        n = min(a.chunk, a.rows - c * a.chunk)
-        jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
-    _decode_jobs(storage, jobs, fetched=fetched, few=True)
+    batch = Batch()
+    out = batch.index(parts, idx, dtype, trailing)
+    batch.run(storage, fetched)
     return out
 
 
@@ -457,27 +425,171 @@ def read_runs(
     """Rows ``starts[i] : starts[i] + lengths[i]`` of arrays concatenated along axis 0, run after
     run (the values of chosen rows of a jagged column): each run is copied from its chunks as
     slices, not gathered row by row as :func:`read_index` does (at most :data:`MAX_RUNS`)."""
-    _check_shape(parts, trailing)
-    out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
-    bases = list(accumulate((a.rows for a in parts), initial=0))
-    found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
-    at = 0
-    for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-        stop = start + n
-        while start < stop:
-            p = bisect.bisect_right(bases, start) - 1
-            a, base = parts[p], bases[p]
-            c = (start - base) // a.chunk
-            first = base + c * a.chunk
-            end = min(stop, first + a.chunk)
-            found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
-            at, start = at + end - start, end
-    jobs = [
-        (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
-        for (p, c), pairs in found.items()
-    ]
-    _decode_jobs(storage, jobs, fetched=fetched, few=True)
+    batch = Batch()
+    out = batch.runs(parts, starts, lengths, dtype, trailing)
+    batch.run(storage, fetched)
     return out
+
+
+class Batch:
+    """Reads of rows of several arrays gathered, then fetched and decoded in one round.
+
+    :meth:`range`, :meth:`index` and :meth:`runs` each hand back their output at once, filled
+    by :meth:`run`: so the rows of many columns (of many steps) wait for one round of requests
+    and each chunk is fetched and decoded once, however many of them want its rows.
+    """
+
+    __slots__ = ("few", "jobs", "prefetch")
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, ...]] = []
+        self.prefetch: list[tuple[ArrayPart, int]] = []
+        self.few = False  # chosen rows among them (decoded in the pool from a smaller size on)
+
+    def range(
+        self, parts: Sequence[ArrayPart], start: int, stop: int, dtype: np.dtype, trailing: tuple[int, ...]
+    ) -> np.ndarray:
+        """Rows ``start:stop`` of ``parts`` concatenated (as :func:`read_range`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((stop - start, *trailing), dtype, parts)
+        base = 0
+        for a in parts:
+            lo, hi = max(start, base), min(stop, base + a.rows)
+            if lo < hi and a.sizes:
+                for c in range((lo - base) // a.chunk, (hi - base - 1) // a.chunk + 1):
+                    c0 = base + c * a.chunk
+                    c1 = min(c0 + a.chunk, base + a.rows)
+                    s0, s1 = max(lo, c0), min(hi, c1)
+                    self.jobs.append((a, c, c1 - c0, slice(s0 - c0, s1 - c0), slice(s0 - start, s1 - start), out))
+            base += a.rows
+        return out
+
+    def index(
+        self, parts: Sequence[ArrayPart], idx: np.ndarray, dtype: np.dtype, trailing: tuple[int, ...]
+    ) -> np.ndarray:
+        """Rows ``idx`` of ``parts`` concatenated (as :func:`read_index`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((len(idx), *trailing), dtype, parts)
+        if not len(idx):
+            return out
+        self.few = True
+        starts = np.cumsum([0] + [a.rows for a in parts])
+        which = np.searchsorted(starts, idx, side="right") - 1
+        # one global chunk number per row (mini-batch by mini-batch), grouped by a stable sort: a
+        # few hundred thousand values of a few rows group in one pass, not one per chunk
+        firsts = np.cumsum([0] + [len(a.sizes) for a in parts])
+        per = np.array([max(1, a.chunk) for a in parts], dtype=np.int64)
+        local = idx - starts[which]
+        glob = firsts[which] + local // per[which]
+        order = np.argsort(glob, kind="stable")
+        grouped = glob[order]
+        cuts = np.flatnonzero(np.diff(grouped)) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
+            sel = order[lo:hi]
+            p = int(which[sel[0]])
+            a = parts[p]
+            c = int(grouped[lo] - firsts[p])
+            n = min(a.chunk, a.rows - c * a.chunk)
+            self.jobs.append((a, c, n, local[sel] - c * a.chunk, sel, out))
+        return out
+
+    def runs(
+        self,
+        parts: Sequence[ArrayPart],
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        dtype: np.dtype,
+        trailing: tuple[int, ...],
+    ) -> np.ndarray:
+        """Rows ``starts[i] : starts[i] + lengths[i]`` of ``parts`` concatenated (as :func:`read_runs`)."""
+        _check_shape(parts, trailing)
+        out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
+        self.few = True
+        bases = list(accumulate((a.rows for a in parts), initial=0))
+        found: dict[tuple[int, int], list[tuple[slice, slice]]] = {}
+        at = 0
+        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            stop = start + n
+            while start < stop:
+                p = bisect.bisect_right(bases, start) - 1
+                a, base = parts[p], bases[p]
+                c = (start - base) // a.chunk
+                first = base + c * a.chunk
+                end = min(stop, first + a.chunk)
+                found.setdefault((p, c), []).append((slice(start - first, end - first), slice(at, at + end - start)))
+                at, start = at + end - start, end
+        self.jobs += [
+            (parts[p], c, min(parts[p].chunk, parts[p].rows - c * parts[p].chunk), Runs(tuple(pairs)), None, out)
+            for (p, c), pairs in found.items()
+        ]
+        return out
+
+    def run(self, storage: Storage, fetched: Fetched | None = None, memo: ChunkMemo | None = None) -> None:
+        """Fetch and decode every read gathered (and fetch the ``prefetch`` chunks into
+        ``fetched``), then start anew. With a ``memo``, small chunks it holds are copied from
+        it, and those it may hold that are decoded here are kept in it."""
+        if self.jobs or self.prefetch:
+            jobs, kept = (self.jobs, []) if memo is None else _through_memo(storage, self.jobs, memo)
+            _decode_jobs(storage, jobs, self.prefetch, fetched, few=self.few)
+            for key, whole, (_, _, _, src, dst, out) in kept:
+                memo.put(key, whole)  # type: ignore[union-attr]  # kept is empty without a memo
+                _put(out, dst, whole, src)
+        self.jobs, self.prefetch, self.few = [], [], False
+
+
+def _through_memo(
+    storage: Storage, jobs: list[tuple[Any, ...]], memo: ChunkMemo
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, np.ndarray, tuple[Any, ...]]]]:
+    """The jobs left to decode once those of chunks ``memo`` holds are copied from it, and, for
+    each chunk it may hold (small, with a recorded crc32c), its key, the array it is decoded
+    into whole (its job made to do that) and its job (whose rows are copied from that array)."""
+    left, kept = [], []
+    for job in jobs:
+        a, c, n = job[0], job[1], job[2]
+        if a.crc(c) is None or a.chunk_bytes > memo.max_chunk_bytes:
+            left.append(job)
+            continue
+        key = (storage.key_path(a.key(c)), a.span(c), a.sizes[c], a.crc(c))
+        found = memo.get(key)
+        if found is not None:
+            _put(job[5], job[4], found, job[3])
+            continue
+        whole = _alloc((n, *a.shape[1:]), a.dtype, [a])
+        left.append((a, c, n, slice(0, n), slice(0, n), whole))
+        kept.append((key, whole, job))
+    return left, kept
+
+
+#: a read in rounds (see :func:`read_rounds`): a generator that yields each round's reads (a
+#: :class:`Batch`), resumed once they are done, and returns what it read
+Reader = Generator[Batch, None, Any]
+
+
+def read_rounds(storage: Storage, readers: Sequence[Reader], *, memo: ChunkMemo | None = None) -> list[Any]:
+    """What each reader returns, the readers run together: the batches they yield in their
+    first round are run as one (one round of requests, each chunk decoded once), then each is
+    resumed and the batches of their second round run as one, and so on. So many reads in two
+    rounds (the lengths of jagged columns, then their values) take two rounds together. Chunks
+    fetched ahead in one round (``prefetch``) are decoded from there in a later one. ``memo``:
+    small decoded chunks kept across reads (see :mod:`zarr_skip.store.memo`)."""
+    fetched: Fetched = {}
+    results: list[Any] = [None] * len(readers)
+    live = list(enumerate(readers))
+    while live:
+        merged, still = Batch(), []
+        for k, reader in live:
+            try:
+                batch = next(reader)
+            except StopIteration as stop:
+                results[k] = stop.value
+                continue
+            merged.jobs += batch.jobs
+            merged.prefetch += batch.prefetch
+            merged.few |= batch.few
+            still.append((k, reader))
+        merged.run(storage, fetched, memo)
+        live = still
+    return results
 
 
 def _decode_jobs(
