@@ -45,9 +45,7 @@ def forge_entries(root: Path, entries: int = ENTRIES) -> int:
     assert "codes" in rec["columns"]["uid"]["arrays"] and arr["shape"] == [4]
     data = np.zeros(entries, dtype=np.dtype(arr["dtype"]))
     data[:4] = 2
-    codec = chunks.Compression("auto").for_dtype(data.dtype)  # zstd: zeros shrink ~1e5-fold
-    blob = chunks.encode(data, codec)
-    arr["codec"] = codec.to_json()
+    blob = chunks.encode(data, chunks.Compression(**arr["codec"]))
     del data
     file = path.parent / rec["data"]  # the mini-batch's data file: the forged chunk after its end
     offset = file.stat().st_size

@@ -172,39 +172,3 @@ def test_a_directory_that_cannot_be_made_is_a_typed_error(
     assert written == []  # nothing was written without its directory
     monkeypatch.undo()
     assert cache.steps() == [1]
-
-
-def test_small_chunks_are_compressed_in_the_calling_thread_larger_ones_in_the_pool(
-    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chunk of at most ``INLINE_CHUNK_BYTES`` costs less to compress than to hand to the
-    pool and wait for (a small step's dozens of arrays); a larger one goes to the pool."""
-    where: list[tuple[int, bool]] = []
-    encode = chunkjobs.encode_chunk
-
-    def traced(arr: Any, rows: slice, codec: Any) -> bytes:
-        blob = arr[rows]
-        where.append((blob.nbytes, threading.current_thread() is threading.main_thread()))
-        return encode(arr, rows, codec)
-
-    monkeypatch.setattr(chunkjobs, "encode_chunk", traced)
-    batch = dict(make_batch(8), wide=torch.arange(8 * 8192, dtype=torch.float32).reshape(8, 8192))
-    zs.open_cache(str(tmp_path), fingerprint).write(1, batch)
-    assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
-    small = [here for nbytes, here in where if nbytes <= chunkjobs.INLINE_CHUNK_BYTES]
-    large = [here for nbytes, here in where if nbytes > chunkjobs.INLINE_CHUNK_BYTES]
-    assert small and all(small), where
-    assert large and not any(large), where
-
-
-def test_a_small_chunk_that_cannot_be_compressed_fails_the_write_as_in_the_pool(
-    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(*args: Any) -> bytes:
-        raise MemoryError("no memory for this chunk")
-
-    monkeypatch.setattr(chunkjobs, "encode_chunk", broken)
-    cache = zs.open_cache(str(tmp_path), fingerprint)
-    with pytest.raises(MemoryError, match="no memory for this chunk"):
-        cache.write(1, make_batch(8))
-    assert cache.steps() == []

@@ -57,8 +57,7 @@ class Compression:
 
     ``auto`` (the default) picks per array: blosc with byte-shuffling and zstd level 1 in blocks
     of up to 1 MiB (a default 512 KiB chunk is one block) for every type wider than a byte (token
-    ids, log-probs, lengths), plain zstd level 1 for bytes (masks, strings), and blosc-lz4 for an
-    array whose chunks hold at most :data:`SMALL_CHUNK_BYTES` (:func:`array_codec`). Shuffling puts the
+    ids, log-probs, lengths), plain zstd level 1 for bytes (masks, strings). Shuffling puts the
     bytes of equal significance together, which made token ids 20% smaller and twice as fast to
     compress as plain zstd, and log-probs 6% smaller than blosc-lz4 with bit-shuffling (see
     ``benchmarks/README.md``). Explicit choices:
@@ -192,32 +191,17 @@ VALUES_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
 #: the knob (or an explicit codec's ``blocksize``) stays for caches read mostly a few rows at a
 #: time (``Compression("auto", blocksize=...)``; ``benchmarks/few_rows.py`` compares them)
 VALUES_BLOCK_BYTES = AUTO_BLOCK_BYTES
-#: under ``auto``, an array whose chunks hold at most this many raw bytes (lengths, small
-#: per-row columns, a small step's arrays) is stored in blosc-lz4: a zstd call costs ~25-30 us
-#: of set-up however small its input (its context and tables), blosc-lz4 4-14 us to compress
-#: and ~5 us to decode, for 5-25% more bytes on these chunks, a share of a step's bytes too
-#: small to show in its ratio to the floor (``benchmarks/floor.py``)
-SMALL_CHUNK_BYTES = 16 << 10
-#: blosc-lz4's level for those chunks
-SMALL_CHUNK_LEVEL = 5
 
 
-def array_codec(name: str, compression: Compression, dtype: np.dtype, chunk_nbytes: int | None = None) -> Compression:
+def array_codec(name: str, compression: Compression, dtype: np.dtype) -> Compression:
     """The codec array ``name`` of ``dtype`` is stored with: ``compression`` resolved for
-    ``dtype``; under ``auto``, blosc-lz4 for chunks of at most :data:`SMALL_CHUNK_BYTES` raw
-    bytes (``chunk_nbytes``, when known), and the integer values of a jagged column (token ids)
-    in blocks of ``compression.blocksize`` when given (``Compression("auto", blocksize=32 <<
-    10)``: a cache read mostly a few rows at a time), else :data:`VALUES_BLOCK_BYTES`. An
-    explicit codec is kept as given."""
+    ``dtype``; under ``auto``, the integer values of a jagged column (token ids) in blocks of
+    ``compression.blocksize`` when given (``Compression("auto", blocksize=32 << 10)``: a cache
+    read mostly a few rows at a time), else :data:`VALUES_BLOCK_BYTES`. An explicit codec is
+    kept as given."""
     codec = compression.for_dtype(dtype)
-    if compression.name != "auto":
-        return codec
-    if name == "values" and codec.name in _BLOSC and dtype.kind in "iu":
-        codec = replace(codec, blocksize=compression.blocksize or VALUES_BLOCK_BYTES)
-    if chunk_nbytes is None or chunk_nbytes > SMALL_CHUNK_BYTES:
-        return codec
-    if not (codec.is_blosc and 0 < codec.blocksize < chunk_nbytes):  # blocks asked for stay
-        return Compression("lz4", SMALL_CHUNK_LEVEL, "shuffle" if dtype.itemsize > 1 else "noshuffle", AUTO_BLOCK_BYTES)
+    if compression.name == "auto" and name == "values" and codec.name in _BLOSC and dtype.kind in "iu":
+        return replace(codec, blocksize=compression.blocksize or VALUES_BLOCK_BYTES)
     return codec
 
 

@@ -10,8 +10,7 @@ the lock after every chunk; one thread, so that the encoding keeps its core. Whe
 encoded, :meth:`ChunkJobs.spread` starts every other chunk and shares what is left of the
 large arrays out to every thread, :data:`GROUP_CHUNKS` chunks per call, while the step is
 taken over and a mini-batch index claimed (metadata reads and exclusive creates); the writer
-then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. A chunk of at most
-:data:`INLINE_CHUNK_BYTES` is compressed by the writing thread itself. Nothing is stored
+then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored
 here: a write that fails before storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
 """
 
@@ -22,7 +21,6 @@ import threading
 from collections import deque
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,9 +40,6 @@ GROUP_CHUNKS = 4
 EARLY_CHUNKS = 8
 #: the largest chunk compressed with others (so that a call stays far below blosc's 2 GiB)
 _MAX_CHUNK_BYTES = 64 << 20
-#: chunks of at most this many bytes are compressed in the calling thread: handing one to the
-#: pool and waiting for it costs more than compressing it (a small step's dozens of arrays)
-INLINE_CHUNK_BYTES = 16 << 10
 
 
 @dataclass(slots=True)
@@ -133,9 +128,7 @@ class ChunkJobs:
         per, rows, codec = chunking(arr, self._compression, self._target(name, arr), name)
         started = self._start_large(arr, per, rows, codec)
         if started is None:
-            small = per * arr.dtype.itemsize * math.prod(arr.shape[1:]) <= INLINE_CHUNK_BYTES
-            start = _encoded if small else partial(self._storage.submit, encode_chunk)
-            started = ArrayChunks(per, codec, [start(arr, r, codec) for r in rows])
+            started = ArrayChunks(per, codec, [self._storage.submit(encode_chunk, arr, r, codec) for r in rows])
         return started
 
     def _start_large(
@@ -238,18 +231,8 @@ def chunking(
     row_bytes = arr.dtype.itemsize * math.prod(arr.shape[1:])
     per = chunks.chunk_rows(arr.shape[0], row_bytes, chunk_bytes)
     count = chunks.chunk_count(arr.shape[0], per) if arr.size else 0
-    codec = chunks.array_codec(name, compression, arr.dtype, per * row_bytes)
+    codec = chunks.array_codec(name, compression, arr.dtype)
     return per, [slice(i * per, (i + 1) * per) for i in range(count)], codec
-
-
-def _encoded(arr: Any, rows: slice, codec: chunks.Compression) -> Future[bytes]:
-    """:func:`encode_chunk` run here, as a done future (or one holding its error)."""
-    done: Future[bytes] = Future()
-    try:
-        done.set_result(encode_chunk(arr, rows, codec))
-    except Exception as exc:  # noqa: BLE001 - raised where the chunk is taken, as from the pool
-        done.set_exception(exc)
-    return done
 
 
 def encode_chunk(arr: Any, rows: slice, codec: chunks.Compression) -> bytes:
