@@ -31,6 +31,7 @@ __all__ = [
     "make_batch",
     "members",
     "members_of_file",
+    "split",
     "stored_bytes",
     "unpack_to_tree",
     "write_sharded",
@@ -424,3 +425,19 @@ class KeyRegion:
 
     def unlink(self) -> None:
         self.keys.delete(self.key)
+
+
+def split(batch: dict[str, Any], sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """``batch`` cut into mini-batches of ``sizes`` rows."""
+    out, start = [], 0
+    for size in sizes:
+        part = {}
+        for name, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.is_nested:
+                rows = list(value.unbind())[start : start + size]
+                part[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+            else:
+                part[name] = value[start : start + size]
+        out.append(part)
+        start += size
+    return out

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import split
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -25,22 +26,6 @@ FP = {"experiment_name": "data", "n": 4}
 #: each step's mini-batch sizes (rows)
 MINIBATCHES = {1: (5, 7), 2: (12,), 3: (3, 4, 5)}
 COLUMNS = ["responses", "old_log_probs", "hidden", "score", "uid", "extra_info", "response_length"]
-
-
-def split(batch: dict[str, Any], sizes: tuple[int, ...]) -> list[dict[str, Any]]:
-    """``batch`` cut into mini-batches of ``sizes`` rows."""
-    out, start = [], 0
-    for size in sizes:
-        part = {}
-        for name, value in batch.items():
-            if isinstance(value, torch.Tensor) and value.is_nested:
-                rows = list(value.unbind())[start : start + size]
-                part[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-            else:
-                part[name] = value[start : start + size]
-        out.append(part)
-        start += size
-    return out
 
 
 def fill(location: Any) -> dict[int, dict[str, Any]]:

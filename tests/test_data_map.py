@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import split
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -31,19 +32,7 @@ ROWS = 32
 
 
 def _parts(step: int, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
-    mapping = as_mapping(jagged_payload(Preset(rows=ROWS, max_prompt=64, max_response=128, n=4), step=step))
-    out, start = [], 0
-    for size in sizes:
-        part = {}
-        for name, value in mapping.items():
-            if isinstance(value, torch.Tensor) and value.is_nested:
-                rows = list(value.unbind())[start : start + size]
-                part[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-            else:
-                part[name] = value[start : start + size]
-        out.append(part)
-        start += size
-    return out
+    return split(as_mapping(jagged_payload(Preset(rows=ROWS, max_prompt=64, max_response=128, n=4), step=step)), sizes)
 
 
 @pytest.fixture(scope="module")
