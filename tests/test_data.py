@@ -221,6 +221,8 @@ def test_on_s3(s3_server: Any) -> None:
     cache = zs.open_cache(url, storage_options=s3_server.storage_options)
     assert len(ds) == 36
     assert_item_equals_load(ds[20], cache)
+    for item in ds.__getitems__([35, 0, 20, 20, -1, 7]):  # a DataLoader batch: two rounds of requests
+        assert_item_equals_load(item, cache)
     # obstore's runtime does not survive fork(): S3 workers start by forkserver (or spawn)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
     assert keys(loader) == ALL_ROWS
