@@ -30,6 +30,12 @@ first), the whole step's write, and the read after ``posix_fadvise(DONTNEED)`` o
 files (``local``, ``fuse``: the kernel's page cache; the mount's own chunk cache and the
 server's volumes stay warm). The backends run in a rotated order. Nothing is deleted until
 the end. Runs as any user who may mount FUSE (root not needed; see benchmarks/README.md).
+
+On the file systems (``local``, ``fuse``) each timed repetition also writes, beside the cache,
+one plain file of a mini-batch's data file's size per mini-batch (create, write, close, from
+Python: no zarr_skip): the floor (:func:`floor_write`), what the file system asks for the bytes
+alone. A mini-batch write on the mount cannot cost less than the local one plus the difference
+of the two floors; the report gives that bound against local disk.
 """
 
 from __future__ import annotations
@@ -223,6 +229,8 @@ def one_rep(server: Server, backend: str, loc: str, parts: Sequence[Mapping[str,
             out["counts"].append({**made, "requests": delta(after[1], before[1])})
             before = after
     out["write_s"] = sum(out["minibatch_s"])
+    if backend != "s3" and not count:
+        out["floor_s"] = floor_write(loc, _data_file_bytes(loc), len(parts))
     if backend != "s3":
         drop_cache([Path(loc)], "fadvise")  # the kernel's page cache only, on both file systems
     c0 = server.counters() if count else None
@@ -234,6 +242,34 @@ def one_rep(server: Server, backend: str, loc: str, parts: Sequence[Mapping[str,
         out["read_requests"] = delta(server.counters(), c0)
     out["columns"] = sorted(got)
     return out
+
+
+def floor_write(loc: str, nbytes: int, count: int) -> list[float]:
+    """Seconds to create, write and close a plain file of ``nbytes`` random bytes, ``count``
+    times (fresh names in a directory beside ``loc``): the file system's cost of a mini-batch's
+    data file without zarr_skip."""
+    where = Path(loc + "-floor")
+    where.mkdir(parents=True, exist_ok=True)
+    blob = memoryview(os.urandom(nbytes))
+    out = []
+    for i in range(count):
+        os.sync()
+        t0 = time.perf_counter()
+        fd = os.open(where / f"{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            done = 0
+            while done < nbytes:
+                done += os.write(fd, blob[done:])
+        finally:
+            os.close(fd)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _data_file_bytes(loc: str) -> int:
+    """The mean size of the data files (``*.zip``) under ``loc``."""
+    sizes = [f.stat().st_size for f in Path(loc).rglob("*.zip")]
+    return int(statistics.mean(sizes)) if sizes else 0
 
 
 def _rotated(names: Sequence[str], rep: int) -> list[str]:
@@ -254,7 +290,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with started(work, "fuse" in wanted) as server:
         res["fuse_left_out"] = server.fuse_reason if "fuse" in wanted and server.mount is None else None
         names = [b for b in wanted if b != "fuse" or server.mount is not None]
-        res["backends"] = {b: {"minibatch_s": [], "write_s": [], "read_s": []} for b in names}
+        res["backends"] = {b: {"minibatch_s": [], "write_s": [], "read_s": [], "floor_s": []} for b in names}
         res["seaweedfs"] = weed_version()
         for rep in range(args.reps + 1):
             for b in _rotated(names, rep):
@@ -265,6 +301,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for k in ("write_s", "read_s"):
                     res["backends"][b][k].append(r[k])
                 res["backends"][b]["minibatch_s"].append(r["minibatch_s"])
+                res["backends"][b]["floor_s"] += r.get("floor_s", [])
                 log(f"[shared] rep {rep}/{args.reps} {b:5s} write {r['write_s'] * 1e3:7.1f} ms  "
                     f"read {r['read_s'] * 1e3:7.1f} ms")  # fmt: skip
     return res
@@ -294,11 +331,16 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     for b, v in res["backends"].items():
         per_mb = [t for rep in v["minibatch_s"] for t in rep]
         out[b] = {"write": _stats(v["write_s"]), "minibatch": _stats(per_mb), "read": _stats(v["read_s"])}
+        if v.get("floor_s"):
+            out[b]["floor"] = _stats(v["floor_s"])
     loc = out.get("local")
     for b in out:
         out[b]["vs_local"] = {
             m: out[b][m]["median"] / loc[m]["median"] if loc else None for m in ("write", "minibatch", "read")
         }
+        if loc and "floor" in out[b] and "floor" in loc:  # the least a mini-batch write can cost here
+            bound = loc["minibatch"]["median"] + out[b]["floor"]["median"] - loc["floor"]["median"]
+            out[b]["minibatch_bound"] = {"s": bound, "vs_local": bound / loc["minibatch"]["median"]}
     return out
 
 
@@ -320,6 +362,33 @@ def count_cells(mbs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 def _num(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def _floor_lines(s: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The floor's row of the timing table and the bound it sets (nothing without floors)."""
+    floors = [b for b in names if "floor" in s[b]]
+    if not floors:
+        return []
+    cells = [
+        f"{_ms(s[b]['floor']['min'])} / **{_ms(s[b]['floor']['median'])}** / {_ms(s[b]['floor']['max'])}"
+        if b in floors
+        else "-"
+        for b in names
+    ]
+    row = "| floor: one plain file of a data file's size (create, write, close) | " + " | ".join(cells) + " |"
+    bounds = [
+        f"{b}: {_ms(s[b]['minibatch_bound']['s'])} ms, {s[b]['minibatch_bound']['vs_local']:.2f}x local"
+        for b in floors
+        if b != "local" and "minibatch_bound" in s[b]
+    ]
+    lines = [row + " - |" * (len(names) - 1)]
+    if bounds:
+        lines += [
+            "",
+            "The least a mini-batch write can take (local disk's, plus what the file system adds to "
+            "writing its data file's bytes alone: the floors' difference): " + "; ".join(bounds) + ".",
+        ]
+    return lines
 
 
 def report(res: dict[str, Any]) -> str:
@@ -349,6 +418,7 @@ def report(res: dict[str, Any]) -> str:
         cells = [f"{_ms(s[b][m]['min'])} / **{_ms(s[b][m]['median'])}** / {_ms(s[b][m]['max'])}" for b in names]
         cells += [f"{s[b]['vs_local'][m]:.1f}" for b in names if b != "local" and s[b]["vs_local"][m] is not None]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += _floor_lines(s, names)
     lines += ["", "What a mini-batch write made each backend do in the counting repetition (the first mini-batch, "
               "which also creates the cache / the mean of the others), and the read of the whole step:", "",
               "| backend | per mini-batch write | read of the step |", "|---|---|---|"]  # fmt: skip

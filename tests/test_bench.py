@@ -342,6 +342,7 @@ def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tm
     assert not left_out or not fuse_ok or left_out.startswith("mount failed")
     for b, v in r["backends"].items():
         assert len(v["write_s"]) == 1 and len(v["minibatch_s"][0]) == 4 and v["read_s"][0] > 0
+        assert len(v["floor_s"]) == (0 if b == "s3" else 4)  # a plain file per mini-batch on file systems
         counts = r["counts"][b]["minibatches"]
         assert len(counts) == 4
         if b == "s3":  # every key stored is one PUT at least; the read GETs what it needs
@@ -350,7 +351,9 @@ def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tm
         else:
             assert all(mb["files"] > 0 for mb in counts)
     assert r["summary"]["local"]["vs_local"]["write"] == 1.0
-    assert "| write one mini-batch |" in (out / "shared_small.md").read_text()
+    text = (out / "shared_small.md").read_text()
+    assert "| write one mini-batch |" in text and "| floor: one plain file of a data file's size" in text
+    assert left_out or "The least a mini-batch write can take" in text
     assert not list(out.glob(".bench-tmp-shared-*"))
     from benchmarks.summary import read_results, table
 
