@@ -2,7 +2,7 @@
 
 A :class:`Part` is one complete mini-batch as its completion record describes it; an
 :class:`ArrayPart` one of its arrays (a file per chunk, or one shard). :func:`read_ranges` and
-:func:`read_index` fetch the chunks holding the wanted rows of arrays concatenated across
+a :class:`Batch` fetch the chunks holding the wanted rows of arrays concatenated across
 mini-batches, concurrently, and decode each straight into the output when it can (a narrowed
 chunk into the back of its rows, widened in place).
 """
@@ -384,22 +384,6 @@ def read_ranges(
     return outs
 
 
-def read_index(
-    storage: Storage,
-    parts: Sequence[ArrayPart],
-    idx: np.ndarray,
-    dtype: np.dtype,
-    trailing: tuple[int, ...],
-    *,
-    fetched: Fetched | None = None,
-) -> np.ndarray:
-    """Rows ``idx`` (any order, repeats allowed) of arrays concatenated along axis 0."""
-    batch = Batch()
-    out = batch.index(parts, idx, dtype, trailing)
-    batch.run(storage, fetched)
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class Runs:
     """Runs of rows of one chunk and where each goes in the output: ``(rows in the chunk, rows
@@ -408,27 +392,8 @@ class Runs:
     pairs: tuple[tuple[slice, slice], ...]
 
 
-#: :func:`read_runs` reads at most this many runs (more: value by value, with :func:`read_index`)
+#: :meth:`Batch.runs` is given at most this many runs (more: value by value, with :meth:`Batch.index`)
 MAX_RUNS = 4096
-
-
-def read_runs(
-    storage: Storage,
-    parts: Sequence[ArrayPart],
-    starts: np.ndarray,
-    lengths: np.ndarray,
-    dtype: np.dtype,
-    trailing: tuple[int, ...],
-    *,
-    fetched: Fetched | None = None,
-) -> np.ndarray:
-    """Rows ``starts[i] : starts[i] + lengths[i]`` of arrays concatenated along axis 0, run after
-    run (the values of chosen rows of a jagged column): each run is copied from its chunks as
-    slices, not gathered row by row as :func:`read_index` does (at most :data:`MAX_RUNS`)."""
-    batch = Batch()
-    out = batch.runs(parts, starts, lengths, dtype, trailing)
-    batch.run(storage, fetched)
-    return out
 
 
 class Batch:
@@ -467,7 +432,7 @@ class Batch:
     def index(
         self, parts: Sequence[ArrayPart], idx: np.ndarray, dtype: np.dtype, trailing: tuple[int, ...]
     ) -> np.ndarray:
-        """Rows ``idx`` of ``parts`` concatenated (as :func:`read_index`)."""
+        """Rows ``idx`` (any order, repeats allowed) of ``parts`` concatenated along axis 0."""
         _check_shape(parts, trailing)
         out = _alloc((len(idx), *trailing), dtype, parts)
         if not len(idx):
@@ -501,7 +466,9 @@ class Batch:
         dtype: np.dtype,
         trailing: tuple[int, ...],
     ) -> np.ndarray:
-        """Rows ``starts[i] : starts[i] + lengths[i]`` of ``parts`` concatenated (as :func:`read_runs`)."""
+        """Rows ``starts[i] : starts[i] + lengths[i]`` of ``parts`` concatenated, run after run
+        (the values of chosen rows of a jagged column): each run is copied from its chunks as
+        slices, not gathered row by row as :meth:`index` does (at most :data:`MAX_RUNS`)."""
         _check_shape(parts, trailing)
         out = _alloc((int(lengths.sum()), *trailing), dtype, parts)
         self.few = True
@@ -603,8 +570,8 @@ def _decode_jobs(
     """Fetch and decode chunks concurrently, each straight into its output when it can (and
     fetch the ``prefetch`` chunks into ``fetched``; chunks found there are not fetched again).
     A few rows of a chunk of several blosc blocks fetch and decode only the blocks holding them
-    (:mod:`zarr_skip.store.blockreads`). ``few``: chosen rows (:func:`read_runs`,
-    :func:`read_index`), decoded in the pool from a smaller size on."""
+    (:mod:`zarr_skip.store.blockreads`). ``few``: chosen rows (:meth:`Batch.runs`,
+    :meth:`Batch.index`), decoded in the pool from a smaller size on."""
     fetched = {} if fetched is None else fetched
     ready = [job for job in jobs if (job[0].path, job[1]) in fetched]
     todo: list[tuple[Any, ...]] = [job for job in jobs if (job[0].path, job[1]) not in fetched]
