@@ -279,11 +279,11 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
     assert back["responses"].is_nested and back["responses"].layout == torch.jagged
     assert [r.tolist() for r in back["responses"].unbind()] == [it["responses"].tolist() for it in items]
     assert back["responses"].dtype == items[0]["responses"].dtype and torch.equal(back["hidden"], batch["hidden"])
-    # through DataLoader workers: one shared-memory block (one file descriptor) per batch
-    import torch.multiprocessing.reductions as reductions
+    # through DataLoader workers: one shared-memory buffer (one file descriptor) per batch
+    import zarr_skip.data._shm as shm
 
     received = []
-    original = reductions.rebuild_storage_fd
+    original = shm._borrow
 
     def counted(*args: Any) -> Any:
         received.append(args)
@@ -292,7 +292,7 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
     ds = RolloutIterableDataset(local, columns=COLUMNS)
     it = iter(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate_rollouts))
     # patched once the workers run (their pickler must find the original under its name)
-    monkeypatch.setattr(reductions, "rebuild_storage_fd", counted)
+    monkeypatch.setattr(shm, "_borrow", counted)
     loaded = list(it)
     assert len(received) == len(loaded) == 8  # 18 + 18 rows: four batches of five or less per worker
     assert sorted(keys(r for b in loaded for r in _rows(b))) == ALL_ROWS
@@ -358,6 +358,7 @@ def test_fresh_shared_memory_reads_as_zeros() -> None:
 def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
     local: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float
 ) -> None:
+    import zarr_skip.data._shm as shm
     import zarr_skip.data.collate as collate_module
 
     items = list(RolloutIterableDataset(local, columns=COLUMNS, steps=[1]))
@@ -371,6 +372,7 @@ def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
 
     monkeypatch.setattr(torch.Tensor, "fill_", counted)
     monkeypatch.setattr(collate_module, "get_worker_info", lambda: object())  # as in a worker: shared memory
+    monkeypatch.setattr(shm, "_LENDER", None)  # this process's own buffers, new: they read as zeros
     in_worker = collate_rollouts(items, pad_value=pad_value)
     padded = [name for name in in_worker if f"{name}_len" in in_worker]
     assert len(padded) == 2  # responses, old_log_probs
@@ -378,7 +380,7 @@ def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
     # padding is not all zero bits: -1 always, -0.0 in a float column (its sign bit), 0 never
     nonzero = [n for n in padded if pad_value == -1 or (str(pad_value) == "-0.0" and in_worker[n].is_floating_point())]
     assert len([n for n in fills if n > 1]) == len(nonzero) == {"0": 0, "-1": 2, "-0.0": 1}[str(pad_value)]
-    assert in_worker["responses"].untyped_storage().is_shared()
+    assert shm.lend(in_worker["responses"].untyped_storage()) is not None  # in a buffer it lends
     assert list(in_worker) == list(in_process)
     for name, value in in_process.items():
         got = in_worker[name]

@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import get_worker_info
 
+from zarr_skip.data._shm import Lent, lend, lender
 from zarr_skip.errors import ConfigError
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
@@ -24,14 +25,15 @@ __all__ = ["RolloutBatch", "collate_rollouts"]
 #: each tensor of a batch starts at a multiple of this many bytes of the batch's buffer
 ALIGN = 64
 
-#: a planned output tensor: name, dtype, shape and what writes its values into a view
-_Planned = tuple[str, torch.dtype, tuple[int, ...], Callable[[torch.Tensor], None]]
+#: a planned output tensor: name, dtype, shape and what writes its values into a view (told
+#: whether the view reads as zeros)
+Planned = tuple[str, torch.dtype, tuple[int, ...], Callable[[torch.Tensor, bool], None]]
 
 
 #: where a tensor lies: its base's index, dtype, shape, strides and offset (in elements)
 _View = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int]
 #: the key under which a nested column's offsets are planned (a name no column has)
-_OFFSETS = "{}\x00offsets"
+OFFSETS = "{}\x00offsets"
 
 
 class RolloutBatch(dict[str, Any]):
@@ -44,7 +46,7 @@ class RolloutBatch(dict[str, Any]):
     """
 
     def __reduce__(self) -> tuple[Any, ...]:
-        bases: list[torch.Tensor] = []
+        bases: list[torch.Tensor | Lent] = []
         where: dict[tuple[int, int], int] = {}
 
         def view(t: torch.Tensor) -> _View:
@@ -52,7 +54,8 @@ class RolloutBatch(dict[str, Any]):
             key = (storage.data_ptr(), storage.nbytes())
             if key not in where:
                 where[key] = len(bases)
-                bases.append(torch.empty(0, dtype=torch.uint8).set_(storage))
+                lent = lend(storage)  # a worker's reused buffer (zarr_skip.data._shm)
+                bases.append(lent if lent is not None else torch.empty(0, dtype=torch.uint8).set_(storage))
             return (where[key], t.dtype, tuple(t.shape), t.stride(), int(t.storage_offset()))
 
         views: dict[str, tuple[_View, ...]] = {}
@@ -116,30 +119,52 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
 
     The stacked and padded tensors are views of one buffer (see the module docstring).
     """
+    check_jagged(jagged)
+    if not items:
+        return RolloutBatch()
+    shared = get_worker_info() is not None  # a worker's batch goes to the main process
+    planned: list[Planned] = []
+    lists: dict[str, list[Any]] = {}
+    for name in items[0]:
+        plan_values(name, [item[name] for item in items], jagged, pad_value, planned, lists)
+    return assemble(list(items[0]), planned, lists, shared)
+
+
+def check_jagged(jagged: str) -> None:
     if jagged not in ("pad", "nested"):
         raise ConfigError(f"jagged={jagged!r}: choose 'pad' or 'nested'")
-    out = RolloutBatch()
-    if not items:
-        return out
-    shared = get_worker_info() is not None  # a worker's batch goes to the main process
-    planned: list[_Planned] = []
-    for name in items[0]:
-        values = [item[name] for item in items]
-        first = values[0]
-        if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
-            _tensors(name, values, jagged, pad_value, shared, planned)
-        elif isinstance(first, int) and all(type(v) is int for v in values):
-            planned.append((name, torch.int64, (len(values),), functools.partial(_write_ints, values)))
-        else:
-            out[name] = values
+
+
+def plan_values(
+    name: str,
+    values: list[Any],
+    jagged: str,
+    pad_value: float,
+    planned: list[Planned],
+    lists: dict[str, list[Any]],
+) -> None:
+    """Plan column ``name`` of a batch from its rows ``values`` (tensors stacked, padded or
+    nested; Python ints as an int64 tensor), or keep them as a list in ``lists``."""
+    first = values[0]
+    if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
+        _tensors(name, values, jagged, pad_value, planned)
+    elif isinstance(first, int) and all(type(v) is int for v in values):
+        planned.append((name, torch.int64, (len(values),), functools.partial(_write_ints, values)))
+    else:
+        lists[name] = values
+
+
+def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any]], shared: bool) -> RolloutBatch:
+    """The batch of columns ``names``: the ``planned`` tensors written into one buffer (nested
+    columns made of their values and offsets), the other columns from ``lists``."""
     views = _packed(planned, shared)
-    for name in items[0]:
-        if _OFFSETS.format(name) in views:
-            views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(_OFFSETS.format(name)))
-    return RolloutBatch((name, views[name] if name in views else out[name]) for name in _order(items[0], planned))
+    for name in names:
+        if OFFSETS.format(name) in views:
+            views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(OFFSETS.format(name)))
+    return RolloutBatch((name, views[name] if name in views else lists[name]) for name in _order(names, planned))
 
 
-def _order(first: dict[str, Any], planned: list[_Planned]) -> list[str]:
+def _order(first: list[str], planned: list[Planned]) -> list[str]:
     """The batch's keys: the items' order, each jagged column's ``{name}_len`` after it."""
     names = {p[0] for p in planned}
     keys = []
@@ -150,11 +175,8 @@ def _order(first: dict[str, Any], planned: list[_Planned]) -> list[str]:
     return keys
 
 
-def _tensors(
-    name: str, values: list[torch.Tensor], jagged: str, pad_value: float, shared: bool, planned: list[_Planned]
-) -> None:
-    """Plan ``name``'s stacked, padded (and its lengths) or nested (its values and offsets) tensor
-    (in ``shared`` memory, which starts as zeros)."""
+def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: float, planned: list[Planned]) -> None:
+    """Plan ``name``'s stacked, padded (and its lengths) or nested (its values and offsets) tensor."""
     dtypes = {v.dtype for v in values}
     dtype = dtypes.pop() if len(dtypes) == 1 else functools.reduce(torch.promote_types, (v.dtype for v in values))
     shapes = [v.shape for v in values]
@@ -169,53 +191,54 @@ def _tensors(
         total = (sum(lengths), *shape[1:])
         planned.append((name, dtype, total, functools.partial(_write_cat, values)))
         planned.append(
-            (_OFFSETS.format(name), torch.int64, (len(values) + 1,), functools.partial(_write_offsets, lengths))
+            (OFFSETS.format(name), torch.int64, (len(values) + 1,), functools.partial(_write_offsets, lengths))
         )
         return
     padded = (len(values), max(lengths), *shape[1:])
-    planned.append((name, dtype, padded, functools.partial(_write_padded, values, lengths, pad_value, shared)))
+    planned.append((name, dtype, padded, functools.partial(_write_padded, values, lengths, pad_value)))
     planned.append((f"{name}_len", torch.int64, (len(values),), functools.partial(_write_ints, lengths)))
 
 
-def _write_stack(values: list[torch.Tensor], out: torch.Tensor) -> None:
+def _write_stack(values: list[torch.Tensor], out: torch.Tensor, _zeros: bool) -> None:
     torch.stack(values, out=out)
 
 
 def _write_padded(
-    values: list[torch.Tensor], lengths: list[int], pad_value: float, zeros: bool, out: torch.Tensor
+    values: list[torch.Tensor], lengths: list[int], pad_value: float, out: torch.Tensor, zeros: bool
 ) -> None:
-    """The rows over ``pad_value``; when ``out`` starts as ``zeros`` (new shared memory) and the
+    """The rows over ``pad_value``; when ``out`` reads as ``zeros`` (new shared memory) and the
     padding is all zero bits, the padding is not written: pages of padding alone stay untouched
     (in a worker, each page first written costs a page fault: half of a padded batch's pages)."""
-    if not (zeros and _zero_bits(pad_value, out.dtype)):
+    if not (zeros and zero_bits(pad_value, out.dtype)):
         out.fill_(pad_value)  # then the rows: on fresh memory faster than row then padding, even through numpy
     for row, (value, n) in enumerate(zip(values, lengths, strict=True)):
         out[row, :n] = value
 
 
-def _zero_bits(value: float, dtype: torch.dtype) -> bool:
+def zero_bits(value: float, dtype: torch.dtype) -> bool:
     """Whether ``value`` converted to ``dtype`` (as ``fill_`` converts, raising as it raises) is
     all zero bits (not ``-0.0``)."""
     one = torch.empty(1, dtype=dtype).fill_(value)
     return not bool(one.view(torch.uint8).any())
 
 
-def _write_cat(values: list[torch.Tensor], out: torch.Tensor) -> None:
+def _write_cat(values: list[torch.Tensor], out: torch.Tensor, _zeros: bool) -> None:
     torch.cat(values, out=out)
 
 
-def _write_offsets(lengths: list[int], out: torch.Tensor) -> None:
+def _write_offsets(lengths: list[int], out: torch.Tensor, _zeros: bool) -> None:
     out[0] = 0
     torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=out[1:])
 
 
-def _write_ints(values: list[int], out: torch.Tensor) -> None:
+def _write_ints(values: list[int], out: torch.Tensor, _zeros: bool) -> None:
     out.copy_(torch.tensor(values, dtype=torch.int64))
 
 
-def _packed(planned: list[_Planned], shared: bool) -> dict[str, torch.Tensor]:
-    """The planned tensors written into views of one buffer (``shared`` memory in a DataLoader
-    worker, whose batches go to the main process: a new file, which reads as zeros)."""
+def _packed(planned: list[Planned], shared: bool) -> dict[str, torch.Tensor]:
+    """The planned tensors written into views of one buffer: in a DataLoader worker (``shared``),
+    whose batches go to the main process, shared memory that the worker reuses once the main
+    process drops the batch (:mod:`zarr_skip.data._shm`)."""
     if not planned:
         return {}
     starts, total = [], 0
@@ -224,16 +247,17 @@ def _packed(planned: list[_Planned], shared: bool) -> dict[str, torch.Tensor]:
         nbytes = dtype.itemsize * _numel(shape)
         total += -(-nbytes // ALIGN) * ALIGN
     total = max(total, ALIGN)  # shared memory of no bytes cannot be mapped
-    # torch's own default_collate makes a worker's batch in shared memory the same way; both
-    # constructors are untyped in torch
-    make = torch.UntypedStorage._new_shared if shared else torch.UntypedStorage
-    storage = cast(Callable[[int], torch.UntypedStorage], make)(total)
+    storage, zeros = lender().take(total) if shared else (_new_storage(total), False)
     out = {}
     for (name, dtype, shape, write), start in zip(planned, starts, strict=True):
         view = torch.empty(0, dtype=dtype).set_(storage, start // dtype.itemsize, shape, _contiguous(shape))
-        write(view)
+        write(view, zeros)
         out[name] = view
     return out
+
+
+def _new_storage(nbytes: int) -> torch.UntypedStorage:
+    return cast(Callable[[int], torch.UntypedStorage], torch.UntypedStorage)(nbytes)  # untyped in torch
 
 
 def _numel(shape: tuple[int, ...]) -> int:
