@@ -8,7 +8,9 @@ Usage::
   ``DataLoader(num_workers=2, batch_size=64, collate_fn=collate_rollouts)`` against
   ``load(step).to_dict()`` of the same steps (target: within 1.5x); the peak memory growth of
   the epoch in one process (what each worker holds) and of the baseline, each in a fresh
-  process, against one step's decoded size (target: under 2x);
+  process, against one step's decoded size (target: under 2x); and the same epoch with the
+  batches cut by the dataset (``RolloutIterableDataset(batch_size=64)``,
+  ``DataLoader(batch_size=None)``); ``--reps`` rounds, the measurements interleaved in each;
 * map: ``--items`` random ``RolloutDataset[i]``: time per item and bytes read per item
   (``rchar`` of ``/proc/self/io``) against one row's decoded size; and ``--loader-rows`` random
   rows through ``DataLoader(RolloutDataset, batch_size=64, shuffle=True (seeded),
@@ -140,6 +142,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         workers = 0 if how == "iterable_inline" else 2
         loader = DataLoader(ds, batch_size=64, num_workers=workers, collate_fn=collate_rollouts)
         rows = sum(len(batch["row"]) for batch in loader)
+    elif how == "iterable_batched":  # the dataset cuts the batches (no items)
+        ds = RolloutIterableDataset(where, batch_size=64)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)
+        rows = sum(len(batch["row"]) for batch in loader)
     elif how == "map_loader":  # random rows, a batch's indices read together (__getitems__)
         import itertools
 
@@ -188,12 +194,14 @@ def step_sizes(where: Path) -> dict[str, int]:
 
 def bench_torch(where: Path, parts: set[str], items: int, reps: int, loader_rows: int = 1536) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    hows = [h for h in ("to_dict", "iterable", "iterable_inline") if "iterable" in parts] + (
+    hows = [h for h in ("to_dict", "iterable", "iterable_batched", "iterable_inline") if "iterable" in parts] + (
         ["map", "map_loader"] if "map" in parts else []
     )
-    for how in hows:
-        spec = {"dir": str(where), "how": how, "items": items, "loader_rows": loader_rows}
-        samples = [run_worker(spec) for _ in range(reps)]
+    runs: dict[str, list[dict[str, Any]]] = {how: [] for how in hows}
+    for _ in range(reps):  # interleaved: a change of the machine's pace falls on every one alike
+        for how in hows:
+            runs[how].append(run_worker({"dir": str(where), "how": how, "items": items, "loader_rows": loader_rows}))
+    for how, samples in runs.items():
         best = min(samples, key=lambda r: r["s"])
         out[how] = {**best, "s": sorted(r["s"] for r in samples)[len(samples) // 2]}
         log(f"{how}: {out[how]}")
@@ -246,6 +254,9 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
         memory = t["iterable_inline"]["peak_growth"] / sizes["step_decoded"]
         out["iterable_ratio"] = {"value": ratio, "target": TARGETS["iterable_ratio"], "met": ratio <= 1.5}
         out["iterable_memory"] = {"value": memory, "target": TARGETS["iterable_memory"], "met": memory < 2.0}
+    if "iterable_batched" in t and "to_dict" in t:
+        ratio = t["iterable_batched"]["s"] / t["to_dict"]["s"]
+        out["iterable_batched_ratio"] = {"value": ratio, "target": TARGETS["iterable_ratio"], "met": ratio <= 1.5}
     if "map" in t:
         m = t["map"]
         out["map_item_ms"] = 1000 * m["s"] / m["rows"]
@@ -277,6 +288,9 @@ def report(res: dict[str, Any]) -> str:
         lines += [
             f"| epoch, RolloutIterableDataset, DataLoader(num_workers=2) | {t['iterable']['s']:.3f} s "
             f"| load(step).to_dict(): {t['to_dict']['s']:.3f} s ({tg['iterable_ratio']['value']:.2f}x; target 1.5x) |",
+            f"| the same, batches cut by the dataset (batch_size=64; DataLoader(batch_size=None)) "
+            f"| {t['iterable_batched']['s']:.3f} s "
+            f"| {tg['iterable_batched_ratio']['value']:.2f}x to_dict; target 1.5x |",
             f"| peak memory growth of the epoch in one process | {t['iterable_inline']['peak_growth'] / 2**20:.1f} MiB "
             f"| {tg['iterable_memory']['value']:.2f}x one step decoded (target < 2x); "
             f"to_dict: {t['to_dict']['peak_growth'] / 2**20:.1f} MiB |",

@@ -18,6 +18,8 @@ def test_the_data_benchmark_runs(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "data.json").read_text())
     torch_part = res["torch"]
     assert torch_part["iterable"]["rows"] == torch_part["to_dict"]["rows"] == 2 * 32
+    assert torch_part["iterable_batched"]["rows"] == 2 * 32
+    assert res["targets"]["iterable_batched_ratio"]["value"] > 0
     assert torch_part["map"]["rows"] == 10 and torch_part["map"]["bytes_read"] > 0
     assert torch_part["map_loader"]["rows"] == 2 * 32 and res["targets"]["map_loader_vs_iterable"] > 0
     assert res["targets"]["iterable_ratio"]["value"] > 0 and res["sizes"]["row_decoded"] > 0

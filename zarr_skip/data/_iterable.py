@@ -7,10 +7,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from zarr_skip.data._batches import Run, cut, join, make_batch, segment
 from zarr_skip.data._plan import buffers, resolve_rank, shard_blocks, shuffled
-from zarr_skip.data._source import RolloutSource
+from zarr_skip.data._source import Block, RolloutSource
+from zarr_skip.data.collate import check_jagged
+from zarr_skip.errors import ConfigError
 
 __all__ = ["RolloutIterableDataset"]
 
@@ -41,9 +45,20 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
 
     An item's jagged rows are views of its block's decoded values (no per-row copies), and
     :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
-    worker hands to the main process in one piece. A DataLoader worker freezes the objects it
-    inherited from its parent (``gc.freeze``, once a process) before it reads, so the garbage
-    collector never walks them there (see :func:`_freeze_inherited`).
+    worker hands to the main process in one piece (a shared-memory buffer the worker reuses once
+    the main process drops the batch: :mod:`zarr_skip.data._shm`).
+
+    With ``batch_size`` the dataset yields batches instead of items: those that
+    ``collate_rollouts(..., jagged=jagged, pad_value=pad_value)`` makes of each ``batch_size``
+    items in turn (the last one shorter, or dropped with ``drop_last``), gathered column by
+    column from the decoded blocks without making the items (:mod:`zarr_skip.data._batches`):
+    ``DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)``. Each
+    DataLoader worker cuts its own rows into batches, as a DataLoader with a ``batch_size`` does
+    with items; ``len()`` is then the rank's batches as one process cuts them.
+
+    A DataLoader worker freezes the objects it inherited from its parent (``gc.freeze``, once a
+    process) before it reads, so the garbage collector never walks them there (see
+    :func:`_freeze_inherited`).
     """
 
     def __init__(
@@ -60,6 +75,10 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         block_rows: int = BLOCK_ROWS,
         buffer_blocks: int = BUFFER_BLOCKS,
+        batch_size: int | None = None,
+        jagged: str = "pad",
+        pad_value: float = 0,
+        drop_last: bool = False,
     ) -> None:
         self.source = RolloutSource(
             location, experiment=experiment, steps=steps, columns=columns, storage_options=storage_options
@@ -71,15 +90,24 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self.buffer_blocks = int(buffer_blocks)
         self._blocks = self.source.blocks(block_rows)
         next(buffers([], self.buffer_blocks), None)  # checks buffer_blocks now, not in a worker
+        if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
+            raise ConfigError(f"batch_size={batch_size!r}: give a positive number of rows, or None for rows one by one")
+        check_jagged(jagged)
+        self.batch_size, self.jagged, self.pad_value, self.drop_last = batch_size, jagged, pad_value, bool(drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on."""
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        """The rows of this rank (over all its workers)."""
+        """The rows of this rank (over all its workers); with a ``batch_size``, its batches as
+        one process cuts them (as torch counts a DataLoader's batches: DataLoader workers each
+        cut their own rows, so their last batches may be more)."""
         total = sum(b.rows for b in self._blocks)
-        return total * (self.rank + 1) // self.world_size - total * self.rank // self.world_size
+        rows = total * (self.rank + 1) // self.world_size - total * self.rank // self.world_size
+        if self.batch_size is None:
+            return rows
+        return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -88,6 +116,11 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shards, shard = self.world_size * workers, self.rank * workers + worker
         pieces = shard_blocks(self._blocks, shards, shard, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+        if self.batch_size is not None:
+            names = self.source.columns
+            for runs in cut(self._orders(pieces, shard), self.batch_size, self.drop_last):
+                yield make_batch(runs, names, self.jagged, self.pad_value)
+            return
         if not self.shuffle:  # one block at a time
             for block in pieces:
                 yield from self.source.read(block)
@@ -96,6 +129,18 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             items = [item for block in group for item in self.source.read(block)]
             yield from (items[int(k)] for k in shuffled(len(items), self.seed, self.epoch, shard, n))
             del items  # before the next buffer is read: one buffer's rows held at a time
+
+    def _orders(self, pieces: list[Block], shard: int) -> Iterator[Run]:
+        """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined) with
+        the order its rows are handed on in: the per-row path's order."""
+        if not self.shuffle:
+            for block in pieces:
+                yield segment(block, self.source.read_columns(block)), np.arange(block.rows)
+            return
+        for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
+            seg = join([segment(block, self.source.read_columns(block)) for block in group])
+            yield seg, shuffled(seg.rows, self.seed, self.epoch, shard, n)
+            del seg  # before the next buffer is read (a batch's carried rows hold it a little longer)
 
     def __repr__(self) -> str:
         return (

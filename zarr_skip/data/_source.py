@@ -24,7 +24,7 @@ from zarr_skip.errors import ConfigError, StepNotFoundError
 from zarr_skip.lazy import StepView, read_rows
 from zarr_skip.store.memo import ChunkMemo
 
-__all__ = ["Block", "RolloutSource", "as_item_value", "split_rows"]
+__all__ = ["Block", "RolloutSource", "as_item_value", "item_values", "split_rows"]
 
 #: the fields every item has before its columns
 INDEX = ("step", "minibatch", "row")
@@ -163,16 +163,19 @@ class RolloutSource:
 
     # -- reading rows ----------------------------------------------------------------------------
 
-    def read(self, block: Block) -> list[dict[str, Any]]:
-        """The items of ``block``'s rows: its columns each read as one slice (their chunks once),
-        or a whole mini-batch's columns in one batch of reads."""
+    def read_columns(self, block: Block) -> dict[str, Any]:
+        """``block``'s rows of each column as read (NestedTensor, tensor, array or list): each
+        column as one slice (its chunks once), or a whole mini-batch's columns in one batch of
+        reads."""
         view = self.view(block.step)
         minibatch = view.minibatches[block.minibatch]
         if len(minibatch) == block.rows:  # a whole mini-batch: all its columns in one batch of reads
-            read = minibatch.to_dict(self.columns)
-        else:
-            read = {name: view[name][block.start : block.stop] for name in self.columns}
-        columns = {name: _item_values(split_rows(value)) for name, value in read.items()}
+            return minibatch.to_dict(self.columns)
+        return {name: view[name][block.start : block.stop] for name in self.columns}
+
+    def read(self, block: Block) -> list[dict[str, Any]]:
+        """The items of ``block``'s rows (:meth:`read_columns` cut into rows)."""
+        columns = {name: item_values(split_rows(value)) for name, value in self.read_columns(block).items()}
         names = ["step", "minibatch", "row", *columns]
         rows = zip(range(block.start, block.stop), *columns.values(), strict=True)
         return [dict(zip(names, (block.step, block.minibatch, *row), strict=True)) for row in rows]
@@ -188,7 +191,7 @@ class RolloutSource:
         got = read_rows([(self.view(step), rows) for step, rows, _ in requests], self.columns, memo=self.memo)
         out = []
         for (step, rows, minibatches), read in zip(requests, got, strict=True):
-            columns = [_item_values(split_rows(read[name])) for name in self.columns]
+            columns = [item_values(split_rows(read[name])) for name in self.columns]
             per_row = zip(minibatches.tolist(), rows.tolist(), *columns, strict=True)
             out.append([dict(zip(names, (step, *values), strict=True)) for values in per_row])
         return out
@@ -231,7 +234,7 @@ def _split_jagged(value: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(values, torch.diff(offsets).tolist()))
 
 
-def _item_values(rows: list[Any]) -> list[Any]:
+def item_values(rows: list[Any]) -> list[Any]:
     """:func:`as_item_value` of each row (tensors, the common case, as they are)."""
     if all(type(r) is torch.Tensor for r in rows):
         return rows

@@ -118,7 +118,14 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     ``collate_fn=functools.partial(collate_rollouts, jagged="nested")``.
 
     The stacked and padded tensors are views of one buffer (see the module docstring).
+
+    A :class:`RolloutBatch` is returned as it is: what a ``DataLoader(batch_size=None)`` over a
+    dataset that yields batches (``RolloutIterableDataset(batch_size=...)``) hands each one, so
+    ``collate_fn=collate_rollouts`` serves both (torch's default there walks every value of
+    every row).
     """
+    if isinstance(items, RolloutBatch):
+        return items
     check_jagged(jagged)
     if not items:
         return RolloutBatch()

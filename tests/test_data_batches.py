@@ -1,0 +1,105 @@
+"""RolloutIterableDataset(batch_size=...): batches cut from the decoded blocks, equal to the
+per-row items collated."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_data import ALL_ROWS, COLUMNS, fill
+from torch.utils.data import DataLoader
+
+from zarr_skip.data import RolloutBatch, RolloutIterableDataset, collate_rollouts
+from zarr_skip.data._batches import Segment, cut
+from zarr_skip.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("batches") / "cache"
+    fill(path)
+    return path
+
+
+def assert_same(got: RolloutBatch, want: RolloutBatch) -> None:
+    assert isinstance(got, RolloutBatch) and list(got) == list(want)
+    for name, w in want.items():
+        g = got[name]
+        if not isinstance(w, torch.Tensor):
+            assert g == w, name
+            continue
+        assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.is_nested == w.is_nested, name
+        if w.is_nested:
+            assert torch.equal(g.values(), w.values()) and torch.equal(g.offsets(), w.offsets()), name
+        else:
+            assert g.shape == w.shape and torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("jagged", ["pad", "nested"])
+def test_batches_equal_the_items_collated(local: Path, shuffle: bool, jagged: str) -> None:
+    # batch sizes that divide the blocks, cross them, and take one row; blocks of 3 rows cut
+    # the mini-batches (5, 7 / 12 / 3, 4, 5) unevenly
+    for batch_size in (1, 4, 5, 64):
+        for block_rows in (3, 256):
+            kw: dict[str, Any] = {"columns": COLUMNS, "shuffle": shuffle, "seed": 3, "block_rows": block_rows}
+            items = list(RolloutIterableDataset(local, **kw))
+            want = [collate_rollouts(items[i : i + batch_size], jagged=jagged) for i in range(0, 36, batch_size)]
+            ds = RolloutIterableDataset(local, batch_size=batch_size, jagged=jagged, **kw)
+            got = list(ds)
+            assert len(got) == len(want) == len(ds)
+            for g, w in zip(got, want, strict=True):
+                assert_same(g, w)
+
+
+def test_pad_value_and_a_batch_whose_rows_agree(local: Path) -> None:
+    items = list(RolloutIterableDataset(local, columns=["responses", "hidden"]))
+    for pad_value in (0, -1):
+        want = collate_rollouts(items[:8], pad_value=pad_value)
+        got = next(
+            iter(RolloutIterableDataset(local, columns=["responses", "hidden"], batch_size=8, pad_value=pad_value))
+        )
+        assert_same(got, want)
+    assert collate_rollouts(got) is got  # what DataLoader(batch_size=None) hands it: passed as is
+    one = next(iter(RolloutIterableDataset(local, columns=["responses"], batch_size=1)))
+    assert "responses_len" not in one and one["responses"].shape == (1, len(items[0]["responses"]))
+
+
+def test_through_workers_and_ranks_every_row_once(local: Path) -> None:
+    seen: Counter[tuple[int, int]] = Counter()
+    per_rank = []
+    for rank in range(2):
+        ds = RolloutIterableDataset(local, columns=COLUMNS, rank=rank, world_size=2, shuffle=True, seed=1, batch_size=4)
+        batches = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts))
+        assert all(isinstance(b, RolloutBatch) and len(b["row"]) <= 4 for b in batches)
+        rows = [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)]
+        per_rank.append(rows)
+        seen.update(rows)
+    assert sorted(seen) == ALL_ROWS and set(seen.values()) == {1}
+    assert len(per_rank[0]) == len(per_rank[1]) == 18
+
+
+def test_drop_last_len_and_bad_arguments(local: Path) -> None:
+    assert len(RolloutIterableDataset(local, batch_size=5)) == 8  # 36 rows
+    ds = RolloutIterableDataset(local, batch_size=5, drop_last=True)
+    assert len(ds) == 7 and [len(b["row"]) for b in ds] == [5] * 7
+    for bad in (0, -2, 2.5, True, "8"):
+        with pytest.raises(ConfigError, match="batch_size="):
+            RolloutIterableDataset(local, batch_size=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="choose 'pad' or 'nested'"):
+        RolloutIterableDataset(local, batch_size=4, jagged="ragged")
+
+
+def test_cut_takes_each_row_once_in_order() -> None:
+    segs = [Segment({"row": np.arange(n)}, {}) for n in (5, 2, 6)]
+    orders = [(s, np.arange(s.rows)[::-1]) for s in segs]
+    batches = list(cut(orders, 4, drop_last=False))
+    flat = [(id(seg), int(i)) for runs in batches for seg, idx in runs for i in idx]
+    assert flat == [(id(s), int(i)) for s, o in orders for i in o]
+    assert [sum(len(idx) for _, idx in runs) for runs in batches] == [4, 4, 4, 1]
+    assert [len(runs) for runs in batches] == [1, 3, 1, 1]  # a batch may take rows of several segments
+    assert [sum(len(i) for _, i in r) for r in cut(orders, 4, drop_last=True)] == [4, 4, 4]
