@@ -108,7 +108,7 @@ class Lender:
         """What pickles ``storage`` when it lies in one of the buffers (else None): the buffer
         is marked as lent until the receiving process drops what it rebuilt."""
         address = storage.data_ptr()
-        for buf in self.buffers:
+        for buf in tuple(self.buffers):  # a copy: the queue's feeder thread pickles while the worker takes
             if buf.owns(address):
                 buf.flag[0] = 1
                 return Lent(buf.fd, address - buf.address, storage.nbytes())
