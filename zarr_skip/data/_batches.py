@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
-from zarr_skip.data._source import INDEX, Block, item_values, split_rows
+from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_values
 from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, assemble, plan_values, zero_bits
 
 __all__ = ["Dense", "Jagged", "Segment", "cut", "join", "make_batch", "segment"]
@@ -99,8 +98,7 @@ def _item_rows(column: Column) -> list[Any]:
     if isinstance(column, Dense):
         return list(column.tensor.unbind(0))
     if isinstance(column, Jagged):
-        first, last = int(column.offsets[0]), int(column.offsets[-1])
-        return list(torch.split(column.values.narrow(0, first, last - first), np.diff(column.offsets).tolist()))
+        return split_values(column.values, column.offsets.tolist())
     return column
 
 
@@ -169,7 +167,6 @@ def cut(orders: Iterable[Run], size: int, drop_last: bool) -> Iterator[list[Run]
 
 def make_batch(runs: list[Run], names: list[str], jagged: str, pad_value: float) -> RolloutBatch:
     """The batch of the rows of ``runs``: what ``collate_rollouts`` makes of their items."""
-    shared = get_worker_info() is not None  # a worker's batch goes to the main process
     rows = sum(len(idx) for _, idx in runs)
     planned: list[Planned] = []
     lists: dict[str, list[Any]] = {}
@@ -187,7 +184,7 @@ def make_batch(runs: list[Run], names: list[str], jagged: str, pad_value: float)
         else:
             values = [seg.items_of(name)[i] for seg, idx in runs for i in idx.tolist()]
             plan_values(name, values, jagged, pad_value, planned, lists)
-    return assemble([*INDEX, *names], planned, lists, shared)
+    return assemble([*INDEX, *names], planned, lists)
 
 
 def _dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:

@@ -24,7 +24,7 @@ from zarr_skip.errors import ConfigError, StepNotFoundError
 from zarr_skip.lazy import StepView, read_rows
 from zarr_skip.store.memo import ChunkMemo
 
-__all__ = ["Block", "RolloutSource", "as_item_value", "item_values", "split_rows"]
+__all__ = ["Block", "RolloutSource", "as_item_value", "item_values", "split_rows", "split_values"]
 
 #: the fields every item has before its columns
 INDEX = ("step", "minibatch", "row")
@@ -228,10 +228,15 @@ def _split_jagged(value: torch.Tensor) -> list[torch.Tensor]:
     holes = value.lengths() is not None  # type: ignore[attr-defined]  # NestedTensor's, missing from the stubs
     if holes or getattr(value, "_ragged_idx", 1) != 1:
         return list(value.unbind())  # holes or ragged beyond dim 1: torch's way
-    offsets = value.offsets()  # type: ignore[attr-defined]
-    first, last = int(offsets[0]), int(offsets[-1])
-    values = value.values().detach().narrow(0, first, last - first)  # detached: plain views, 7x cheaper
-    return list(torch.split(values, torch.diff(offsets).tolist()))
+    # detached: plain views, 7x cheaper
+    return split_values(value.values().detach(), value.offsets().tolist())  # type: ignore[attr-defined]
+
+
+def split_values(values: torch.Tensor, offsets: list[int]) -> list[torch.Tensor]:
+    """The rows of jagged ``values``, row ``i`` being ``values[offsets[i]:offsets[i + 1]]``, as
+    views made in one call."""
+    lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    return list(torch.split(values.narrow(0, offsets[0], offsets[-1] - offsets[0]), lengths))
 
 
 def item_values(rows: list[Any]) -> list[Any]:

@@ -1,11 +1,12 @@
 """Batching items of the rollout datasets: jagged columns padded or nested.
 
-A batch's tensors are views of one buffer (allocated in shared memory inside a DataLoader
-worker, as torch's ``default_collate`` does), and the batch pickles that buffer once: a worker
-hands the main process one shared-memory block per batch, not one per tensor (each costs a
-file-descriptor transfer, which dominates an epoch of small tensors). That shared memory is a
-new file, which reads as zeros, so a worker does not write a zero padding: the pages of padding
-alone are never touched there (each page a worker writes first costs it a page fault).
+A batch's tensors are views of one buffer (in shared memory inside a DataLoader worker, as
+torch's ``default_collate`` does), and the batch pickles that buffer once: a worker hands the
+main process one shared-memory block per batch, not one per tensor (each costs a
+file-descriptor transfer, which dominates an epoch of small tensors). The worker reuses that
+memory once the main process drops the batch (:mod:`zarr_skip.data._shm`); a buffer new to the
+worker reads as zeros, so a zero padding is not written there: the pages of padding alone are
+never touched (each page a worker writes first costs it a page fault).
 """
 
 from __future__ import annotations
@@ -129,12 +130,11 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     check_jagged(jagged)
     if not items:
         return RolloutBatch()
-    shared = get_worker_info() is not None  # a worker's batch goes to the main process
     planned: list[Planned] = []
     lists: dict[str, list[Any]] = {}
     for name in items[0]:
         plan_values(name, [item[name] for item in items], jagged, pad_value, planned, lists)
-    return assemble(list(items[0]), planned, lists, shared)
+    return assemble(list(items[0]), planned, lists)
 
 
 def check_jagged(jagged: str) -> None:
@@ -161,10 +161,10 @@ def plan_values(
         lists[name] = values
 
 
-def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any]], shared: bool) -> RolloutBatch:
+def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any]]) -> RolloutBatch:
     """The batch of columns ``names``: the ``planned`` tensors written into one buffer (nested
     columns made of their values and offsets), the other columns from ``lists``."""
-    views = _packed(planned, shared)
+    views = _packed(planned)
     for name in names:
         if OFFSETS.format(name) in views:
             views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(OFFSETS.format(name)))
@@ -242,10 +242,10 @@ def _write_ints(values: list[int], out: torch.Tensor, _zeros: bool) -> None:
     out.copy_(torch.tensor(values, dtype=torch.int64))
 
 
-def _packed(planned: list[Planned], shared: bool) -> dict[str, torch.Tensor]:
-    """The planned tensors written into views of one buffer: in a DataLoader worker (``shared``),
-    whose batches go to the main process, shared memory that the worker reuses once the main
-    process drops the batch (:mod:`zarr_skip.data._shm`)."""
+def _packed(planned: list[Planned]) -> dict[str, torch.Tensor]:
+    """The planned tensors written into views of one buffer: in a DataLoader worker, whose
+    batches go to the main process, shared memory that the worker reuses once the main process
+    drops the batch (:mod:`zarr_skip.data._shm`)."""
     if not planned:
         return {}
     starts, total = [], 0
@@ -254,7 +254,8 @@ def _packed(planned: list[Planned], shared: bool) -> dict[str, torch.Tensor]:
         nbytes = dtype.itemsize * _numel(shape)
         total += -(-nbytes // ALIGN) * ALIGN
     total = max(total, ALIGN)  # shared memory of no bytes cannot be mapped
-    storage, zeros = lender().take(total) if shared else (_new_storage(total), False)
+    in_worker = get_worker_info() is not None
+    storage, zeros = lender().take(total) if in_worker else (_new_storage(total), False)
     out = {}
     for (name, dtype, shape, write), start in zip(planned, starts, strict=True):
         view = torch.empty(0, dtype=dtype).set_(storage, start // dtype.itemsize, shape, _contiguous(shape))
