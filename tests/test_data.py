@@ -283,18 +283,22 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
     import zarr_skip.data._shm as shm
 
     received = []
-    original = shm._borrow
 
-    def counted(*args: Any) -> Any:
-        received.append(args)
-        return original(*args)
+    def counting(original: Any) -> Any:
+        def counted(*args: Any) -> Any:
+            received.append(original.__name__)
+            return original(*args)
+
+        return counted
 
     ds = RolloutIterableDataset(local, columns=COLUMNS)
     it = iter(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate_rollouts))
-    # patched once the workers run (their pickler must find the original under its name)
-    monkeypatch.setattr(shm, "_borrow", counted)
+    # patched once the workers run (their pickler must find the originals under their names)
+    monkeypatch.setattr(shm, "_borrow", counting(shm._borrow))  # a descriptor sent
+    monkeypatch.setattr(shm, "_reopen", counting(shm._reopen))  # or opened through /proc
     loaded = list(it)
     assert len(received) == len(loaded) == 8  # 18 + 18 rows: four batches of five or less per worker
+    assert set(received) == {"_reopen" if shm._reachable() else "_borrow"}  # no descriptor sent where /proc serves
     assert sorted(keys(r for b in loaded for r in _rows(b))) == ALL_ROWS
 
 

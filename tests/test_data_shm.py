@@ -4,6 +4,7 @@ process has dropped the batch in them."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
@@ -83,3 +84,26 @@ def test_the_main_process_lends_nothing() -> None:
     batch = collate_rollouts(rows([2, 1], 0))
     assert shm.lend(batch["ids"].untyped_storage()) is None
     assert torch.equal(sent(batch)["ids"], batch["ids"])
+
+
+def test_a_lent_buffer_is_opened_through_proc_or_sent_as_a_descriptor(
+    worker: shm.Lender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert worker.reachable  # a process of this user, dumpable: /proc serves its descriptors
+    batch = collate_rollouts(rows([3, 2], 1))
+    lent = shm.lend(batch["ids"].untyped_storage())
+    assert lent is not None and lent.pid == os.getpid() and lent.__reduce__()[0] is shm._reopen
+    assert sent(batch)["ids"].tolist() == [[1, 1, 1], [2, 2, 0]]
+    monkeypatch.setattr(worker, "reachable", False)  # no /proc, or a worker that is not dumpable
+    lent = shm.lend(batch["ids"].untyped_storage())
+    assert lent is not None and lent.pid is None and lent.__reduce__()[0] is shm._borrow
+    assert sent(batch)["ids"].tolist() == [[1, 1, 1], [2, 2, 0]]
+
+
+def test_a_buffer_that_cannot_be_opened_is_an_error_naming_it(worker: shm.Lender) -> None:
+    collate_rollouts(rows([3], 1))
+    buf = worker.buffers[0]
+    with pytest.raises(OSError, match=f"/proc/{os.getpid()}/fd/{buf.fd} is not the shared batch buffer"):
+        shm._reopen(os.getpid(), buf.fd, buf.inode + 1, shm.HEADER, 8)  # another file there
+    with pytest.raises(OSError, match=f"cannot open the shared batch buffer of DataLoader worker {os.getpid()}"):
+        shm._reopen(os.getpid(), 10_000, buf.inode, shm.HEADER, 8)  # the worker holds no such descriptor

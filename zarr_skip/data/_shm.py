@@ -8,10 +8,14 @@ memory). So a worker keeps a few buffers (:class:`Lender`, one per process) and 
 batch into one that is free:
 
 * a buffer is a ``memfd`` (Linux) mapped in the worker, with a one-byte flag before the data;
-* pickling a batch in its buffer (:class:`Lent`) sets the flag and sends the file descriptor;
-  the main process maps it (:func:`_borrow`) under tensors whose last reference, when it dies,
-  clears the flag (:class:`_Borrowed`: the mapping outlives every tensor, view and array made
-  from it, since each holds it);
+* pickling a batch in its buffer (:class:`Lent`) sets the flag and names the buffer: the
+  worker's pid, the descriptor's number and the memfd's inode; the main process opens it through
+  ``/proc/{pid}/fd/{fd}`` and maps it (:func:`_reopen`) under tensors whose last reference, when
+  it dies, clears the flag (:class:`_Borrowed`: the mapping outlives every tensor, view and array
+  made from it, since each holds it). Where ``/proc`` cannot reach the worker's descriptors (no
+  ``/proc``, or a worker that is not dumpable) the descriptor itself is sent
+  (``multiprocessing``'s ``DupFd``: a connection to the worker per batch, which its busy thread
+  answers only when it lets go of the GIL, so the main process waited ~4 ms a batch);
 * a buffer is free when its flag is clear and the worker holds no tensor of it either (a batch
   made but not yet pickled by the queue's feeder thread).
 
@@ -23,6 +27,8 @@ caller is told (:meth:`Lender.take`), so a zero padding is written there.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
 import weakref
@@ -51,6 +57,7 @@ class _Buffer:
     capacity: int
     address: int
     flag: np.ndarray
+    inode: int
     held: weakref.ref[np.ndarray] | None = None
     fresh: bool = True
 
@@ -67,6 +74,9 @@ class Lender:
 
     def __init__(self) -> None:
         self.buffers: list[_Buffer] = []
+        self.pid = os.getpid()
+        #: whether another process of this user can open this one's descriptors through /proc
+        self.reachable = _reachable()
 
     def take(self, nbytes: int) -> tuple[torch.UntypedStorage, bool]:
         """Shared memory for a batch of ``nbytes``, and whether it reads as zeros."""
@@ -94,7 +104,8 @@ class Lender:
         os.ftruncate(fd, HEADER + capacity)
         mapping = mmap.mmap(fd, HEADER + capacity)
         address = np.frombuffer(mapping, dtype=np.uint8, offset=HEADER).ctypes.data
-        buf = _Buffer(fd, mapping, capacity, address, np.frombuffer(mapping, dtype=np.uint8, count=1))
+        flag = np.frombuffer(mapping, dtype=np.uint8, count=1)
+        buf = _Buffer(fd, mapping, capacity, address, flag, os.fstat(fd).st_ino)
         self.buffers.append(buf)
         return buf
 
@@ -111,20 +122,39 @@ class Lender:
         for buf in tuple(self.buffers):  # a copy: the queue's feeder thread pickles while the worker takes
             if buf.owns(address):
                 buf.flag[0] = 1
-                return Lent(buf.fd, address - buf.address, storage.nbytes())
+                pid = self.pid if self.reachable else None
+                return Lent(buf.fd, address - buf.address, storage.nbytes(), pid, buf.inode)
         return None
 
 
 @dataclass(frozen=True, slots=True)
 class Lent:
-    """A lent buffer's data, ``nbytes`` at ``offset``, as it pickles: the buffer's file descriptor."""
+    """A lent buffer's data, ``nbytes`` at ``offset``, as it pickles: where the receiving process
+    opens the buffer (``pid``'s descriptor ``fd``, of ``inode``), or the descriptor itself
+    when ``pid`` is None."""
 
     fd: int
     offset: int
     nbytes: int
+    pid: int | None = None
+    inode: int = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_borrow, (DupFd(self.fd), HEADER + self.offset, self.nbytes))
+        if self.pid is None:
+            return (_borrow, (DupFd(self.fd), HEADER + self.offset, self.nbytes))
+        return (_reopen, (self.pid, self.fd, self.inode, HEADER + self.offset, self.nbytes))
+
+
+def _reachable() -> bool:
+    """Whether this process's descriptors can be opened by another process of its user through
+    ``/proc/{pid}/fd`` (Linux; a process that is not dumpable refuses it)."""
+    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return bool(prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE
 
 
 class _Borrowed(mmap.mmap):
@@ -137,8 +167,28 @@ class _Borrowed(mmap.mmap):
 
 
 def _borrow(fd: Any, offset: int, nbytes: int) -> torch.Tensor:
-    """The bytes of a lent buffer, as a uint8 tensor over this process's mapping of it."""
-    handle = fd.detach()
+    """The bytes of a lent buffer sent as a descriptor, as a uint8 tensor over this process's
+    mapping of it."""
+    return _mapped(fd.detach(), offset, nbytes)
+
+
+def _reopen(pid: int, fd: int, inode: int, offset: int, nbytes: int) -> torch.Tensor:
+    """The bytes of a lent buffer that process ``pid`` holds as descriptor ``fd``, opened
+    through ``/proc``, as a uint8 tensor over this process's mapping of it."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        why = f"cannot open the shared batch buffer of DataLoader worker {pid} at {path}: {exc.strerror}"
+        raise OSError(exc.errno, why) from exc
+    if os.fstat(handle).st_ino != inode:
+        os.close(handle)
+        raise OSError(errno.ESTALE, f"{path} is not the shared batch buffer worker {pid} lent (another inode)")
+    return _mapped(handle, offset, nbytes)
+
+
+def _mapped(handle: int, offset: int, nbytes: int) -> torch.Tensor:
+    """``nbytes`` at ``offset`` of the buffer open as ``handle`` (closed here), mapped."""
     try:
         mapping = _Borrowed(handle, offset + nbytes)
     finally:
