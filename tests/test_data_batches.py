@@ -3,7 +3,9 @@ per-row items collated."""
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,9 @@ import torch
 from test_data import ALL_ROWS, COLUMNS, fill
 from torch.utils.data import DataLoader
 
+import zarr_skip as zs
+import zarr_skip.data._shm as shm
+import zarr_skip.data.collate as collate_module
 from zarr_skip.data import RolloutBatch, RolloutIterableDataset, collate_rollouts
 from zarr_skip.data._batches import Segment, cut
 from zarr_skip.errors import ConfigError
@@ -103,3 +108,45 @@ def test_cut_takes_each_row_once_in_order() -> None:
     assert [sum(len(idx) for _, idx in runs) for runs in batches] == [4, 4, 4, 1]
     assert [len(runs) for runs in batches] == [1, 3, 1, 1]  # a batch may take rows of several segments
     assert [sum(len(i) for _, i in r) for r in cut(orders, 4, drop_last=True)] == [4, 4, 4]
+
+
+def jagged_steps(path: Path) -> Path:
+    """Two steps of jagged columns: bfloat16 values with a trailing axis, and token ids stored
+    as int32 in step 1 and int64 in step 2 (a batch across both promotes them)."""
+    cache = zs.open_cache(path, {"t": "dtypes"})
+    for step, ids_dtype in ((1, torch.int32), (2, torch.int64)):
+        lengths = [3, 1, 5, 2, 4][: 3 + step]
+        hidden = [torch.randn(n, 2, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16) for n in lengths]
+        ids = [torch.arange(n, dtype=ids_dtype) + 10 * step for n in lengths]
+        cache.write(
+            step,
+            {
+                "hidden": torch.nested.as_nested_tensor(hidden, layout=torch.jagged),
+                "ids": torch.nested.as_nested_tensor(ids, layout=torch.jagged),
+            },
+        )
+    return path
+
+
+@pytest.mark.parametrize("pad_value", [0, -1, -0.0])
+def test_batches_in_reused_worker_buffers_pad_as_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float
+) -> None:
+    where = jagged_steps(tmp_path / "cache")
+    kw: dict[str, Any] = {"columns": ["hidden", "ids"], "shuffle": True}
+    wants = []
+    for seed in range(3):  # each round's rows in another order, so a reused buffer holds others
+        items = list(RolloutIterableDataset(where, seed=seed, **kw))
+        wants.append([collate_rollouts(items[i : i + 3], pad_value=pad_value) for i in range(0, 9, 3)])
+    assert {w["ids"].dtype for w in wants[0]} == {torch.int64} and wants[0][0]["hidden"].dtype == torch.bfloat16
+    monkeypatch.setattr(collate_module, "get_worker_info", lambda: object())  # as a worker: its buffers
+    monkeypatch.setattr(shm, "_LENDER", None)
+    for seed, want in enumerate(wants):  # new buffers, then the same ones, dirty with earlier batches
+        ds = RolloutIterableDataset(where, seed=seed, batch_size=3, pad_value=pad_value, **kw)
+        got = [ForkingPickler.loads(ForkingPickler.dumps(b)) for b in ds]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+        del got, g
+        gc.collect()
+    assert len(shm.lender().buffers) == 3  # those of the first round (each batch's, while held) reused
