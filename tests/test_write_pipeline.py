@@ -172,3 +172,13 @@ def test_a_directory_that_cannot_be_made_is_a_typed_error(
     assert written == []  # nothing was written without its directory
     monkeypatch.undo()
     assert cache.steps() == [1]
+
+
+def test_the_first_write_reads_what_it_created_without_sleeping(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # time.sleep(0) lets go of the GIL while the pool compresses the batch: ~0.1-4 ms a call
+    sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    zs.open_cache(tmp_path / "c", fingerprint).write(1, make_batch(4))  # creates the root and the experiment
+    assert sleeps == []

@@ -134,7 +134,8 @@ def read_created(storage: Storage, key: str) -> dict[str, Any]:
     """Read a document this or another writer has just created (shared mounts lag a little)."""
     where = storage.key_path(key)
     for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
-        time.sleep(delay)
+        if delay:  # not sleep(0): it lets go of the GIL, and the pool's threads may keep it ~5 ms
+            time.sleep(delay)
         doc = parse_json(storage.get(key), where)
         if doc is not None:
             return doc
