@@ -146,6 +146,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         ds = RolloutIterableDataset(where, batch_size=64)
         loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)
         rows = sum(len(batch["row"]) for batch in loader)
+    elif how == "loader_floor":  # the DataLoader alone: as many batches, of one 64-row tensor each
+        rows = sum(
+            len(batch["row"]) for batch in DataLoader(_Empty(len(cache.table())), batch_size=None, num_workers=2)
+        )
     elif how == "map_loader":  # random rows, a batch's indices read together (__getitems__)
         import itertools
 
@@ -174,6 +178,22 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {"s": seconds, "rows": rows, "peak_growth": max(0, peak - base)}
 
 
+class _Empty:
+    """A map-style dataset of the batches of 64 of ``rows`` rows, each only its ``row`` tensor:
+    what a DataLoader costs without reading."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return -(-self.rows // 64)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        return {"row": torch.arange(64 * i, min(self.rows, 64 * i + 64))}
+
+
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_data", "--worker", json.dumps(spec)],
@@ -194,9 +214,8 @@ def step_sizes(where: Path) -> dict[str, int]:
 
 def bench_torch(where: Path, parts: set[str], items: int, reps: int, loader_rows: int = 1536) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    hows = [h for h in ("to_dict", "iterable", "iterable_batched", "iterable_inline") if "iterable" in parts] + (
-        ["map", "map_loader"] if "map" in parts else []
-    )
+    epoch = ("to_dict", "iterable", "iterable_batched", "loader_floor", "iterable_inline")
+    hows = [h for h in epoch if "iterable" in parts] + (["map", "map_loader"] if "map" in parts else [])
     runs: dict[str, list[dict[str, Any]]] = {how: [] for how in hows}
     for _ in range(reps):  # interleaved: a change of the machine's pace falls on every one alike
         for how in hows:
@@ -257,6 +276,8 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     if "iterable_batched" in t and "to_dict" in t:
         ratio = t["iterable_batched"]["s"] / t["to_dict"]["s"]
         out["iterable_batched_ratio"] = {"value": ratio, "target": TARGETS["iterable_ratio"], "met": ratio <= 1.5}
+    if "loader_floor" in t and "to_dict" in t:
+        out["loader_floor_ratio"] = t["loader_floor"]["s"] / t["to_dict"]["s"]
     if "map" in t:
         m = t["map"]
         out["map_item_ms"] = 1000 * m["s"] / m["rows"]
@@ -291,6 +312,8 @@ def report(res: dict[str, Any]) -> str:
             f"| the same, batches cut by the dataset (batch_size=64; DataLoader(batch_size=None)) "
             f"| {t['iterable_batched']['s']:.3f} s "
             f"| {tg['iterable_batched_ratio']['value']:.2f}x to_dict; target 1.5x |",
+            f"| the DataLoader alone: as many batches, each one 64-row tensor, nothing read "
+            f"| {t['loader_floor']['s']:.3f} s | {tg['loader_floor_ratio']:.2f}x to_dict |",
             f"| peak memory growth of the epoch in one process | {t['iterable_inline']['peak_growth'] / 2**20:.1f} MiB "
             f"| {tg['iterable_memory']['value']:.2f}x one step decoded (target < 2x); "
             f"to_dict: {t['to_dict']['peak_growth'] / 2**20:.1f} MiB |",
