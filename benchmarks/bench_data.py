@@ -132,6 +132,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     for name in first.columns:  # imports, pools and codecs warmed up before the baseline
         first[name][0]
     del first
+    rows_total = sum(len(cache.load(s)) for s in steps) if how == "loader_floor" else 0
     base = rss()
     reset_peak()
     t0 = time.perf_counter()
@@ -147,9 +148,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)
         rows = sum(len(batch["row"]) for batch in loader)
     elif how == "loader_floor":  # the DataLoader alone: as many batches, of one 64-row tensor each
-        rows = sum(
-            len(batch["row"]) for batch in DataLoader(_Empty(len(cache.table())), batch_size=None, num_workers=2)
-        )
+        rows = sum(len(batch["row"]) for batch in DataLoader(_Empty(rows_total), batch_size=None, num_workers=2))
     elif how == "map_loader":  # random rows, a batch's indices read together (__getitems__)
         import itertools
 
