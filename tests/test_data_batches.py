@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from test_data import ALL_ROWS, COLUMNS, fill
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -138,6 +139,10 @@ def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     for seed in range(3):  # each round's rows in another order, so a reused buffer holds others
         items = list(RolloutIterableDataset(where, seed=seed, **kw))
         wants.append([collate_rollouts(items[i : i + 3], pad_value=pad_value) for i in range(0, 9, 3)])
+        for i, w in zip(range(0, 9, 3), wants[-1], strict=True):  # the items padded as torch pads them
+            for name in ("hidden", "ids"):
+                rows = [it[name].to(w[name].dtype) for it in items[i : i + 3]]
+                assert torch.equal(pad_sequence(rows, batch_first=True, padding_value=pad_value), w[name])
     assert {w["ids"].dtype for w in wants[0]} == {torch.int64} and wants[0][0]["hidden"].dtype == torch.bfloat16
     monkeypatch.setattr(collate_module, "get_worker_info", lambda: object())  # as a worker: its buffers
     monkeypatch.setattr(shm, "_LENDER", None)
