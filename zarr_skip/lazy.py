@@ -18,7 +18,7 @@ from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import ConfigError, MetadataError, MissingExtraError
 from zarr_skip.format import args, arrays
 from zarr_skip.format.restore import restore
-from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec
+from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec, share_offsets
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
@@ -180,10 +180,12 @@ class StepView:
         cols = [self[name] for name in (columns or self.columns)]
         wanted = [col._whole() for col in cols]
         arrays = iter(read_ranges(self._storage, [r for ranges in wanted for r in ranges]))
-        return {
-            col.name: col._restore_whole([next(arrays) for _ in ranges])
-            for col, ranges in zip(cols, wanted, strict=True)
-        }
+        return share_offsets(
+            {
+                col.name: col._restore_whole([next(arrays) for _ in ranges])
+                for col, ranges in zip(cols, wanted, strict=True)
+            }
+        )
 
     def to_tensordict(self) -> Any:
         """Tensor columns as a TensorDict (needs ``pip install 'zarr-skip[tensordict]'``)."""

@@ -20,6 +20,7 @@ from torch.utils.data import get_worker_info
 
 from zarr_skip.data._shm import Lent, lend, lender
 from zarr_skip.errors import ConfigError
+from zarr_skip.format.specs import jagged_tensor, share_offsets
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
 
@@ -104,7 +105,8 @@ def _rebuild_batch(
             out[name] = tensor(views[name][0])
         else:
             values, offsets = (tensor(v) for v in views[name])
-            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+            out[name] = jagged_tensor(values, offsets)
+    share_offsets(out)
     return out
 
 
@@ -167,8 +169,9 @@ def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any
     views = _packed(planned)
     for name in names:
         if OFFSETS.format(name) in views:
-            views[name] = torch.nested.nested_tensor_from_jagged(views[name], views.pop(OFFSETS.format(name)))
-    return RolloutBatch((name, views[name] if name in views else lists[name]) for name in _order(names, planned))
+            views[name] = jagged_tensor(views[name], views.pop(OFFSETS.format(name)))
+    batch = RolloutBatch((name, views[name] if name in views else lists[name]) for name in _order(names, planned))
+    return cast(RolloutBatch, share_offsets(batch))
 
 
 def _order(first: list[str], planned: list[Planned]) -> list[str]:

@@ -233,6 +233,31 @@ def jagged_tensor(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return make(values, offsets)
 
 
+def share_offsets(columns: dict[str, Any]) -> dict[str, Any]:
+    """``columns`` (changed in place and returned) with each jagged NestedTensor whose offsets
+    equal an earlier one's remade on that one's offsets tensor.
+
+    torch matches the ragged dimension of two jagged tensors by their offsets tensor, not its
+    values: ``old_log_probs * response_mask`` works on a batch whose columns were made on one
+    offsets tensor (as verl makes them) and raises on two equal copies. Read or collated
+    columns of the same rows share one again, as ``torch.load`` gives back one saved tensor."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return columns
+    seen: dict[tuple[str, bytes], Any] = {}
+    for name, value in columns.items():
+        if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
+            continue
+        holes = value.lengths() is not None
+        if holes or value.device.type != "cpu" or getattr(value, "_ragged_idx", 1) != 1:
+            continue  # holes, or ragged in another dimension: left as they are
+        offsets = value.offsets()
+        first = seen.setdefault((str(offsets.dtype), offsets.numpy().tobytes()), offsets)
+        if first is not offsets:
+            columns[name] = jagged_tensor(value.values(), first)
+    return columns
+
+
 def is_tensordict(obj: object) -> bool:
     return any(c.__name__ == "TensorDictBase" for c in type(obj).__mro__)
 

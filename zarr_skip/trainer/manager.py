@@ -22,7 +22,7 @@ import numpy as np
 
 from zarr_skip.errors import ConfigError, StepCompleteError, StorageError
 from zarr_skip.format.chunks import Compression
-from zarr_skip.format.specs import is_tensordict
+from zarr_skip.format.specs import is_tensordict, share_offsets
 from zarr_skip.trainer.remap import Remap, RemapError, parse_sample_step, remap
 from zarr_skip.trainer.skipconfig import (
     RoleConfig,
@@ -149,7 +149,7 @@ def inject_step(
     plan = remap(old_keys, old_tags, [str(u) for u in uids], n, step, policy, source_step=view.step)
     if plan.keys:
         idx = np.asarray(plan.indices, dtype=np.int64)
-        rows = {name: view[name][idx] for name in view.columns if name not in ("keys", "tags")}
+        rows = share_offsets({name: view[name][idx] for name in view.columns if name not in ("keys", "tags")})
         tq.kv_batch_put(
             keys=list(plan.keys), fields=build_fields(rows, len(idx)), tags=list(plan.tags), partition_id=partition_id
         )

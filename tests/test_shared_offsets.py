@@ -1,0 +1,112 @@
+"""Jagged columns of the same rows come back on one offsets tensor, as verl makes them: torch
+matches two jagged tensors' ragged dimension by their offsets tensor, so ``old_log_probs *
+response_mask`` works on what was written and must work on what is read, collated or replayed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import zarr_skip as zs
+from zarr_skip.data import RolloutIterableDataset, collate_rollouts
+from zarr_skip.format.specs import jagged_tensor, share_offsets
+from zarr_skip.trainer.manager import inject_step
+
+RESPONSE_LENGTHS = [3, 1, 4, 2, 5, 2, 3, 1]
+PROMPT_LENGTHS = [2, 3, 6, 5, 1, 4, 3, 7]  # in batches of 3, never the responses' lengths
+
+
+def nested(lengths: list[int], offsets: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    values = torch.arange(sum(lengths), dtype=dtype) + 1
+    if offsets is None:
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return jagged_tensor(values, offsets)
+
+
+def verl_like(rows: slice = slice(None)) -> dict[str, Any]:
+    """Responses, their mask and log-probs on one offsets tensor (as verl makes them); prompts
+    on their own; keys and tags as a TransferQueue step holds them."""
+    lengths = RESPONSE_LENGTHS[rows]
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    start = rows.start or 0
+    return {
+        "prompts": nested(PROMPT_LENGTHS[rows], dtype=torch.int64),
+        "responses": nested(lengths, offsets, torch.int64),
+        "response_mask": nested(lengths, offsets, torch.int64),
+        "old_log_probs": nested(lengths, offsets),
+        "keys": [f"u{(start + i) // 2}_{(start + i) % 2}_0" for i in range(len(lengths))],
+        "tags": [{"global_steps": 1, "status": "finished"} for _ in lengths],
+    }
+
+
+def assert_shared(columns: dict[str, Any]) -> None:
+    """The response columns share their offsets tensor (pointwise ops work), the prompts keep theirs."""
+    got = columns["old_log_probs"] * columns["response_mask"]
+    assert torch.equal(got.values(), columns["old_log_probs"].values() * columns["response_mask"].values())
+    assert columns["responses"].offsets() is columns["response_mask"].offsets() is columns["old_log_probs"].offsets()
+    assert columns["prompts"].offsets() is not columns["responses"].offsets()
+
+
+def test_share_offsets_joins_equal_offsets_only() -> None:
+    a, b = nested([2, 3]), nested([2, 3], dtype=torch.int64)
+    other, dense = nested([3, 2]), torch.ones(2, 3)
+    holes = torch.nested.nested_tensor_from_jagged(
+        torch.arange(5.0), torch.tensor([0, 2, 5]), lengths=torch.tensor([1, 3])
+    )
+    with pytest.raises(RuntimeError):
+        a * b.float()  # equal offsets, two tensors: torch refuses
+    out = share_offsets({"a": a, "b": b, "other": other, "dense": dense, "holes": holes, "text": ["x", "y"]})
+    assert out["b"].offsets() is a.offsets() and torch.equal(out["b"].values(), b.values()) and out["b"].dtype == b.dtype
+    assert out["other"] is other and out["dense"] is dense and out["holes"] is holes and out["text"] == ["x", "y"]
+    assert torch.equal((out["a"] * out["b"].float()).values(), a.values() * b.values())
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    cache = zs.open_cache(tmp_path / "c", {"t": "offsets"})
+    cache.write(1, verl_like(slice(0, 4)), expected=2)  # a step of two mini-batches
+    cache.write(1, verl_like(slice(4, 8)), expected=2)
+    return tmp_path / "c"
+
+
+def test_a_loaded_step_shares_the_offsets_of_its_response_columns(cache_dir: Path) -> None:
+    view = zs.open_cache(cache_dir).load(1)
+    columns = view.to_dict()
+    assert_shared(columns)
+    assert [len(r) for r in columns["responses"].unbind()] == RESPONSE_LENGTHS
+
+
+@pytest.mark.parametrize("how", ["items", "batches", "batches through workers"])
+def test_nested_batches_share_the_offsets_of_equal_rows(cache_dir: Path, how: str) -> None:
+    names = ["prompts", "responses", "response_mask", "old_log_probs"]
+    if how == "items":
+        items = list(RolloutIterableDataset(cache_dir, columns=names))
+        batches = [collate_rollouts(items[i : i + 3], jagged="nested") for i in range(0, 8, 3)]
+    else:
+        ds = RolloutIterableDataset(cache_dir, columns=names, batch_size=3, jagged="nested")
+        workers = 2 if how == "batches through workers" else 0
+        batches = list(DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=collate_rollouts))
+    assert sum(len(b["row"]) for b in batches) == 8
+    nested_batches = [b for b in batches if b["responses"].is_nested]  # one row: stacked, not nested
+    assert len(nested_batches) >= 2
+    for batch in nested_batches:
+        assert_shared(batch)
+
+
+def test_a_replayed_transfer_queue_step_shares_the_offsets(cache_dir: Path) -> None:
+    class TQ:
+        fields: list[Any] = []
+
+        def kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None, tags: Any = None) -> None:
+            if fields is not None:
+                self.fields.append(fields)
+
+    tq = TQ()
+    view = zs.open_cache(cache_dir).load(1)
+    inject_step(view, [f"new{i}" for i in range(4)], 2, 5, "cycle", tq, "train", "test")
+    (fields,) = tq.fields
+    assert_shared({name: fields[name] for name in ("prompts", "responses", "response_mask", "old_log_probs")})
