@@ -20,7 +20,7 @@ from torch.utils.data import get_worker_info
 
 from zarr_skip.data._shm import Lent, lend, lender
 from zarr_skip.errors import ConfigError
-from zarr_skip.format.specs import jagged_tensor, share_offsets
+from zarr_skip.format.specs import SharedOffsets
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
 
@@ -98,6 +98,7 @@ def _rebuild_batch(
         return torch.empty(0, dtype=dtype).set_(bases[k].untyped_storage(), offset, shape, stride)
 
     out = RolloutBatch()
+    shared = SharedOffsets()  # nested columns of equal rows on one offsets tensor, as they were sent
     for name in order:
         if name not in views:
             out[name] = plain[name]
@@ -105,8 +106,7 @@ def _rebuild_batch(
             out[name] = tensor(views[name][0])
         else:
             values, offsets = (tensor(v) for v in views[name])
-            out[name] = jagged_tensor(values, offsets)
-    share_offsets(out)
+            out[name] = shared.jagged(values, offsets)
     return out
 
 
@@ -167,11 +167,11 @@ def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any
     """The batch of columns ``names``: the ``planned`` tensors written into one buffer (nested
     columns made of their values and offsets), the other columns from ``lists``."""
     views = _packed(planned)
+    shared = SharedOffsets()  # nested columns of equal rows on one offsets tensor
     for name in names:
         if OFFSETS.format(name) in views:
-            views[name] = jagged_tensor(views[name], views.pop(OFFSETS.format(name)))
-    batch = RolloutBatch((name, views[name] if name in views else lists[name]) for name in _order(names, planned))
-    return cast(RolloutBatch, share_offsets(batch))
+            views[name] = shared.jagged(views[name], views.pop(OFFSETS.format(name)))
+    return RolloutBatch((name, views[name] if name in views else lists[name]) for name in _order(names, planned))
 
 
 def _order(first: list[str], planned: list[Planned]) -> list[str]:

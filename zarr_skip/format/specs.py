@@ -233,18 +233,34 @@ def jagged_tensor(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return make(values, offsets)
 
 
-def share_offsets(columns: dict[str, Any]) -> dict[str, Any]:
-    """``columns`` (changed in place and returned) with each jagged NestedTensor whose offsets
-    equal an earlier one's remade on that one's offsets tensor.
+class SharedOffsets:
+    """Jagged tensors made on one offsets tensor per distinct content.
 
     torch matches the ragged dimension of two jagged tensors by their offsets tensor, not its
     values: ``old_log_probs * response_mask`` works on a batch whose columns were made on one
-    offsets tensor (as verl makes them) and raises on two equal copies. Read or collated
-    columns of the same rows share one again, as ``torch.load`` gives back one saved tensor."""
+    offsets tensor (as verl makes them) and raises on two equal copies. Columns read or collated
+    from the same rows share one again, as ``torch.load`` gives back one saved tensor."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, bytes], Any] = {}
+
+    def jagged(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """:func:`jagged_tensor` of ``values`` on the first offsets tensor equal to ``offsets``."""
+        return jagged_tensor(values, self.offsets(offsets))
+
+    def offsets(self, offsets: torch.Tensor) -> torch.Tensor:
+        key = (str(offsets.dtype), offsets.numpy().tobytes())
+        found: torch.Tensor = self._seen.setdefault(key, offsets)
+        return found
+
+
+def share_offsets(columns: dict[str, Any]) -> dict[str, Any]:
+    """``columns`` (changed in place and returned) with each jagged NestedTensor whose offsets
+    equal an earlier one's remade on that one's offsets tensor (see :class:`SharedOffsets`)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return columns
-    seen: dict[tuple[str, bytes], Any] = {}
+    shared = SharedOffsets()
     for name, value in columns.items():
         if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
             continue
@@ -252,7 +268,7 @@ def share_offsets(columns: dict[str, Any]) -> dict[str, Any]:
         if holes or value.device.type != "cpu" or getattr(value, "_ragged_idx", 1) != 1:
             continue  # holes, or ragged in another dimension: left as they are
         offsets = value.offsets()
-        first = seen.setdefault((str(offsets.dtype), offsets.numpy().tobytes()), offsets)
+        first = shared.offsets(offsets)
         if first is not offsets:
             columns[name] = jagged_tensor(value.values(), first)
     return columns
