@@ -21,7 +21,7 @@ import zarr_skip.data._shm as shm
 import zarr_skip.data.collate as collate_module
 from zarr_skip.data import RolloutBatch, RolloutIterableDataset, collate_rollouts
 from zarr_skip.data._batches import Segment, cut
-from zarr_skip.errors import ConfigError
+from zarr_skip.errors import ConfigError, ConfigTypeError
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +155,14 @@ def test_batches_in_reused_worker_buffers_pad_as_new_ones(
         del got, g
         gc.collect()
     assert len(shm.lender().buffers) == 3  # those of the first round (each batch's, while held) reused
+
+
+def test_collate_refuses_what_is_not_a_list_of_items() -> None:
+    row = {"row": 0, "x": torch.ones(2)}
+    with pytest.raises(ConfigTypeError, match="takes a list of items .* got a dict; .*batch_size=None"):
+        collate_rollouts(row)  # type: ignore[arg-type]  # a batch a user's dataset made itself
+    with pytest.raises(ConfigTypeError, match="item 1 is a Tensor, not a dict of columns"):
+        collate_rollouts([row, torch.ones(2)])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match=r"item 2 has other columns than item 0 \(differing: \['y'\]\)"):
+        collate_rollouts([row, row, {**row, "y": 1}])
+    assert collate_rollouts([]) == {}

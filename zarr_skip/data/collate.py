@@ -12,14 +12,14 @@ never touched (each page a worker writes first costs it a page fault).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
 
 from zarr_skip.data._shm import Lent, lend, lender
-from zarr_skip.errors import ConfigError
+from zarr_skip.errors import ConfigError, ConfigTypeError
 from zarr_skip.format.specs import SharedOffsets
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
@@ -130,6 +130,7 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     if isinstance(items, RolloutBatch):
         return items
     check_jagged(jagged)
+    _check_items(items)
     if not items:
         return RolloutBatch()
     planned: list[Planned] = []
@@ -137,6 +138,25 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     for name in items[0]:
         plan_values(name, [item[name] for item in items], jagged, pad_value, planned, lists)
     return assemble(list(items[0]), planned, lists)
+
+
+def _check_items(items: Any) -> None:
+    """ConfigTypeError unless ``items`` is a sequence of dicts; ConfigError naming the first item
+    whose keys differ from the first one's."""
+    if isinstance(items, Mapping) or not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+        raise ConfigTypeError(
+            f"collate_rollouts: takes a list of items (dicts of columns), got a {type(items).__name__}; "
+            "a dataset that yields whole batches needs DataLoader(batch_size=None) and a RolloutBatch"
+        )
+    keys = None
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ConfigTypeError(f"collate_rollouts: item {i} is a {type(item).__name__}, not a dict of columns")
+        if keys is None:
+            keys = item.keys()
+        elif item.keys() != keys:
+            diff = sorted(set(keys) ^ set(item.keys()))
+            raise ConfigError(f"collate_rollouts: item {i} has other columns than item 0 (differing: {diff})")
 
 
 def check_jagged(jagged: str) -> None:
