@@ -166,3 +166,34 @@ def test_collate_refuses_what_is_not_a_list_of_items() -> None:
     with pytest.raises(ConfigError, match=r"item 2 has other columns than item 0 \(differing: \['y'\]\)"):
         collate_rollouts([row, row, {**row, "y": 1}])
     assert collate_rollouts([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        ({"seed": "a"}, ConfigTypeError, "seed: expected an int, got str 'a'"),
+        ({"shuffle": "yes"}, ConfigTypeError, "shuffle: expected True or False"),
+        ({"drop_last": "x", "batch_size": 3}, ConfigTypeError, "drop_last: expected True or False"),
+        ({"block_rows": "x"}, ConfigTypeError, "block_rows: expected an int"),
+        ({"block_rows": 0}, ConfigError, "block_rows: expected an int in 1 .."),
+        ({"pad_value": "x", "batch_size": 4}, ConfigTypeError, "pad_value: expected a number, got str"),
+        ({"pad_value": True}, ConfigTypeError, "pad_value: expected a number, got bool"),
+        ({"columns": "responses"}, ConfigTypeError, r"columns: expected a list .* \(wrap one name in a list\)"),
+        ({"steps": "12"}, ConfigTypeError, "steps: expected a step"),
+        ({"steps": [1.5]}, ConfigTypeError, "steps: expected an int, got float"),
+    ],
+)
+def test_bad_arguments_are_typed_errors_naming_them(local: Path, kw: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        RolloutIterableDataset(local, **kw)
+    if "pad_value" in kw:
+        with pytest.raises(error, match=match):
+            collate_rollouts([{"x": torch.ones(2)}], pad_value=kw["pad_value"])
+
+
+def test_set_epoch_takes_an_int(local: Path) -> None:
+    ds = RolloutIterableDataset(local, shuffle=True)
+    with pytest.raises(ConfigTypeError, match="epoch: expected an int"):
+        ds.set_epoch("1")  # type: ignore[arg-type]
+    ds.set_epoch(np.int64(2))  # type: ignore[arg-type]
+    assert ds.epoch == 2

@@ -15,6 +15,7 @@ from zarr_skip.data._plan import buffers, resolve_rank, shard_blocks, shuffled
 from zarr_skip.data._source import Block, RolloutSource
 from zarr_skip.data.collate import check_jagged
 from zarr_skip.errors import ConfigError
+from zarr_skip.format import args
 
 __all__ = ["RolloutIterableDataset"]
 
@@ -83,21 +84,22 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self.source = RolloutSource(
             location, experiment=experiment, steps=steps, columns=columns, storage_options=storage_options
         )
-        self.shuffle = shuffle
-        self.seed = int(seed)
+        self.shuffle = args.flag(shuffle, "shuffle")
+        self.seed = args.whole(seed, "seed")
         self.epoch = 0
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.buffer_blocks = int(buffer_blocks)
-        self._blocks = self.source.blocks(block_rows)
+        self._blocks = self.source.blocks(args.count(block_rows, "block_rows", low=1))
         next(buffers([], self.buffer_blocks), None)  # checks buffer_blocks now, not in a worker
         if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
             raise ConfigError(f"batch_size={batch_size!r}: give a positive number of rows, or None for rows one by one")
-        check_jagged(jagged)
-        self.batch_size, self.jagged, self.pad_value, self.drop_last = batch_size, jagged, pad_value, bool(drop_last)
+        check_jagged(jagged, pad_value)
+        self.batch_size, self.jagged, self.pad_value = batch_size, jagged, pad_value
+        self.drop_last = args.flag(drop_last, "drop_last")
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on."""
-        self.epoch = int(epoch)
+        self.epoch = args.whole(epoch, "epoch")
 
     def __len__(self) -> int:
         """The rows of this rank (over all its workers); with a ``batch_size``, its batches as

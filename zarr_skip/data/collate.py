@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
@@ -129,7 +130,7 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     """
     if isinstance(items, RolloutBatch):
         return items
-    check_jagged(jagged)
+    check_jagged(jagged, pad_value)
     _check_items(items)
     if not items:
         return RolloutBatch()
@@ -159,9 +160,13 @@ def _check_items(items: Any) -> None:
             raise ConfigError(f"collate_rollouts: item {i} has other columns than item 0 (differing: {diff})")
 
 
-def check_jagged(jagged: str) -> None:
+def check_jagged(jagged: str, pad_value: float = 0) -> None:
+    """ConfigError unless ``jagged`` is 'pad' or 'nested'; ConfigTypeError unless ``pad_value``
+    is a number."""
     if jagged not in ("pad", "nested"):
         raise ConfigError(f"jagged={jagged!r}: choose 'pad' or 'nested'")
+    if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float, np.integer, np.floating)):
+        raise ConfigTypeError(f"pad_value: expected a number, got {type(pad_value).__name__} {pad_value!r:.40}")
 
 
 def plan_values(
