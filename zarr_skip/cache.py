@@ -45,7 +45,7 @@ from zarr_skip.store.catalog import (
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
-from zarr_skip.store.writer import MinibatchInfo, RunContext, write_part
+from zarr_skip.store.writer import MinibatchInfo, RunContext, StepMemo, write_part
 from zarr_skip.views import display, schema
 from zarr_skip.views.export import ExportFormat, ExportReport, export_rollouts
 from zarr_skip.views.rescore import rescore_rollouts
@@ -162,6 +162,8 @@ class Cache:
             time.time(),
             layout.new_writer_id(),
         )
+        #: the step this handle wrote last, as it left it: the next write there goes on from it
+        self._memo = StepMemo()
         self.fingerprint: dict[str, Any] | None = None
         self.experiment: str | None = None
         #: what the first write must create: the root, the experiment (opening never writes)
@@ -375,6 +377,7 @@ class Cache:
                 lease=self.lease,
                 jobs=jobs,
                 token=writetokens.content_token(encoded) if token is True else token,
+                memo=self._memo,
             )
         finally:
             jobs.cancel()  # whatever a failed write did not take (nothing after a success)

@@ -4,7 +4,8 @@ The protocol (``docs/format.md`` has the long version):
 
 1. Scan the step's metadata. A complete step is refused (``StepCompleteError``) unless
    ``overwrite``, which deletes it first. A step owned by a newer run is refused
-   (``DisplacedWriterError``).
+   (``DisplacedWriterError``). A handle whose last write went to this step goes on from the
+   scan that write left (:class:`StepMemo`), after listing the step for a newer run.
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
    leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
    not written here: it is written once, with the summary, when the step completes (step 6).
@@ -28,6 +29,7 @@ import logging
 import math
 import os
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -96,6 +98,35 @@ class MinibatchInfo:
 PartInfo = MinibatchInfo
 
 
+class StepMemo:
+    """What a cache handle knows of the step it wrote last: the step's scan as its last
+    successful write left it (this run's records, and the mini-batch it stored).
+
+    The next write of the same handle to the same step (same ``expected``, no ``overwrite``)
+    goes on from it instead of scanning the step again: a step of ``n`` mini-batches written
+    by one handle is scanned once, not ``n`` times (three rounds of requests each, on a shared
+    file system or an object store). What the scan would have found since is found anyway:
+    another writer's claim by the exclusive create of the next index, a newer run by the owner
+    check before the completion record (:func:`_check_owner`). A write that fails forgets it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[str, int, int] | None = None
+        self._scan: StepScan | None = None
+
+    def take(self, key: tuple[str, int, int]) -> StepScan | None:
+        """The scan left for ``key`` (experiment, step, expected), if any; forgotten either way."""
+        with self._lock:
+            scan = self._scan if self._key == key else None
+            self._key = self._scan = None
+        return scan
+
+    def keep(self, key: tuple[str, int, int], scan: StepScan) -> None:
+        with self._lock:
+            self._key, self._scan = key, scan
+
+
 def write_part(
     storage: Storage,
     experiment: str,
@@ -109,6 +140,7 @@ def write_part(
     lease: float,
     jobs: ChunkJobs,
     token: str | None = None,
+    memo: StepMemo | None = None,
 ) -> MinibatchInfo:
     """Store one mini-batch of ``step`` (see the module docstring for the protocol); its
     chunks come from ``jobs`` (the caller cancels what is left of them).
@@ -116,16 +148,17 @@ def write_part(
     ``token``: recorded in the claim (and so in the complete record); a complete mini-batch of
     this run with the same token is returned instead of storing the batch again (a retry of a
     write whose outcome was lost: :func:`written_with`).
+
+    ``memo``: the handle's :class:`StepMemo`, which this write goes on from and leaves the step in.
     """
     if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= records.MAX_EXPECTED:
         raise ConfigError(f"expected: must be an int in 1 .. {records.MAX_EXPECTED}, got {expected!r}")
     step_path = layout.join(experiment, layout.step_name(step))
-    scan = None
-    if token is not None:
-        earlier, scan = written_with(storage, experiment, step, ctx, token, expected)
-        if earlier is not None:
-            return earlier
-    scan = _take_over(storage, experiment, step, step_path, ctx, expected, overwrite, scan)
+    key = (experiment, step, expected)
+    kept = None if memo is None or overwrite else _continued(storage, step_path, ctx, memo.take(key), token)
+    scan = kept or _scanned(storage, experiment, step, step_path, ctx, expected, overwrite, token)
+    if isinstance(scan, MinibatchInfo):
+        return scan
     _check_schema(scan, ctx, batch, step)
     run_path = layout.join(step_path, ctx.run)
     # indices with unreadable records are left to the exclusive create to decide
@@ -148,22 +181,7 @@ def write_part(
                 logger.warning("%s: claimed by another writer at the same time; retrying", where)
                 _discard(storage, data_path)
                 continue
-            done = dict(
-                claim,
-                state="complete",
-                heartbeat=time.time(),
-                completed=time.time(),
-                rows=batch.rows,
-                nbytes=nbytes,
-                raw_nbytes=raw,
-                batch_type=batch.batch_type,
-                meta_info=batch.meta_info,
-                compression=compression.to_json(),
-                columns=manifest,
-                container=layout.CONTAINER,
-                data_nbytes=size,
-            )
-            done["checksum"] = layout.doc_checksum(done)
+            done = _completed(claim, batch, compression, manifest, (nbytes, raw, size))
             storage.set(record_key, group_doc({layout.PART_ATTR: done}))
         except BaseException:
             _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
@@ -174,7 +192,71 @@ def write_part(
     known = {p.index: p for p in scan.parts if p.run == ctx.run and p.complete}
     known[index] = PartRecord.from_json(done)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected, known)
+    if memo is not None and not complete:
+        scan.parts = [p for p in scan.parts if p.run == ctx.run and p.index != index] + [known[index]]
+        memo.keep(key, scan)
     return MinibatchInfo(step, index, ctx.run, batch.rows, nbytes, raw, complete, part_path)
+
+
+def _completed(
+    claim: dict[str, Any],
+    batch: EncodedBatch,
+    compression: chunks.Compression,
+    manifest: dict[str, Any],
+    sizes: tuple[int, int, int],
+) -> dict[str, Any]:
+    """The completion record of ``claim``: the mini-batch's manifest, its stored, logical and
+    data-file ``sizes``, and the record's checksum."""
+    nbytes, raw, size = sizes
+    now = time.time()
+    done = dict(
+        claim,
+        state="complete",
+        heartbeat=now,
+        completed=now,
+        rows=batch.rows,
+        nbytes=nbytes,
+        raw_nbytes=raw,
+        batch_type=batch.batch_type,
+        meta_info=batch.meta_info,
+        compression=compression.to_json(),
+        columns=manifest,
+        container=layout.CONTAINER,
+        data_nbytes=size,
+    )
+    done["checksum"] = layout.doc_checksum(done)
+    return done
+
+
+def _continued(
+    storage: Storage, step_path: str, ctx: RunContext, scan: StepScan | None, token: str | None
+) -> StepScan | None:
+    """``scan``, the step as this handle's last write left it (:class:`StepMemo`), unless this
+    write must scan the step: a newer run recorded there or this run's record gone (one
+    listing; the scan then says which), or a token this handle has already stored."""
+    if scan is None or (token is not None and any(p.doc.get("token") == token for p in scan.parts)):
+        return None
+    return None if _newer_run(storage, step_path, ctx) is not None else scan
+
+
+def _scanned(
+    storage: Storage,
+    experiment: str,
+    step: int,
+    step_path: str,
+    ctx: RunContext,
+    expected: int,
+    overwrite: bool,
+    token: str | None,
+) -> StepScan | MinibatchInfo:
+    """The step scanned and taken over by this run, or the mini-batch this run already stored
+    with ``token`` (:func:`written_with`)."""
+    scan = None
+    if token is not None:
+        earlier, scan = written_with(storage, experiment, step, ctx, token, expected)
+        if earlier is not None:
+            return earlier
+    return _take_over(storage, experiment, step, step_path, ctx, expected, overwrite, scan)
 
 
 def _check_schema(scan: StepScan, ctx: RunContext, batch: EncodedBatch, step: int) -> None:
