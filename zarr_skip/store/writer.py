@@ -156,7 +156,7 @@ def write_part(
     step_path = layout.join(experiment, layout.step_name(step))
     key = (experiment, step, expected)
     kept = None if memo is None or overwrite else _continued(storage, step_path, ctx, memo.take(key), token)
-    scan = kept or _scanned(storage, experiment, step, step_path, ctx, expected, overwrite, token)
+    scan = kept or _take_over(storage, experiment, step, step_path, ctx, expected, overwrite, token)
     if isinstance(scan, MinibatchInfo):
         return scan
     _check_schema(scan, ctx, batch, step)
@@ -239,26 +239,6 @@ def _continued(
     return None if _newer_run(storage, step_path, ctx) is not None else scan
 
 
-def _scanned(
-    storage: Storage,
-    experiment: str,
-    step: int,
-    step_path: str,
-    ctx: RunContext,
-    expected: int,
-    overwrite: bool,
-    token: str | None,
-) -> StepScan | MinibatchInfo:
-    """The step scanned and taken over by this run, or the mini-batch this run already stored
-    with ``token`` (:func:`written_with`)."""
-    scan = None
-    if token is not None:
-        earlier, scan = written_with(storage, experiment, step, ctx, token, expected)
-        if earlier is not None:
-            return earlier
-    return _take_over(storage, experiment, step, step_path, ctx, expected, overwrite, scan)
-
-
 def _check_schema(scan: StepScan, ctx: RunContext, batch: EncodedBatch, step: int) -> None:
     """SchemaMismatchError unless ``batch`` has the columns of this run's first stored mini-batch."""
     own = [p for p in scan.parts if p.run == ctx.run and p.complete]
@@ -323,10 +303,15 @@ def _take_over(
     ctx: RunContext,
     expected: int,
     overwrite: bool,
-    scan: StepScan | None = None,
-) -> StepScan:
-    """The step taken over by this run (see the module docstring, steps 1 and 2), from ``scan``
-    when the caller has just scanned the step."""
+    token: str | None,
+) -> StepScan | MinibatchInfo:
+    """The step scanned and taken over by this run (see the module docstring, steps 1 and 2),
+    or the mini-batch this run already stored with ``token`` (:func:`written_with`)."""
+    scan = None
+    if token is not None:
+        earlier, scan = written_with(storage, experiment, step, ctx, token, expected)
+        if earlier is not None:
+            return earlier
     scan = scan_step(storage, experiment, step) if scan is None else scan
     newest = owner(scan.runs)
     if (
