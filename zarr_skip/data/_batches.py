@@ -23,6 +23,7 @@ import torch
 
 from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_values
 from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, assemble, plan_values, zero_bits
+from zarr_skip.format.specs import torch_numpy, uint_of_size
 
 __all__ = ["Dense", "Jagged", "Segment", "cut", "join", "make_batch", "segment"]
 
@@ -299,12 +300,11 @@ def _copy_rows(sources: list[tuple[Jagged, np.ndarray]], pad_value: float | None
 
 
 def _bits(tensor: torch.Tensor) -> np.ndarray:
-    """``tensor`` as a numpy array over its memory (dtypes numpy lacks as integers of their width)."""
-    try:
+    """``tensor`` as a numpy array over its memory, never a copy (dtypes numpy lacks as the
+    unsigned integers of their width, as they are stored)."""
+    if tensor.dtype in torch_numpy():
         return tensor.numpy()
-    except TypeError:
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-        return tensor.view(width).numpy()
+    return tensor.view(uint_of_size()[tensor.element_size()]).numpy()
 
 
 def _write_array(values: np.ndarray, out: torch.Tensor, _zeros: bool) -> None:
