@@ -80,3 +80,27 @@ def test_counts_flags_columns_dtypes_paths() -> None:
     for bad, error in ((3, zs.ConfigTypeError), ("", zs.ConfigError), (b"x", zs.ConfigTypeError)):
         with pytest.raises(error, match="path"):
             args.path(bad)
+
+
+def test_steps_one_check_for_every_entry_point(tmp_path: Any) -> None:
+    """``checks.check_steps`` serves the datasets, export, verify and gc alike: numpy ints are
+    steps, one step is taken where the call says so, and the errors name the argument."""
+    from zarr_skip.format import checks
+
+    assert checks.check_steps(None) is None
+    assert checks.check_steps([np.int64(3), 5]) == [3, 5]
+    assert checks.check_steps(np.int32(4), one=True) == [4]
+    got = checks.check_steps((np.uint8(1), np.int64(2)))
+    assert got == [1, 2] and {type(s) for s in got} == {int}
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected an iterable of ints or None, got int 3"):
+        checks.check_steps(3)
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected a step .an int., steps or None, got str '12'"):
+        checks.check_steps("12", one=True)
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected a step"):
+        checks.check_steps(True, one=True)
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected an int, got float 1.5"):
+        checks.check_steps([1, 1.5])
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected an int, got bool"):
+        checks.check_steps([np.bool_(True)])
+    with pytest.raises(zs.ConfigError, match="steps: expected non-negative ints, got -2"):
+        checks.check_steps([1, np.int64(-2)])

@@ -89,7 +89,7 @@ def test_map_items_equal_load_and_pickle_without_handles(local: Path) -> None:
 
 
 def test_map_through_dataloader_workers(local: Path) -> None:
-    ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, 3])
+    ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, np.int64(3)])
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_rollouts)
     batches = list(loader)
     got = [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import make_batch
 
@@ -87,7 +88,7 @@ def test_parquet_reads_back_in_pyarrow_pandas_and_duckdb(
 
 def test_jsonl_reads_back_in_json_and_duckdb(cache: zs.Cache, steps: dict[int, Any], tmp_path: Path) -> None:
     out = tmp_path / "rollouts.jsonl"
-    report = cache.export(out, steps=2)
+    report = cache.export(out, steps=np.int64(2))  # a step as numpy gives it
     assert report.format == "jsonl" and report.steps == (2,)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["response"] for r in records] == responses(steps[2])

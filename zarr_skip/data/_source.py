@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from zarr_skip.cache import Cache, open_cache
-from zarr_skip.errors import ConfigError, ConfigTypeError, StepNotFoundError
-from zarr_skip.format import args
+from zarr_skip.errors import ConfigError, StepNotFoundError
+from zarr_skip.format import args, checks
 from zarr_skip.lazy import StepView, read_rows
 from zarr_skip.store.memo import ChunkMemo
 
@@ -74,7 +74,7 @@ class RolloutSource:
         self.location = os.fspath(location)
         self.experiment = experiment
         self.storage_options = dict(storage_options) if storage_options is not None else None
-        self._steps = _steps(steps)
+        self._steps = checks.check_steps(steps, one=True)
         self._columns = args.columns(columns)
         self._cache: Cache | None = None
         self._pid = os.getpid()
@@ -201,19 +201,6 @@ class RolloutSource:
         """The item of one row (counted in the step) of ``block``: that row of each column, all
         of them read together (two rounds of requests, not two per column)."""
         return self.take([(block.step, np.array([row], dtype=np.int64), np.array([block.minibatch]))])[0][0]
-
-
-def _steps(steps: Any) -> list[int] | None:
-    """``steps`` (one int, ints, or None for every complete step) as a list of ints."""
-    if steps is None:
-        return None
-    if isinstance(steps, (int, np.integer)):
-        return [args.whole(steps, "steps")]
-    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
-        raise ConfigTypeError(
-            f"steps: expected a step (an int), steps or None, got {type(steps).__name__} {steps!r:.60}"
-        )
-    return [args.whole(s, "steps") for s in steps]
 
 
 def _pieces(block: Block, size: int) -> list[Block]:

@@ -11,7 +11,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from zarr_skip.errors import ConfigError, ConfigTypeError
+from zarr_skip.format.args import whole
 from zarr_skip.format.layout import step_name
 
 __all__ = [
@@ -83,15 +86,19 @@ def check_location(value: Any) -> None:
         raise ConfigError("location: empty path")
 
 
-def check_steps(steps: Any) -> list[int] | None:
-    """``steps`` (None, or an iterable of step numbers) as a list, every step checked."""
+def check_steps(steps: Any, *, one: bool = False) -> list[int] | None:
+    """``steps`` (None, or an iterable of step numbers; with ``one``, a single step too) as a
+    list of ints, every step checked: Python or numpy integers, each a valid step number."""
     if steps is None:
         return None
+    if one and isinstance(steps, (int, np.integer)) and not isinstance(steps, (bool, np.bool_)):
+        steps = [steps]
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
-        raise ConfigTypeError(f"steps: expected an iterable of ints or None, got {type(steps).__name__}")
-    out = list(steps)
+        wanted = "a step (an int), steps or None" if one else "an iterable of ints or None"
+        raise ConfigTypeError(f"steps: expected {wanted}, got {type(steps).__name__} {steps!r:.60}")
+    out = [whole(step, "steps") for step in steps]
     for step in out:
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise ConfigTypeError(f"steps: expected ints, got {type(step).__name__} {step!r}")
+        if step < 0:
+            raise ConfigError(f"steps: expected non-negative ints, got {step}")
         step_name(step)
     return out

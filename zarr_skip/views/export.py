@@ -168,7 +168,7 @@ def export_rollouts(
     fmt, gz = format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else checks.check_steps([steps] if isinstance(steps, int) else steps)
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     decoder = tokenizer_for(cache, tokenizer)
