@@ -93,9 +93,14 @@ def test_drop_last_len_and_bad_arguments(local: Path) -> None:
     assert len(RolloutIterableDataset(local, batch_size=5)) == 8  # 36 rows
     ds = RolloutIterableDataset(local, batch_size=5, drop_last=True)
     assert len(ds) == 7 and [len(b["row"]) for b in ds] == [5] * 7
-    for bad in (0, -2, 2.5, True, "8"):
-        with pytest.raises(ConfigError, match="batch_size="):
-            RolloutIterableDataset(local, batch_size=bad)  # type: ignore[arg-type]
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=rf"batch_size: expected an int in 1 \.\. .*, got {bad}"):
+            RolloutIterableDataset(local, batch_size=bad)
+    for wrong in (2.5, True, "8"):
+        with pytest.raises(ConfigTypeError, match="batch_size: expected an int, got"):
+            RolloutIterableDataset(local, batch_size=wrong)  # type: ignore[arg-type]
+    ds = RolloutIterableDataset(local, batch_size=np.int64(5))  # type: ignore[arg-type]
+    assert ds.batch_size == 5 and type(ds.batch_size) is int and len(ds) == 8
     with pytest.raises(ConfigError, match="choose 'pad' or 'nested'"):
         RolloutIterableDataset(local, batch_size=4, jagged="ragged")
 
@@ -176,6 +181,15 @@ def test_collate_refuses_what_is_not_a_list_of_items() -> None:
         ({"drop_last": "x", "batch_size": 3}, ConfigTypeError, "drop_last: expected True or False"),
         ({"block_rows": "x"}, ConfigTypeError, "block_rows: expected an int"),
         ({"block_rows": 0}, ConfigError, "block_rows: expected an int in 1 .."),
+        ({"buffer_blocks": 2.5}, ConfigTypeError, "buffer_blocks: expected an int, got float 2.5"),
+        ({"buffer_blocks": "3"}, ConfigTypeError, "buffer_blocks: expected an int, got str '3'"),
+        ({"buffer_blocks": 0}, ConfigError, "buffer_blocks: expected an int in 1 .."),
+        ({"rank": 1.0, "world_size": 2}, ConfigTypeError, "rank: expected an int, got float"),
+        ({"rank": True, "world_size": 2}, ConfigTypeError, "rank: expected an int, got bool"),
+        ({"rank": -1, "world_size": 2}, ConfigError, "rank: expected an int in 0 .."),
+        ({"rank": 0, "world_size": "2"}, ConfigTypeError, "world_size: expected an int, got str"),
+        ({"rank": 0, "world_size": 0}, ConfigError, "world_size: expected an int in 1 .."),
+        ({"rank": 2, "world_size": 2}, ConfigError, r"rank=2, world_size=2: need .* 0 <= rank < world_size"),
         ({"pad_value": "x", "batch_size": 4}, ConfigTypeError, "pad_value: expected a number, got str"),
         ({"pad_value": True}, ConfigTypeError, "pad_value: expected a number, got bool"),
         ({"columns": "responses"}, ConfigTypeError, r"columns: expected a list .* \(wrap one name in a list\)"),

@@ -14,7 +14,6 @@ from zarr_skip.data._batches import Run, cut, join, make_batch, segment
 from zarr_skip.data._plan import buffers, resolve_rank, shard_blocks, shuffled
 from zarr_skip.data._source import Block, RolloutSource
 from zarr_skip.data.collate import check_jagged
-from zarr_skip.errors import ConfigError
 from zarr_skip.format import args
 
 __all__ = ["RolloutIterableDataset"]
@@ -88,13 +87,11 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self.seed = args.whole(seed, "seed")
         self.epoch = 0
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.buffer_blocks = int(buffer_blocks)
+        self.buffer_blocks = args.count(buffer_blocks, "buffer_blocks", low=1)
         self._blocks = self.source.blocks(args.count(block_rows, "block_rows", low=1))
-        next(buffers([], self.buffer_blocks), None)  # checks buffer_blocks now, not in a worker
-        if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
-            raise ConfigError(f"batch_size={batch_size!r}: give a positive number of rows, or None for rows one by one")
         check_jagged(jagged, pad_value)
-        self.batch_size, self.jagged, self.pad_value = batch_size, jagged, pad_value
+        self.batch_size = args.maybe_count(batch_size, "batch_size", low=1)
+        self.jagged, self.pad_value = jagged, pad_value
         self.drop_last = args.flag(drop_last, "drop_last")
 
     def set_epoch(self, epoch: int) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from zarr_skip.data._source import Block
 from zarr_skip.errors import ConfigError
+from zarr_skip.format import args
 
 __all__ = ["buffers", "resolve_rank", "shard_blocks", "shuffled"]
 
@@ -56,14 +57,16 @@ def buffers(pieces: Sequence[Block], size: int) -> Iterator[list[Block]]:
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """``(rank, world_size)``: the arguments when given, else ``torch.distributed``'s when it is
     initialised, else one process."""
+    rank = args.maybe_count(rank, "rank")
+    world_size = args.maybe_count(world_size, "world_size", low=1)
     if rank is None or world_size is None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
-    rank = 0 if rank is None else int(rank)
-    world_size = 1 if world_size is None else int(world_size)
-    if world_size < 1 or not 0 <= rank < world_size:
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    if not rank < world_size:
         raise ConfigError(f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
     return rank, world_size
