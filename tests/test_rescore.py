@@ -63,6 +63,41 @@ def test_several_scores_and_chosen_columns(tmp_path: Path) -> None:
         cache.rescore(lambda r: "x", steps=2, tokenizer=TOKENIZER_PATH)  # type: ignore[arg-type, return-value]
     with pytest.raises(KeyError, match="step 2: no column 'nope'"):
         cache.rescore(boxed, steps=2, columns=["nope"], tokenizer=TOKENIZER_PATH)
+    with pytest.raises(ConfigTypeError, match=r"step 2, row 0: the rescoring function returned 'x' for 'b'"):
+        cache.rescore(lambda r: {"a": 1, "b": "x"}, steps=2, tokenizer=TOKENIZER_PATH)  # type: ignore[arg-type, return-value]
+
+
+@pytest.mark.parametrize(
+    ("fn", "kw", "match"),
+    [
+        ("boxed", {}, "fn: expected a function of a rollout, got str 'boxed'"),
+        (boxed, {"columns": "reward_model"}, r"columns: expected a list .* \(wrap one name in a list\)"),
+        (boxed, {"score": 3}, "score: expected a name"),
+        (boxed, {"steps": "2"}, "steps: expected a step"),
+    ],
+)
+def test_bad_calls_are_typed_errors_before_anything_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fn: Any, kw: dict[str, Any], match: str
+) -> None:
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    monkeypatch.setattr(zs.Cache, "load", lambda *a, **k: pytest.fail("read before the arguments were checked"))
+    with pytest.raises(ConfigTypeError, match=match):
+        cache.rescore(fn, tokenizer=TOKENIZER_PATH, **kw)
+
+
+def test_an_error_in_the_function_says_which_rollout(tmp_path: Path) -> None:
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+
+    def fails_on_row_3(rollout: dict[str, Any]) -> float:
+        if rollout["row"] == 3:
+            raise ZeroDivisionError("the verifier divided by zero")
+        return 1.0
+
+    with pytest.raises(ZeroDivisionError, match="the verifier divided by zero") as info:  # the user's own error
+        cache.rescore(fails_on_row_3, steps=2, tokenizer=TOKENIZER_PATH)
+    assert info.value.__notes__ == ["zarr_skip: raised by the rescoring function on step 2, row 3"]
 
 
 def test_without_pandas_a_missing_extra_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
-from zarr_skip.errors import ConfigError, TokenizerNotFoundError
+from zarr_skip.errors import ConfigError, ConfigTypeError, TokenizerNotFoundError
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 FP = {"experiment_name": "training", "n": 4}
@@ -134,3 +134,48 @@ def test_bad_requests_name_what_to_do(written: tuple[Path, dict[str, Any]], tmp_
     with pytest.raises(TokenizerNotFoundError, match="none is recorded"):
         plain.export(tmp_path / "out.jsonl", format="dpo")
     assert not list(tmp_path.glob("*.jsonl")) and not list(tmp_path.glob(".*"))  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        ({"format": "sft", "min_score": "1"}, ConfigTypeError, "min_score: expected a number, got str '1'"),
+        ({"format": "dpo", "min_score": [1]}, ConfigTypeError, "min_score: expected a number, got list"),
+        ({"format": "sft", "min_score": True}, ConfigTypeError, "min_score: expected a number, got bool"),
+        ({"format": "sft", "min_score": math.nan}, ConfigError, "min_score: expected a finite number, got nan"),
+        ({"format": "sft", "score": 3}, ConfigTypeError, r"score: expected a name \(a non-empty str\), got int 3"),
+        ({"format": "sft", "token_ids": "yes"}, ConfigTypeError, "token_ids: expected True or False, got str"),
+        ({"format": "sft", "best_of": 2.0}, ConfigTypeError, "best_of: expected an int, got float"),
+        ({"format": "sft", "best_of": 0}, ConfigError, "best_of=0: keep at least one answer"),
+        ({"format": "dpo", "pairs": 1.5}, ConfigTypeError, "pairs: expected an int, got float"),
+        ({"format": "dpo", "pairs": "some"}, ConfigError, "pairs='some': give the most pairs"),
+        ({"format": "sft", "steps": "1"}, ConfigTypeError, "steps: expected a step"),
+        ({"format": "sft", "steps": [1.0]}, ConfigTypeError, "steps: expected an int, got float"),
+    ],
+)
+def test_bad_choices_are_typed_errors_before_anything_is_read(
+    written: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kw: dict[str, Any],
+    error: type,
+    match: str,
+) -> None:
+    cache = zs.open_cache(written[0])
+    monkeypatch.setattr(zs.Cache, "load", lambda *a, **k: pytest.fail("read before the arguments were checked"))
+    with pytest.raises(error, match=match):
+        cache.export(tmp_path / "out.jsonl", **kw)
+    assert not list(tmp_path.iterdir())
+
+
+def test_numpy_numbers_choose_as_python_ones(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """best_of, pairs, min_score and steps as numpy gives them: the same records as Python's."""
+    cache = zs.open_cache(written[0])
+    for fmt, kw, np_kw in [
+        ("sft", {"best_of": 2, "min_score": 1.0}, {"best_of": np.int64(2), "min_score": np.float32(1.0)}),
+        ("dpo", {"pairs": 2}, {"pairs": np.int32(2)}),
+    ]:
+        cache.export(tmp_path / f"{fmt}.jsonl", format=fmt, steps=1, **kw)
+        cache.export(tmp_path / f"{fmt}_np.jsonl", format=fmt, steps=np.int64(1), **np_kw)
+        plain, numpy = read_jsonl(tmp_path / f"{fmt}.jsonl"), read_jsonl(tmp_path / f"{fmt}_np.jsonl")
+        assert plain and numpy == plain

@@ -15,12 +15,12 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from zarr_skip.data._shm import Lent, lend, lender
 from zarr_skip.errors import ConfigError, ConfigTypeError
+from zarr_skip.format import args
 from zarr_skip.format.specs import SharedOffsets
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
@@ -165,8 +165,7 @@ def check_jagged(jagged: str, pad_value: float = 0) -> None:
     is a number."""
     if jagged not in ("pad", "nested"):
         raise ConfigError(f"jagged={jagged!r}: choose 'pad' or 'nested'")
-    if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float, np.integer, np.floating)):
-        raise ConfigTypeError(f"pad_value: expected a number, got {type(pad_value).__name__} {pad_value!r:.40}")
+    args.number(pad_value, "pad_value")
 
 
 def plan_values(

@@ -13,6 +13,7 @@ expected, before anything is read:
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,8 @@ __all__ = [
     "dtype",
     "flag",
     "maybe_count",
+    "name",
+    "number",
     "maybe_flag",
     "path",
     "row",
@@ -80,6 +83,24 @@ def flag(value: Any, name: str, where: str = "") -> bool:
 def maybe_flag(value: Any, name: str, where: str = "") -> bool | None:
     """:func:`flag`, or None."""
     return None if value is None else flag(value, name, where)
+
+
+def number(value: Any, name: str, *, finite: bool = False, where: str = "") -> float:
+    """``value`` as a float (a Python or numpy number, not a bool); with ``finite``, neither NaN
+    nor infinite."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigTypeError(f"{_at(where)}{name}: expected a number, got {_shown(value)}")
+    out = float(value)
+    if finite and not math.isfinite(out):
+        raise ConfigError(f"{_at(where)}{name}: expected a finite number, got {out!r}")
+    return out
+
+
+def name(value: Any, what: str, where: str = "") -> str:
+    """``value`` as a non-empty name (a column's, a format's): a str."""
+    if not isinstance(value, str) or not value:
+        raise ConfigTypeError(f"{_at(where)}{what}: expected a name (a non-empty str), got {_shown(value)}")
+    return value
 
 
 def row(value: Any, n: int, name: str = "row", where: str = "") -> int:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from zarr_skip.errors import ConfigError
+from zarr_skip.format import args
 
 __all__ = ["best_answers", "check_best_of", "check_pairs", "group_rows", "preference_pairs"]
 
@@ -21,15 +22,23 @@ def _scored(scores: Sequence[float | None]) -> list[tuple[int, float]]:
 
 
 def check_best_of(best_of: int) -> int:
-    if isinstance(best_of, bool) or not isinstance(best_of, int) or best_of < 1:
-        raise ConfigError(f"best_of={best_of!r}: keep at least one answer a group (a whole number >= 1)")
-    return best_of
+    """``best_of`` (a Python or numpy int >= 1) as an int."""
+    n = args.whole(best_of, "best_of")
+    if n < 1:
+        raise ConfigError(f"best_of={n}: keep at least one answer a group (a whole number >= 1)")
+    return n
 
 
 def check_pairs(pairs: int | str) -> int | str:
-    if pairs == "all" or (isinstance(pairs, int) and not isinstance(pairs, bool) and pairs >= 1):
-        return pairs
-    raise ConfigError(f"pairs={pairs!r}: give the most pairs a group yields (a whole number >= 1) or 'all'")
+    """``pairs`` (``"all"``, or a Python or numpy int >= 1) as given, an int as an int."""
+    if isinstance(pairs, str):
+        if pairs == "all":
+            return pairs
+        raise ConfigError(f"pairs={pairs!r}: give the most pairs a group yields (a whole number >= 1) or 'all'")
+    n = args.whole(pairs, "pairs")
+    if n < 1:
+        raise ConfigError(f"pairs={n}: give the most pairs a group yields (a whole number >= 1) or 'all'")
+    return n
 
 
 def best_answers(scores: Sequence[float | None], best_of: int = 1, min_score: float | None = None) -> list[int]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigTypeError, MissingExtraError, StepNotFoundError
+from zarr_skip.format import args, checks
 from zarr_skip.views.records import per_row_columns, rollout_columns
 from zarr_skip.views.text import require_tokenizer
 from zarr_skip.views.training import row_scores
@@ -66,7 +67,11 @@ def rescore_rollouts(
     rollout in stored order.
     """
     pd = _pandas()  # before any I/O
-    chosen = cache.steps() if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+    if not callable(fn):
+        raise ConfigTypeError(f"fn: expected a function of a rollout, got {type(fn).__name__} {fn!r:.60}")
+    columns = args.columns(columns)
+    score = args.name(score, "score")
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to rescore in experiment {cache.experiment!r} at {cache.location}")
     views = [cache.load(s) for s in chosen]
@@ -110,7 +115,12 @@ def _step(
         if uids is not None:
             record["uid"] = uids[row]
         record[score] = float(stored[row])
-        record.update(_new_scores(fn(rollout), view.step, row))
+        try:
+            result = fn(rollout)
+        except Exception as exc:
+            exc.add_note(f"zarr_skip: raised by the rescoring function on step {view.step}, row {row}")
+            raise
+        record.update(_new_scores(result, view.step, row))
         out.append(record)
     return out
 
@@ -122,12 +132,16 @@ def _rows(value: Any) -> list[Any]:
 
 
 def _new_scores(result: Any, step: int, row: int) -> dict[str, float]:
-    if isinstance(result, Mapping):
-        return {str(k): float(v) for k, v in result.items()}
-    try:
-        return {NEW_SCORE: float(result)}
-    except (TypeError, ValueError):
-        raise ConfigTypeError(
-            f"step {step}, row {row}: the rescoring function returned {result!r}; return a number "
-            "or a mapping of names to numbers"
-        ) from None
+    """What the rescoring function returned for ``row``: a number, or a mapping of names to numbers."""
+    scores = result.items() if isinstance(result, Mapping) else [(NEW_SCORE, result)]
+    out = {}
+    for name, value in scores:
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            got = f"{result!r:.80}" if value is result else f"{value!r:.80} for {name!r}"
+            raise ConfigTypeError(
+                f"step {step}, row {row}: the rescoring function returned {got}; return a number "
+                "or a mapping of names to numbers"
+            ) from None
+    return out

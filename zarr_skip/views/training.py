@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.format import args, checks
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
 from zarr_skip.views.records import rollout_columns
 from zarr_skip.views.text import require_tokenizer, token_ids
@@ -82,6 +83,21 @@ class Choice:
     token_ids: bool = False
 
 
+def check_choice(format: Any, score: Any, min_score: Any, best_of: Any, pairs: Any, token_ids: Any) -> Choice:
+    """The arguments of :func:`export_training` that choose the records, checked (typed errors
+    naming the argument, before anything is read)."""
+    if format not in TRAINING_FORMATS:
+        raise ConfigError(f"format {format!r}: choose one of {', '.join(TRAINING_FORMATS)}")
+    return Choice(
+        format,
+        args.name(score, "score"),
+        None if min_score is None else args.number(min_score, "min_score", finite=True),
+        check_best_of(best_of),
+        check_pairs(pairs),
+        args.flag(token_ids, "token_ids"),
+    )
+
+
 def file_format(path: Path) -> str:
     """``"jsonl"`` or ``"parquet"`` from the file's suffix."""
     found = _FILES.get(path.suffix.lower())
@@ -128,14 +144,12 @@ def export_training(
     KeyError
         A step has no ``score`` column (or no ``uid`` column, for DPO).
     """
-    if format not in TRAINING_FORMATS:
-        raise ConfigError(f"format {format!r}: choose one of {', '.join(TRAINING_FORMATS)}")
-    choice = Choice(format, score, min_score, check_best_of(best_of), check_pairs(pairs), token_ids)
-    out = Path(path)
+    choice = check_choice(format, score, min_score, best_of, pairs, token_ids)
+    out = Path(args.path(path, "path", "export"))
     kind = file_format(out)
     if kind == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else ([steps] if isinstance(steps, int) else list(steps))
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     views = [cache.load(s) for s in chosen]  # every step is checked before anything is written
