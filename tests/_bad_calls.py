@@ -178,6 +178,8 @@ def _other_calls(cache: zs.Cache, view: Any, step: int, root: Path) -> Iterator[
         yield f"resolve({s!r:.20})", "step", lambda s=s: cache.resolve(s)
     yield from _array_calls(view)
     yield from _path_calls(cache, root)
+    yield from _training_calls(cache, root)
+    yield from _dataset_calls(root)
     for depth in (1100, 3000, 20000):
         yield f"write(nested {depth})", "", lambda d=depth: cache.write(step + 1, {"x": [_nested(d)]})
     for v in BAD_INTS:
@@ -259,3 +261,78 @@ def _path_calls(cache: zs.Cache, root: Path) -> Iterator[Call]:
         yield f"export({p!r:.30})", "path", lambda p=p: cache.export(p)
     for fmt in ("xml", 3, "PARQUET-X", b"jsonl"):
         yield f"export(format={fmt!r})", "format", lambda fmt=fmt: cache.export(root.parent / "y.out", format=fmt)
+
+
+BAD_SCORES: tuple[Any, ...] = ("1", True, math.nan, math.inf, [1], object(), b"1", None)
+BAD_NAMES: tuple[Any, ...] = (3, "", b"score", ["score"], object(), None, "nope")
+BAD_FLAGS: tuple[Any, ...] = ("yes", 1, None, object(), [True])
+
+
+def _training_calls(cache: zs.Cache, root: Path) -> Iterator[Call]:
+    """SFT and DPO exports and rescoring (``None`` is a value some of them take)."""
+    n = iter(range(10**6))
+
+    def export(**kw: Any) -> Any:  # each call its own file: an accepted one is not in the next one's way
+        return cache.export(root.parent / f"t{next(n)}.jsonl", **kw)
+
+    for fmt in ("sft", "dpo"):
+        for v in BAD_SCORES:
+            yield f"export({fmt}, min_score={v!r:.20})", "min_score", lambda f=fmt, v=v: export(format=f, min_score=v)
+        for v in BAD_NAMES:
+            yield f"export({fmt}, score={v!r:.20})", "score", lambda f=fmt, v=v: export(format=f, score=v)
+        for v in BAD_FLAGS:
+            yield f"export({fmt}, token_ids={v!r:.20})", "token_ids", lambda f=fmt, v=v: export(format=f, token_ids=v)
+        for s in BAD_STEPS:
+            yield f"export({fmt}, steps={s!r:.20})", "step", lambda f=fmt, s=s: export(format=f, steps=s)
+    for v in (*BAD_INTS, "all"):
+        yield f"export(sft, best_of={v!r:.20})", "best_of", lambda v=v: export(format="sft", best_of=v)
+        yield f"export(dpo, pairs={v!r:.20})", "pairs", lambda v=v: export(format="dpo", pairs=v)
+    for fn in ("boxed", 3, None, object()):
+        yield f"rescore({fn!r:.20})", "fn", lambda fn=fn: cache.rescore(fn)
+    for c in BAD_COLUMNS:
+        yield f"rescore(columns={c!r:.20})", "column", lambda c=c: cache.rescore(len, columns=c)
+    for v in BAD_NAMES:
+        yield f"rescore(score={v!r:.20})", "score", lambda v=v: cache.rescore(len, score=v)
+    for s in BAD_STEPS:
+        yield f"rescore(steps={s!r:.20})", "step", lambda s=s: cache.rescore(len, steps=s)
+    for e in (3, "", ["a"], object(), "no-such-experiment"):
+        yield f"open_cache(experiment={e!r:.20})", "experiment", lambda e=e: zs.open_cache(root, experiment=e)
+
+
+def _dataset_calls(root: Path) -> Iterator[Call]:
+    """The torch datasets' arguments (each checked where the dataset is made, not in a worker)."""
+    from zarr_skip.data import RolloutDataset, RolloutIterableDataset
+
+    for ds in (RolloutDataset, RolloutIterableDataset):
+        for s in BAD_STEPS:
+            yield f"{ds.__name__}(steps={s!r:.20})", "step", lambda ds=ds, s=s: ds(root, steps=s)
+        for c in BAD_COLUMNS:
+            yield f"{ds.__name__}(columns={c!r:.20})", "column", lambda ds=ds, c=c: ds(root, columns=c)
+        for e in (3, "", ["a"], object(), "no-such-experiment"):
+            yield f"{ds.__name__}(experiment={e!r:.20})", "experiment", lambda ds=ds, e=e: ds(root, experiment=e)
+        for o in ("anon", [("anon", True)], 3, object()):
+            yield (
+                f"{ds.__name__}(storage_options={o!r:.20})",
+                "storage_options",
+                lambda ds=ds, o=o: ds(root, storage_options=o),
+            )
+    for arg in ("seed", "block_rows", "buffer_blocks", "batch_size", "rank", "world_size"):
+        for v in BAD_INTS:
+            yield (
+                f"RolloutIterableDataset({arg}={v!r:.20})",
+                arg,
+                lambda a=arg, v=v: RolloutIterableDataset(root, **{a: v}),
+            )
+    for arg in ("shuffle", "drop_last"):
+        for v in BAD_FLAGS:
+            yield (
+                f"RolloutIterableDataset({arg}={v!r:.20})",
+                arg,
+                lambda a=arg, v=v: RolloutIterableDataset(root, **{a: v}),
+            )
+    for v in BAD_SCORES:
+        yield (
+            f"RolloutIterableDataset(pad_value={v!r:.20})",
+            "pad_value",
+            lambda v=v: RolloutIterableDataset(root, batch_size=4, pad_value=v),
+        )

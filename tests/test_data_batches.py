@@ -194,6 +194,10 @@ def test_collate_refuses_what_is_not_a_list_of_items() -> None:
         ({"pad_value": True}, ConfigTypeError, "pad_value: expected a number, got bool"),
         ({"columns": "responses"}, ConfigTypeError, r"columns: expected a list .* \(wrap one name in a list\)"),
         ({"steps": "12"}, ConfigTypeError, "steps: expected a step"),
+        ({"experiment": 5}, ConfigTypeError, r"experiment: expected a name \(a str\), got int 5"),
+        ({"experiment": ""}, ConfigError, "experiment: expected a name, got an empty str"),
+        ({"storage_options": "anon"}, ConfigTypeError, "storage_options: expected a mapping"),
+        ({"storage_options": [("anon", True)]}, ConfigTypeError, "storage_options: expected a mapping"),
         ({"steps": [1.5]}, ConfigTypeError, "steps: expected an int, got float"),
     ],
 )

@@ -105,3 +105,21 @@ def test_without_pandas_a_missing_extra_error(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(MissingExtraError, match=r"zarr-skip\[pandas\]"):
         zs.open_cache(tmp_path / "cache").rescore(boxed)
+
+
+def test_a_jagged_column_reaches_the_function_as_its_row(tmp_path: Path) -> None:
+    """A jagged column asked for (token ids, log-probs) is each rollout's row as a list."""
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    seen: list[list[int]] = []
+
+    def count(rollout: dict[str, Any]) -> float:
+        seen.append(rollout["responses"])
+        return float(len(rollout["responses"]))
+
+    table = cache.rescore(count, steps=2, columns=["responses"], tokenizer=TOKENIZER_PATH)
+    stored = cache.load(2)["responses"][:]
+    assert seen == [row.tolist() for row in stored.unbind()] and all(type(r) is list for r in seen)
+    assert table["new_score"].tolist() == [float(len(r)) for r in seen]
+    with pytest.raises(zs.ColumnNotFoundError, match="step 2: no column 'nope'"):
+        cache.rescore(count, steps=2, columns=["nope"], tokenizer=TOKENIZER_PATH)

@@ -143,7 +143,7 @@ def test_bad_requests_name_what_to_do(written: tuple[Path, dict[str, Any]], tmp_
         ({"format": "dpo", "min_score": [1]}, ConfigTypeError, "min_score: expected a number, got list"),
         ({"format": "sft", "min_score": True}, ConfigTypeError, "min_score: expected a number, got bool"),
         ({"format": "sft", "min_score": math.nan}, ConfigError, "min_score: expected a finite number, got nan"),
-        ({"format": "sft", "score": 3}, ConfigTypeError, r"score: expected a name \(a non-empty str\), got int 3"),
+        ({"format": "sft", "score": 3}, ConfigTypeError, r"score: expected a name \(a str\), got int 3"),
         ({"format": "sft", "token_ids": "yes"}, ConfigTypeError, "token_ids: expected True or False, got str"),
         ({"format": "sft", "best_of": 2.0}, ConfigTypeError, "best_of: expected an int, got float"),
         ({"format": "sft", "best_of": 0}, ConfigError, "best_of=0: keep at least one answer"),

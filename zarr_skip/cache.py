@@ -122,6 +122,7 @@ def open_cache(
         chunk_bytes,
         lease,
         claim_settle,
+        experiment,
     )
     ro = fingerprint is None if read_only is None else read_only
     store = open_store(location, storage_options=storage_options, read_only=ro)

@@ -72,8 +72,9 @@ class RolloutSource:
                 "each DataLoader worker or Ray task opens the store itself"
             )
         self.location = os.fspath(location)
-        self.experiment = experiment
-        self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.experiment = None if experiment is None else args.name(experiment, "experiment")
+        options = checks.check_mapping(storage_options, "storage_options")
+        self.storage_options = None if options is None else dict(options)
         self._steps = checks.check_steps(steps, one=True)
         self._columns = args.columns(columns)
         self._cache: Cache | None = None

@@ -98,8 +98,10 @@ def number(value: Any, name: str, *, finite: bool = False, where: str = "") -> f
 
 def name(value: Any, what: str, where: str = "") -> str:
     """``value`` as a non-empty name (a column's, a format's): a str."""
-    if not isinstance(value, str) or not value:
-        raise ConfigTypeError(f"{_at(where)}{what}: expected a name (a non-empty str), got {_shown(value)}")
+    if not isinstance(value, str):
+        raise ConfigTypeError(f"{_at(where)}{what}: expected a name (a str), got {_shown(value)}")
+    if not value:
+        raise ConfigError(f"{_at(where)}{what}: expected a name, got an empty str")
     return value
 
 

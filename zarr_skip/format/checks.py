@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, ConfigTypeError
-from zarr_skip.format.args import whole
+from zarr_skip.format.args import name, whole
 from zarr_skip.format.layout import step_name
 
 __all__ = [
@@ -65,9 +65,12 @@ def check_open(
     chunk_bytes: Any,
     lease: Any,
     claim_settle: Any,
+    experiment: Any = None,
 ) -> tuple[float, float]:
     """The arguments of ``open_cache`` but its location; the lease and claim settle time as
     floats."""
+    if experiment is not None:
+        name(experiment, "experiment")
     check_mapping(fingerprint, "fingerprint")
     check_mapping(storage_options, "storage_options")
     if read_only is not None and not isinstance(read_only, bool):

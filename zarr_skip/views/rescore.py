@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
-from zarr_skip.errors import ConfigTypeError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, MissingExtraError, StepNotFoundError
 from zarr_skip.format import args, checks
 from zarr_skip.views.records import per_row_columns, rollout_columns
 from zarr_skip.views.text import require_tokenizer
@@ -92,7 +93,9 @@ def _step(
     names = per_row_columns(view) if columns is None else list(columns)
     missing = [n for n in names if n not in view]
     if missing:
-        raise KeyError(f"step {view.step}: no column {', '.join(map(repr, missing))} (columns: {', '.join(view)})")
+        raise ColumnNotFoundError(
+            f"step {view.step}: no column {', '.join(map(repr, missing))} (columns: {', '.join(view)})"
+        )
     text = rollout_columns(view, decoder=decoder, extra=False)
     values = {name: _rows(view[name][:]) for name in names}
     minibatch = np.repeat(np.arange(len(view.minibatches)), [len(m) for m in view.minibatches])
@@ -126,6 +129,9 @@ def _step(
 
 
 def _rows(value: Any) -> list[Any]:
+    """A column's rows as Python values (a jagged column's row as the list of its values)."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return [row.tolist() for row in value.unbind()]
     if hasattr(value, "tolist") and not (isinstance(value, np.ndarray) and value.dtype == object):
         return list(value.tolist())
     return list(value)

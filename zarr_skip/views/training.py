@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StepNotFoundError
 from zarr_skip.format import args, checks
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
 from zarr_skip.views.records import rollout_columns
@@ -141,8 +141,10 @@ def export_training(
         A step asked for is not there or not complete (nothing is written).
     TokenizerNotFoundError
         No tokenizer given and none recorded.
-    KeyError
-        A step has no ``score`` column (or no ``uid`` column, for DPO).
+    ColumnNotFoundError
+        A step has no ``score`` column (or no ``uid`` column, for DPO); a ``KeyError``.
+    ConfigError, ConfigTypeError
+        A bad argument (checked before anything is read).
     """
     choice = check_choice(format, score, min_score, best_of, pairs, token_ids)
     out = Path(args.path(path, "path", "export"))
@@ -177,7 +179,7 @@ def row_scores(view: StepView, score: str = "score") -> np.ndarray:
         return np.array([_number(v) for v in (values.tolist() if hasattr(values, "tolist") else values)])
     if score == "score" and "token_level_scores" in view:
         return np.array([float(np.sum(r)) for r in token_ids(view, "token_level_scores")], dtype=np.float64)
-    raise KeyError(
+    raise ColumnNotFoundError(
         f"step {view.step}: no per-row column {score!r} to rank answers by (columns: {', '.join(view.columns)}); "
         "pass score=NAME (on the CLI --score NAME)"
     )
@@ -197,7 +199,7 @@ def step_records(view: StepView, choice: Choice, decoder: Decoder) -> tuple[list
         uids: list[Any] = list(view["uid"][:])
         groups = group_rows([str(u) for u in uids])
     elif choice.format == "dpo":
-        raise KeyError(f"step {view.step}: no 'uid' column: DPO pairs the answers of one prompt (a GRPO group)")
+        raise ColumnNotFoundError(f"step {view.step}: no 'uid' column: DPO pairs the answers of one prompt (a GRPO group)")
     else:  # no groups: each answer is its own
         uids = [None] * len(view)
         groups = [[r] for r in range(len(view))]
