@@ -117,6 +117,9 @@ def test_from_the_cli(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> N
     dpo = tmp_path / "dpo.parquet"
     assert main(["export", loc, "all", str(dpo), "--format", "dpo", "--pairs", "all", "--token-ids"]) == 0
     assert main(["export", loc, "all", str(tmp_path / "x.jsonl"), "--format", "dpo", "--pairs", "some"]) == 2
+    assert main(["export", loc, "1", str(tmp_path / "y.jsonl"), "--format", "sft", "--min-score", "nan"]) == 2
+    assert main(["export", loc, "1", str(tmp_path / "y.jsonl"), "--format", "dpo", "--score", "nope"]) == 2
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "y.jsonl").exists()
 
 
 def test_bad_requests_name_what_to_do(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from zarr_skip.cli._format import SafeFormatter, terminal_safe
 from zarr_skip.errors import (
     AmbiguousExperimentError,
     CacheNotFoundError,
+    ColumnNotFoundError,
     ConfigError,
     ExperimentNotFoundError,
     FingerprintMismatchError,
@@ -38,6 +39,7 @@ PROG = "zarr-skip"
 USAGE_ERRORS = (
     AmbiguousExperimentError,
     CacheNotFoundError,
+    ColumnNotFoundError,
     ConfigError,
     ExperimentNotFoundError,
     FingerprintMismatchError,

@@ -199,7 +199,9 @@ def step_records(view: StepView, choice: Choice, decoder: Decoder) -> tuple[list
         uids: list[Any] = list(view["uid"][:])
         groups = group_rows([str(u) for u in uids])
     elif choice.format == "dpo":
-        raise ColumnNotFoundError(f"step {view.step}: no 'uid' column: DPO pairs the answers of one prompt (a GRPO group)")
+        raise ColumnNotFoundError(
+            f"step {view.step}: no 'uid' column: DPO pairs the answers of one prompt (a GRPO group)"
+        )
     else:  # no groups: each answer is its own
         uids = [None] * len(view)
         groups = [[r] for r in range(len(view))]
