@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, MissingExtraError, StepNotFoundError
 from zarr_skip.format import args, checks
@@ -130,7 +129,7 @@ def _step(
 
 def _rows(value: Any) -> list[Any]:
     """A column's rows as Python values (a jagged column's row as the list of its values)."""
-    if isinstance(value, torch.Tensor) and value.is_nested:
+    if getattr(value, "is_nested", False):  # a jagged NestedTensor (torch is not imported here)
         return [row.tolist() for row in value.unbind()]
     if hasattr(value, "tolist") and not (isinstance(value, np.ndarray) and value.dtype == object):
         return list(value.tolist())
