@@ -3,6 +3,7 @@ per-row items collated."""
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections import Counter
 from multiprocessing.reduction import ForkingPickler
@@ -215,3 +216,23 @@ def test_set_epoch_takes_an_int(local: Path) -> None:
         ds.set_epoch("1")  # type: ignore[arg-type]
     ds.set_epoch(np.int64(2))  # type: ignore[arg-type]
     assert ds.epoch == 2
+
+
+def test_torch_default_collate_takes_the_batches_too(local: Path) -> None:
+    """``DataLoader(batch_size=None)`` without ``collate_fn``: torch's ``default_convert``
+    copies each batch in the worker (``copy.copy``), which must not go through the pickling
+    that lends the worker's shared buffers (it raised AttributeError there)."""
+    ds = RolloutIterableDataset(local, columns=COLUMNS, batch_size=5)
+    ours = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts))
+    theirs = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(theirs) == len(ours) == 8
+    for got, want in zip(theirs, ours, strict=True):
+        assert isinstance(got, RolloutBatch)
+        assert_same(got, want)
+    batch = next(iter(ds))
+    for copied in (copy.copy(batch), copy.deepcopy(batch)):
+        assert type(copied) is RolloutBatch and copied is not batch
+        assert_same(copied, batch)
+    deep = copy.deepcopy(batch)
+    deep["responses"].zero_()
+    assert bool(batch["responses"].any())  # a deep copy owns its tensors

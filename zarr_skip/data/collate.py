@@ -11,6 +11,7 @@ never touched (each page a worker writes first costs it a page fault).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -47,6 +48,14 @@ class RolloutBatch(dict[str, Any]):
     with where each tensor lies in it, and rebuilds the same views on the other side; other
     values pickle as usual.
     """
+
+    def __copy__(self) -> RolloutBatch:
+        """A new batch of the same values (what torch's ``default_convert`` makes in a worker);
+        not through :meth:`__reduce__`, which lends a worker's buffers to the pickle."""
+        return RolloutBatch(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RolloutBatch:
+        return RolloutBatch({name: copy.deepcopy(value, memo) for name, value in self.items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
         bases: list[torch.Tensor | Lent] = []
