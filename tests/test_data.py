@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import split
+from helpers import chunk_region, make_batch, split
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -414,3 +414,28 @@ def test_a_worker_freezes_what_it_inherited_and_the_main_process_does_not(local:
     # the worker froze the objects it inherited (torch, the test session) before reading
     assert all(b["frozen"] > before + 1000 for b in batches)
     assert gc.get_freeze_count() == before
+
+
+def test_a_damaged_chunk_is_a_typed_error_in_every_dataset(tmp_path: Path) -> None:
+    """A flipped bit in a data file reaches the training loop as the ChecksumError that names
+    the step, mini-batch, column and file (raised in a DataLoader worker, re-raised in the main
+    process): never rows of wrong values."""
+    cache = zs.open_cache(tmp_path, {"damaged": 1})
+    cache.write(5, make_batch(6, seed=1), expected=2)
+    info = cache.write(5, make_batch(6, seed=2), expected=2)
+    path = chunk_region(tmp_path / info.path, "input_ids")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    where = r"step 5, mini-batch 1, column 'input_ids'"
+    with pytest.raises(zs.ChecksumError, match=where):
+        list(RolloutIterableDataset(tmp_path))
+    with pytest.raises(zs.ChecksumError, match=where):
+        RolloutDataset(tmp_path)[8]
+    assert RolloutDataset(tmp_path)[2]["row"] == 2  # the sound mini-batch still reads
+    loader = DataLoader(RolloutIterableDataset(tmp_path, batch_size=4), batch_size=None, num_workers=2)
+    with pytest.raises(zs.ChecksumError, match=where) as exc:
+        list(loader)
+    assert str(path) in str(exc.value)
+    # torch shuts down a loader whose worker raised by waiting 5 s for each worker (a plain
+    # IterableDataset does the same): one such loader here, not one per dataset
