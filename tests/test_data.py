@@ -130,6 +130,84 @@ def test_seed_and_epoch_fix_the_order(local: Path) -> None:
     assert keys(RolloutIterableDataset(local, columns=["uid"])) == ALL_ROWS  # no shuffle: stored order
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_set_epoch_reaches_persistent_workers(local: Path, batched: bool) -> None:
+    """``persistent_workers=True`` keeps the workers' copies of the dataset between epochs:
+    each epoch still takes the order ``set_epoch`` chose in the main process (it repeated the
+    first epoch's order), the order non-persistent workers give, every row once."""
+    kw: dict[str, Any] = {"batch_size": 4} if batched else {}
+    ds = RolloutIterableDataset(local, columns=["uid"], shuffle=True, block_rows=3, buffer_blocks=2, **kw)
+    loader_kw: dict[str, Any] = {"batch_size": None} if batched else {"batch_size": 4}
+
+    def epochs(persistent: bool) -> list[list[tuple[int, int]]]:
+        loader = DataLoader(ds, num_workers=2, persistent_workers=persistent, collate_fn=collate_rollouts, **loader_kw)
+        out = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            out.append([(int(s), int(r)) for b in loader for s, r in zip(b["step"], b["row"], strict=True)])
+        return out
+
+    kept, fresh = epochs(True), epochs(False)
+    assert kept == fresh
+    assert all(sorted(e) == ALL_ROWS for e in kept) and len({tuple(e) for e in kept}) == 3
+
+
+def test_set_epoch_reaches_persistent_forkserver_workers(local: Path) -> None:
+    """Workers started with forkserver (what the S3 recipe uses) unpickle the dataset: they
+    open its epoch through /proc and follow set_epoch as forked ones do."""
+    ds = RolloutIterableDataset(local, columns=["uid"], shuffle=True, block_rows=3, buffer_blocks=2)
+    seen = []
+    for context, persistent in (("forkserver", True), (None, False)):
+        loader = DataLoader(
+            ds,
+            batch_size=4,
+            num_workers=2,
+            persistent_workers=persistent,
+            collate_fn=collate_rollouts,
+            multiprocessing_context=context,
+        )
+        orders = []
+        for epoch in (0, 1):
+            ds.set_epoch(epoch)
+            orders.append([(int(s), int(r)) for b in loader for s, r in zip(b["step"], b["row"], strict=True)])
+        seen.append(orders)
+    assert seen[0] == seen[1] and seen[0][0] != seen[0][1]
+
+
+def test_a_pickled_dataset_follows_its_epoch_or_warns_where_it_cannot(
+    local: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pickled, the dataset's epoch is the same shared cell (opened through /proc); a deep
+    copy's is its own; where /proc cannot serve, the epoch travels as its value and a
+    persistent worker of that kind says once that set_epoch cannot reach it."""
+    import copy
+
+    import zarr_skip.data._iterable as iterable
+
+    ds = RolloutIterableDataset(local, columns=["uid"], shuffle=True, block_rows=3)
+    ds.set_epoch(4)
+    linked, own = pickle.loads(pickle.dumps(ds)), copy.deepcopy(ds)
+    ds.set_epoch(5)
+    assert (linked.epoch, own.epoch) == (5, 4)
+    linked.set_epoch(6)
+    assert ds.epoch == 6
+    monkeypatch.setattr(iterable, "reachable", lambda: False)
+    ds.set_epoch(4)
+    clone = pickle.loads(pickle.dumps(ds))
+    ds.set_epoch(5)
+    assert clone.epoch == 4  # its own value now
+    monkeypatch.setattr(iterable, "get_worker_info", lambda: type("Info", (), {"num_workers": 1, "id": 0})())
+    monkeypatch.setattr(iterable, "_freeze_inherited", lambda: None)  # not this test process's gc
+    with caplog.at_level("WARNING", logger="zarr_skip.data._iterable"):
+        assert keys(ds) == keys(ds) and keys(linked) == keys(linked)  # linked: no warning
+        assert not caplog.records
+        first = keys(clone)
+        assert not caplog.records  # the first epoch is the one it was given
+        assert keys(clone) == first and keys(clone) == first
+    (record,) = caplog.records
+    assert "each epoch repeats epoch 4's order" in record.getMessage()
+
+
 def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2)
     assert len(ds) == 36
@@ -298,7 +376,7 @@ def test_a_batch_is_one_buffer_and_pickles_it_once(local: Path, monkeypatch: pyt
     monkeypatch.setattr(shm, "_reopen", counting(shm._reopen))  # or opened through /proc
     loaded = list(it)
     assert len(received) == len(loaded) == 8  # 18 + 18 rows: four batches of five or less per worker
-    assert set(received) == {"_reopen" if shm._reachable() else "_borrow"}  # no descriptor sent where /proc serves
+    assert set(received) == {"_reopen" if shm.reachable() else "_borrow"}  # no descriptor sent where /proc serves
     assert sorted(keys(r for b in loaded for r in _rows(b))) == ALL_ROWS
 
 

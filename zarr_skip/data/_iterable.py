@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import logging
+import mmap
 import os
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -12,11 +15,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zarr_skip.data._batches import Run, cut, join, make_batch, segment
 from zarr_skip.data._plan import buffers, resolve_rank, shard_blocks, shuffled
+from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
 from zarr_skip.data.collate import check_jagged
 from zarr_skip.format import args
 
-__all__ = ["RolloutIterableDataset"]
+__all__ = ["RolloutIterableDataset", "SharedEpoch"]
+
+logger = logging.getLogger(__name__)
 
 #: rows read at once from one mini-batch (each column as one slice: its chunks once); a block
 #: of a whole mini-batch reads all its columns in one batch of reads
@@ -41,7 +47,8 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     time: memory holds a few blocks, never whole steps. With ``shuffle`` the order of the blocks
     is shuffled from ``seed`` and the epoch (the same on every rank), and the rows of each buffer
     among themselves; the same ``seed`` and epoch give the same order. Call :meth:`set_epoch`
-    before each epoch (as with ``DistributedSampler``).
+    before each epoch (as with ``DistributedSampler``); it reaches DataLoader workers, persistent
+    ones too (:class:`SharedEpoch`).
 
     An item's jagged rows are views of its block's decoded values (no per-row copies), and
     :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
@@ -85,7 +92,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         )
         self.shuffle = args.flag(shuffle, "shuffle")
         self.seed = args.whole(seed, "seed")
-        self.epoch = 0
+        self._epoch = SharedEpoch()
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.buffer_blocks = args.count(buffer_blocks, "buffer_blocks", low=1)
         self._blocks = self.source.blocks(args.count(block_rows, "block_rows", low=1))
@@ -94,9 +101,15 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self.jagged, self.pad_value = jagged, pad_value
         self.drop_last = args.flag(drop_last, "drop_last")
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration takes (:meth:`set_epoch`)."""
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order from the next iteration on."""
-        self.epoch = args.whole(epoch, "epoch")
+        """Use ``epoch``'s order from the next iteration on, in this process and in DataLoader
+        workers forked from it, persistent ones too (see :class:`SharedEpoch`)."""
+        self._epoch.value = args.whole(epoch, "epoch")
 
     def __len__(self) -> int:
         """The rows of this rank (over all its workers); with a ``batch_size``, its batches as
@@ -114,10 +127,11 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             _freeze_inherited()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shards, shard = self.world_size * workers, self.rank * workers + worker
-        pieces = shard_blocks(self._blocks, shards, shard, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+        epoch = self._epoch.at_start(self.shuffle and info is not None)  # one epoch's order throughout
+        pieces = shard_blocks(self._blocks, shards, shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         if self.batch_size is not None:
             names = self.source.columns
-            for runs in cut(self._orders(pieces, shard), self.batch_size, self.drop_last):
+            for runs in cut(self._orders(pieces, shard, epoch), self.batch_size, self.drop_last):
                 yield make_batch(runs, names, self.jagged, self.pad_value)
             return
         if not self.shuffle:  # one block at a time
@@ -126,10 +140,10 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
             items = [item for block in group for item in self.source.read(block)]
-            yield from (items[int(k)] for k in shuffled(len(items), self.seed, self.epoch, shard, n))
+            yield from (items[int(k)] for k in shuffled(len(items), self.seed, epoch, shard, n))
             del items  # before the next buffer is read: one buffer's rows held at a time
 
-    def _orders(self, pieces: list[Block], shard: int) -> Iterator[Run]:
+    def _orders(self, pieces: list[Block], shard: int, epoch: int) -> Iterator[Run]:
         """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined) with
         the order its rows are handed on in: the per-row path's order."""
         if not self.shuffle:
@@ -138,7 +152,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
             seg = join([segment(block, self.source.read_columns(block)) for block in group])
-            yield seg, shuffled(seg.rows, self.seed, self.epoch, shard, n)
+            yield seg, shuffled(seg.rows, self.seed, epoch, shard, n)
             del seg  # before the next buffer is read (a batch's carried rows hold it a little longer)
 
     def __repr__(self) -> str:
@@ -166,3 +180,76 @@ def _freeze_inherited() -> None:
     if _FROZEN_PID != os.getpid():
         _FROZEN_PID = os.getpid()
         gc.freeze()
+
+
+class SharedEpoch:
+    """A dataset's epoch, seen alike by the process that sets it and its DataLoader workers.
+
+    ``DataLoader(persistent_workers=True)`` keeps its workers, and their copies of the dataset,
+    from one epoch to the next: an epoch kept in the dataset's attributes never reached them,
+    and every epoch repeated the first one's order. The epoch is an int64 in shared memory
+    instead: a ``memfd`` (Linux) that a forked worker inherits and a worker started with
+    ``spawn`` or ``forkserver`` opens through ``/proc/{pid}/fd`` when it unpickles the dataset
+    (:func:`~zarr_skip.data._shm.open_through_proc`). Where that cannot be done (no memfd, no
+    ``/proc``, a process that is not dumpable, another machine) the epoch travels as its value,
+    and a persistent worker warns once when it starts a later epoch (:meth:`at_start`).
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        self._fd = os.memfd_create("zarr_skip-epoch", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else -1
+        if self._fd >= 0:
+            os.ftruncate(self._fd, 8)
+        self._map(linked=True)
+        self.value = value
+
+    def _map(self, *, linked: bool) -> None:
+        # the memfd, or an anonymous shared page (which only a fork shares)
+        self._cell = mmap.mmap(self._fd, 8)
+        self._linked = linked  # the epoch set in the process that made the dataset
+        self._starts = 0  # epochs started in this process
+
+    @property
+    def value(self) -> int:
+        return int(struct.unpack_from("<q", self._cell)[0])
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        struct.pack_into("<q", self._cell, 0, epoch)
+
+    def at_start(self, warn: bool) -> int:
+        """The epoch an iteration starting now takes; with ``warn`` (a shuffling DataLoader
+        worker), a warning when it cannot be the one set in the main process."""
+        self._starts += 1
+        if warn and self._starts == 2 and not self._linked:
+            logger.warning(
+                "RolloutIterableDataset: this DataLoader worker cannot see the epoch of the process "
+                "that made the dataset (no /proc to open it through) and is kept between epochs "
+                "(persistent_workers=True): each epoch repeats epoch %d's order. Use "
+                "persistent_workers=False",
+                self.value,
+            )
+        return self.value
+
+    def __getstate__(self) -> dict[str, int]:
+        state = {"value": self.value}
+        if self._fd >= 0 and reachable():
+            state.update(pid=os.getpid(), fd=self._fd, inode=os.fstat(self._fd).st_ino)
+        return state
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self._fd = -1
+        if "fd" in state:
+            try:
+                self._fd = open_through_proc(state["pid"], state["fd"], state["inode"], "a dataset's epoch")
+            except OSError as exc:
+                logger.debug("the epoch travels as its value: %s", exc)
+        self._map(linked=self._fd >= 0)
+        if self._fd < 0:
+            self.value = state["value"]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SharedEpoch:
+        return SharedEpoch(self.value)  # a copy's epoch is its own (pickling links, to reach workers)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)

@@ -40,7 +40,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-__all__ = ["Lender", "Lent", "lend", "lender"]
+__all__ = ["Lender", "Lent", "lend", "lender", "open_through_proc", "reachable"]
 
 #: bytes before a buffer's data: the flag (byte 0), padded to the batch's alignment
 HEADER = 64
@@ -76,7 +76,7 @@ class Lender:
         self.buffers: list[_Buffer] = []
         self.pid = os.getpid()
         #: whether another process of this user can open this one's descriptors through /proc
-        self.reachable = _reachable()
+        self.reachable = reachable()
 
     def take(self, nbytes: int) -> tuple[torch.UntypedStorage, bool]:
         """Shared memory for a batch of ``nbytes``, and whether it reads as zeros."""
@@ -145,7 +145,7 @@ class Lent:
         return (_reopen, (self.pid, self.fd, self.inode, HEADER + self.offset, self.nbytes))
 
 
-def _reachable() -> bool:
+def reachable() -> bool:
     """Whether this process's descriptors can be opened by another process of its user through
     ``/proc/{pid}/fd`` (Linux; a process that is not dumpable refuses it)."""
     if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
@@ -175,16 +175,22 @@ def _borrow(fd: Any, offset: int, nbytes: int) -> torch.Tensor:
 def _reopen(pid: int, fd: int, inode: int, offset: int, nbytes: int) -> torch.Tensor:
     """The bytes of a lent buffer that process ``pid`` holds as descriptor ``fd``, opened
     through ``/proc``, as a uint8 tensor over this process's mapping of it."""
+    handle = open_through_proc(pid, fd, inode, f"the shared batch buffer of DataLoader worker {pid}")
+    return _mapped(handle, offset, nbytes)
+
+
+def open_through_proc(pid: int, fd: int, inode: int, what: str) -> int:
+    """Descriptor ``fd`` of process ``pid`` (``what``: a memfd of ``inode``), opened through
+    ``/proc`` for reading and writing; OSError naming ``what`` and the path otherwise."""
     path = f"/proc/{pid}/fd/{fd}"
     try:
         handle = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        why = f"cannot open the shared batch buffer of DataLoader worker {pid} at {path}: {exc.strerror}"
-        raise OSError(exc.errno, why) from exc
+        raise OSError(exc.errno, f"cannot open {what} at {path}: {exc.strerror}") from exc
     if os.fstat(handle).st_ino != inode:
         os.close(handle)
-        raise OSError(errno.ESTALE, f"{path} is not the shared batch buffer worker {pid} lent (another inode)")
-    return _mapped(handle, offset, nbytes)
+        raise OSError(errno.ESTALE, f"{path} is not {what} (another inode)")
+    return handle
 
 
 def _mapped(handle: int, offset: int, nbytes: int) -> torch.Tensor:
