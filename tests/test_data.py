@@ -275,6 +275,26 @@ def test_ranks_from_torch_distributed(local: Path, tmp_path: Path) -> None:
         resolve_rank(2, 2)
 
 
+def test_a_dataset_made_before_init_process_group_refuses_to_read(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made before ``torch.distributed`` is initialised, a dataset took rank 0 of 1, and every
+    rank would silently read every row: it says so when iterated on rank 1 of 2."""
+    import torch.distributed as dist
+
+    early = RolloutIterableDataset(local, columns=["uid"])
+    pinned = RolloutIterableDataset(local, columns=["uid"], rank=0, world_size=1)  # asked for: every row
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    with pytest.raises(
+        ConfigError, match="made for rank 0 of 1, but torch.distributed says this process is rank 1 of 2"
+    ):
+        next(iter(early))
+    assert len(keys(pinned)) == len(ALL_ROWS)
+    late = RolloutIterableDataset(local, columns=["uid"])
+    assert (late.rank, late.world_size) == (1, 2)
+    assert set(keys(late)) < set(ALL_ROWS)
+
+
 def test_shard_plan_is_exact_and_balanced() -> None:
     blocks = [Block(s, 0, 0, n) for s, n in enumerate([5, 1, 9, 0, 4])]
     for shards in (1, 2, 3, 7, 25):

@@ -14,7 +14,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarr_skip.data._batches import Run, cut, join, make_batch, segment
-from zarr_skip.data._plan import buffers, resolve_rank, shard_blocks, shuffled
+from zarr_skip.data._plan import buffers, check_rank, resolve_rank, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
 from zarr_skip.data.collate import check_jagged
@@ -94,6 +94,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self.seed = args.whole(seed, "seed")
         self._epoch = SharedEpoch()
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._rank_args = (rank, world_size)
         self.buffer_blocks = args.count(buffer_blocks, "buffer_blocks", low=1)
         self._blocks = self.source.blocks(args.count(block_rows, "block_rows", low=1))
         check_jagged(jagged, pad_value)
@@ -125,6 +126,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         if info is not None:
             _freeze_inherited()
+        check_rank(self.rank, self.world_size, self._rank_args)
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shards, shard = self.world_size * workers, self.rank * workers + worker
         epoch = self._epoch.at_start(self.shuffle and info is not None)  # one epoch's order throughout

@@ -54,6 +54,23 @@ def buffers(pieces: Sequence[Block], size: int) -> Iterator[list[Block]]:
         yield list(pieces[k : k + size])
 
 
+def check_rank(rank: int, world_size: int, given: tuple[int | None, int | None]) -> None:
+    """ConfigError when ``torch.distributed`` is initialised now with another rank or world size
+    than a dataset resolved when it was made (``given``: the arguments it was made with): made
+    before ``init_process_group``, it would give every rank every row."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    now = (dist.get_rank() if given[0] is None else given[0], dist.get_world_size() if given[1] is None else given[1])
+    if now != (rank, world_size):
+        raise ConfigError(
+            f"the dataset was made for rank {rank} of {world_size}, but torch.distributed says this process is "
+            f"rank {now[0]} of {now[1]}: make the dataset after init_process_group (or pass rank= and world_size=), "
+            "or every rank reads the same rows"
+        )
+
+
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """``(rank, world_size)``: the arguments when given, else ``torch.distributed``'s when it is
     initialised, else one process."""
