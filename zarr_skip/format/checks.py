@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import ConfigError, ConfigTypeError
-from zarr_skip.format.args import name, whole
+from zarr_skip.format import args
 from zarr_skip.format.layout import step_name
 
 __all__ = [
@@ -70,7 +70,7 @@ def check_open(
     """The arguments of ``open_cache`` but its location; the lease and claim settle time as
     floats."""
     if experiment is not None:
-        name(experiment, "experiment")
+        args.name(experiment, "experiment")
     check_mapping(fingerprint, "fingerprint")
     check_mapping(storage_options, "storage_options")
     if read_only is not None and not isinstance(read_only, bool):
@@ -99,7 +99,7 @@ def check_steps(steps: Any, *, one: bool = False) -> list[int] | None:
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
         wanted = "a step (an int), steps or None" if one else "an iterable of ints or None"
         raise ConfigTypeError(f"steps: expected {wanted}, got {type(steps).__name__} {steps!r:.60}")
-    out = [whole(step, "steps") for step in steps]
+    out = [args.whole(step, "steps") for step in steps]
     for step in out:
         if step < 0:
             raise ConfigError(f"steps: expected non-negative ints, got {step}")
