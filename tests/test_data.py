@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import zarr_skip as zs
 from zarr_skip.data import RolloutBatch, RolloutDataset, RolloutIterableDataset, collate_rollouts
-from zarr_skip.data._plan import resolve_rank, shard_blocks
+from zarr_skip.data._plan import resolve_rank, row_span, shard_blocks
 from zarr_skip.data._source import Block
 from zarr_skip.errors import ConfigError
 from zarr_skip.store import reads
@@ -297,16 +297,47 @@ def test_a_dataset_made_before_init_process_group_refuses_to_read(local: Path, m
 
 def test_shard_plan_is_exact_and_balanced() -> None:
     blocks = [Block(s, 0, 0, n) for s, n in enumerate([5, 1, 9, 0, 4])]
-    for shards in (1, 2, 3, 7, 25):
+    for world, workers in ((1, 1), (2, 1), (1, 3), (7, 1), (5, 5)):
         for shuffle in (False, True):
             rows = []
             sizes = []
-            for shard in range(shards):
-                pieces = shard_blocks(blocks, shards, shard, shuffle=shuffle, seed=1, epoch=2)
-                sizes.append(sum(p.rows for p in pieces))
-                rows += [(p.step, r) for p in pieces for r in range(p.start, p.stop)]
+            for rank in range(world):
+                for worker in range(workers):
+                    span = row_span(19, world, rank, workers, worker)
+                    pieces = shard_blocks(blocks, span, shuffle=shuffle, seed=1, epoch=2)
+                    sizes.append(sum(p.rows for p in pieces))
+                    rows += [(p.step, r) for p in pieces for r in range(p.start, p.stop)]
             assert sorted(rows) == sorted((b.step, r) for b in blocks for r in range(b.rows))
             assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("total", [0, 1, 17, 36, 100])
+@pytest.mark.parametrize(("world", "workers", "batch"), [(1, 2, 4), (2, 2, 5), (3, 4, 3), (1, 3, 64), (2, 5, 1)])
+def test_batches_are_shared_among_workers_whole(total: int, world: int, workers: int, batch: int) -> None:
+    """With a batch size, a rank's equal share of the rows goes to its workers in whole
+    batches: they cover it exactly, and only the worker holding the rank's last row may end on
+    a short batch, so the workers yield exactly the batches one process would cut."""
+    for rank in range(world):
+        lo, hi = total * rank // world, total * (rank + 1) // world
+        spans = [row_span(total, world, rank, workers, w, batch) for w in range(workers)]
+        assert spans[0][0] == lo and spans[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # back to back
+        assert all((b - a) % batch == 0 for a, b in spans if b < hi)
+        batches = sum(-(-(b - a) // batch) for a, b in spans)
+        assert batches == -(-(hi - lo) // batch)
+        shares = [(b - a) // batch for a, b in spans]
+        assert max(shares) - min(shares) <= 1  # balanced in whole batches
+
+
+def test_the_workers_yield_what_len_says(local: Path) -> None:
+    """36 rows in batches of 8 through 2 workers: 5 batches, one short one (it was 6: each
+    worker ended on a short batch of its own, and torch warned that len() was wrong)."""
+    for drop_last in (False, True):
+        ds = RolloutIterableDataset(local, columns=["uid"], batch_size=8, drop_last=drop_last)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)
+        sizes = sorted(len(b["row"]) for b in loader)
+        assert len(sizes) == len(ds) == len(loader) == (4 if drop_last else 5)
+        assert sizes == ([8] * 4 if drop_last else [4, 8, 8, 8, 8])
 
 
 @pytest.mark.s3

@@ -14,7 +14,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarr_skip.data._batches import Run, cut, join, make_batch, segment
-from zarr_skip.data._plan import buffers, check_rank, resolve_rank, shard_blocks, shuffled
+from zarr_skip.data._plan import buffers, check_rank, resolve_rank, row_span, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
 from zarr_skip.data.collate import check_jagged
@@ -59,9 +59,9 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     ``collate_rollouts(..., jagged=jagged, pad_value=pad_value)`` makes of each ``batch_size``
     items in turn (the last one shorter, or dropped with ``drop_last``), gathered column by
     column from the decoded blocks without making the items (:mod:`zarr_skip.data._batches`):
-    ``DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)``. Each
-    DataLoader worker cuts its own rows into batches, as a DataLoader with a ``batch_size`` does
-    with items; ``len()`` is then the rank's batches as one process cuts them.
+    ``DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)``. The rank's
+    rows go to its DataLoader workers in whole batches, so together they yield the batches one
+    process cuts (``len()``), the only short one last.
 
     A DataLoader worker freezes the objects it inherited from its parent (``gc.freeze``, once a
     process) before it reads, so the garbage collector never walks them there (see
@@ -113,9 +113,8 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         self._epoch.value = args.whole(epoch, "epoch")
 
     def __len__(self) -> int:
-        """The rows of this rank (over all its workers); with a ``batch_size``, its batches as
-        one process cuts them (as torch counts a DataLoader's batches: DataLoader workers each
-        cut their own rows, so their last batches may be more)."""
+        """The rows of this rank (over all its workers); with a ``batch_size``, its batches (its
+        DataLoader workers share them in whole batches: together they yield exactly these)."""
         total = sum(b.rows for b in self._blocks)
         rows = total * (self.rank + 1) // self.world_size - total * self.rank // self.world_size
         if self.batch_size is None:
@@ -128,9 +127,11 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             _freeze_inherited()
         check_rank(self.rank, self.world_size, self._rank_args)
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        shards, shard = self.world_size * workers, self.rank * workers + worker
+        shard = self.rank * workers + worker  # seeds the shuffle of its buffers
         epoch = self._epoch.at_start(self.shuffle and info is not None)  # one epoch's order throughout
-        pieces = shard_blocks(self._blocks, shards, shard, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        total = sum(b.rows for b in self._blocks)
+        span = row_span(total, self.world_size, self.rank, workers, worker, self.batch_size)
+        pieces = shard_blocks(self._blocks, span, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         if self.batch_size is not None:
             names = self.source.columns
             for runs in cut(self._orders(pieces, shard, epoch), self.batch_size, self.drop_last):

@@ -2,8 +2,9 @@
 
 No I/O: the blocks (contiguous rows of one mini-batch) are known beforehand. The blocks are put in
 one order per epoch (shuffled from ``seed`` and the epoch, the same on every rank), the rows of
-that order are cut into ``shards`` runs of equal size (sizes differ by at most one row), and a
-shard reads its run block by block. So every row belongs to exactly one shard.
+that order are cut into one run per rank and DataLoader worker (:func:`row_span`: runs of equal
+size, or of whole batches), and a worker reads its run block by block. So every row belongs to
+exactly one worker of one rank.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from zarr_skip.data._source import Block
 from zarr_skip.errors import ConfigError
 from zarr_skip.format import args
 
-__all__ = ["buffers", "resolve_rank", "shard_blocks", "shuffled"]
+__all__ = ["buffers", "check_rank", "resolve_rank", "row_span", "shard_blocks", "shuffled"]
 
 
 def shuffled(count: int, seed: int, *key: int) -> np.ndarray:
@@ -24,15 +25,36 @@ def shuffled(count: int, seed: int, *key: int) -> np.ndarray:
     return np.random.default_rng([int(seed), *map(int, key)]).permutation(count)
 
 
-def shard_blocks(
-    blocks: Sequence[Block], shards: int, shard: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0
-) -> list[Block]:
-    """The pieces of ``blocks`` that shard ``shard`` of ``shards`` reads this epoch, in order."""
+def row_span(
+    total: int, world_size: int, rank: int, workers: int, worker: int, batch_size: int | None = None
+) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of an epoch's order of ``total`` rows that DataLoader worker
+    ``worker`` of ``workers`` on rank ``rank`` of ``world_size`` reads.
+
+    Without ``batch_size``, the rows are cut into one equal run per rank and worker (runs differ
+    by at most one row). With it, each rank's equal share is cut among its workers in whole
+    batches (the rank's last batch, which may be short, goes to its last worker): the workers
+    then yield exactly the batches one process cuts from the rank's rows, with no short batch
+    at the end of each worker's run (what ``len()`` says, and what torch checks it against).
+    """
+    shards, shard = world_size * workers, rank * workers + worker
     if not 0 <= shard < shards:
         raise ConfigError(f"shard {shard} of {shards}: the shard must lie in [0, {shards})")
+    if batch_size is None:
+        return total * shard // shards, total * (shard + 1) // shards
+    lo, hi = total * rank // world_size, total * (rank + 1) // world_size
+    batches = -(-(hi - lo) // batch_size)
+    first, last = batches * worker // workers, batches * (worker + 1) // workers
+    return lo + first * batch_size, min(hi, lo + last * batch_size)
+
+
+def shard_blocks(
+    blocks: Sequence[Block], span: tuple[int, int], *, shuffle: bool = False, seed: int = 0, epoch: int = 0
+) -> list[Block]:
+    """The pieces of ``blocks`` holding rows ``span`` (:func:`row_span`) of this epoch's order
+    of the blocks, in that order."""
+    lo, hi = span
     order = shuffled(len(blocks), seed, epoch) if shuffle else np.arange(len(blocks))
-    total = sum(b.rows for b in blocks)
-    lo, hi = total * shard // shards, total * (shard + 1) // shards
     out = []
     pos = 0
     for k in order:
