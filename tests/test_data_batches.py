@@ -172,6 +172,9 @@ def test_collate_refuses_what_is_not_a_list_of_items() -> None:
     with pytest.raises(ConfigError, match=r"item 2 has other columns than item 0 \(differing: \['y'\]\)"):
         collate_rollouts([row, row, {**row, "y": 1}])
     assert collate_rollouts([]) == {}
+    batch = collate_rollouts([row, row])
+    with pytest.raises(ConfigError, match=r"item 0 is a whole batch .* DataLoader\(ds, batch_size=None"):
+        collate_rollouts([batch, batch])  # a DataLoader(batch_size=4) over a dataset of batches
 
 
 @pytest.mark.parametrize(

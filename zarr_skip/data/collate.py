@@ -162,6 +162,11 @@ def _check_items(items: Any) -> None:
     for i, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise ConfigTypeError(f"collate_rollouts: item {i} is a {type(item).__name__}, not a dict of columns")
+        if isinstance(item, RolloutBatch):
+            raise ConfigError(
+                f"collate_rollouts: item {i} is a whole batch (a dataset made with batch_size=...): "
+                "load it with DataLoader(ds, batch_size=None, collate_fn=collate_rollouts), not in batches of batches"
+            )
         if keys is None:
             keys = item.keys()
         elif item.keys() != keys:
