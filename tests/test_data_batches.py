@@ -239,3 +239,35 @@ def test_torch_default_collate_takes_the_batches_too(local: Path) -> None:
     deep = copy.deepcopy(batch)
     deep["responses"].zero_()
     assert bool(batch["responses"].any())  # a deep copy owns its tensors
+
+
+def test_every_configuration_gives_each_row_once_and_len_batches(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks, workers (simulated in this process), batch sizes, block and buffer sizes, shuffle
+    and drop_last together: each rank's workers yield exactly ``len()`` batches, every row once
+    across the ranks (drop_last: all but each rank's last short batch), none short but the last."""
+    import zarr_skip.data._iterable as iterable
+
+    monkeypatch.setattr(iterable, "_freeze_inherited", lambda: None)  # not this test process's gc
+    rng = np.random.default_rng(0)
+    for _ in range(24):
+        world, workers, size = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 12))
+        shuffle, drop_last = bool(rng.integers(2)), bool(rng.integers(2))
+        block_rows, buffer_blocks = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        seen: list[tuple[int, int]] = []
+        for rank in range(world):
+            ds = RolloutIterableDataset(
+                local, columns=["uid"], rank=rank, world_size=world, batch_size=size, shuffle=shuffle,
+                drop_last=drop_last, block_rows=block_rows, buffer_blocks=buffer_blocks, seed=5,
+            )  # fmt: skip
+            batches = []
+            for worker in range(workers):
+                info = type("Info", (), {"num_workers": workers, "id": worker})()
+                monkeypatch.setattr(iterable, "get_worker_info", lambda info=info: info)
+                batches += [b for b in ds]
+            sizes = [len(b["row"]) for b in batches]
+            assert len(batches) == len(ds), (world, workers, size, rank)
+            assert sizes.count(size) >= len(sizes) - 1 and (not drop_last or set(sizes) <= {size})
+            seen += [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)]
+        assert len(seen) == len(set(seen)) and set(seen) <= set(ALL_ROWS)
+        if not drop_last:
+            assert sorted(seen) == ALL_ROWS
