@@ -36,6 +36,48 @@ def cache(tmp_path: Path, fingerprint: dict[str, Any]) -> zs.Cache:
     return c
 
 
+def test_nbytes_is_what_numpy_says_of_the_column_read_back(tmp_path: Path) -> None:
+    """Narrowed integers (token ids, a 0/1 mask) and dictionary-encoded repeats (a GRPO group's
+    prompt) count as they read back, not as stored: ``show`` said 360 B for 5.4 KB of prompts."""
+    import torch
+
+    from zarr_skip.synthetic import text_rollouts
+
+    cache = zs.open_cache(tmp_path / "c", {"n": 4})
+    batch = dict(text_rollouts(4, 4, seed=2, max_response=40))
+    info = cache.write(1, batch)
+    view = cache.load(1)
+    read = view.to_dict()
+    for name, value in read.items():
+        if isinstance(value, torch.Tensor):
+            want = value.values().nbytes if value.is_nested else value.nbytes
+            assert view[name].nbytes == want, name
+    prompts = view["prompts"]
+    assert (
+        prompts.nbytes
+        == read["prompts"].values().nbytes
+        > 4
+        * sum(  # stored once per group, narrowed
+            int(np.prod(a.shape)) * a.dtype.itemsize for part in prompts._parts for a in part.values()
+        )
+    )
+    assert view.nbytes == sum(view[n].nbytes for n in view.columns) == info.nbytes == cache.info(1).nbytes
+
+
+def test_a_record_without_column_sizes_counts_the_stored_arrays(tmp_path: Path) -> None:
+    """Mini-batches written before records held each column's logical size (the fixtures of
+    older formats) count their stored arrays, as they always did."""
+    from zarr_skip.store.reads import Part
+
+    cache = zs.open_cache(tmp_path / "c", {"n": 1})
+    cache.write(1, make_batch(6, seed=1))
+    part = cache.load(1)._parts[0]
+    older = Part(**{f: getattr(part, f) for f in Part.__dataclass_fields__ if f != "logical"})
+    column = zs.lazy.LazyColumn(cache.storage, 1, [older], "input_ids", False)
+    stored = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in older.arrays["input_ids"].values())
+    assert column.nbytes == stored and cache.load(1)["input_ids"].nbytes == part.logical["input_ids"]
+
+
 def test_nbytes_is_the_logical_size_and_nbytes_stored_the_stored_one(cache: zs.Cache) -> None:
     view = cache.load(1)
     col = view["scores"]

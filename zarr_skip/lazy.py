@@ -300,6 +300,7 @@ class LazyColumn:
         self.name = name
         self.spec = merged_spec([p.specs[name] for p in parts])
         self._parts = [p.arrays[name] for p in parts]
+        self._logical = [p.logical.get(name) for p in parts]
         # rows of mini-batches that stored this json column as plain strings
         str_parts = [p.specs[name].kind == "str" for p in parts]
         self._plain = (
@@ -320,8 +321,14 @@ class LazyColumn:
 
     @property
     def nbytes(self) -> int:
-        """Logical (decoded) bytes of the column's arrays, as numpy's and zarr's ``nbytes``."""
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for arrs in self._parts for a in arrs.values())
+        """Logical bytes: numpy's ``nbytes`` of the column as it reads back (every row at its own
+        dtype, repeats included; strings and JSON as their UTF-8 bytes). A mini-batch written
+        before records held it counts its stored arrays instead (narrowed integers, repeated
+        rows once)."""
+        return sum(
+            sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in arrs.values()) if n is None else n
+            for arrs, n in zip(self._parts, self._logical, strict=True)
+        )
 
     @property
     def nbytes_stored(self) -> int:

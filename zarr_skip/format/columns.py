@@ -200,7 +200,7 @@ def _encode_tensor(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
         raise UnsupportedColumnError(f"column {name!r}: a 0-d tensor has no rows")
     data = _tensor_to_numpy(t, name)
     spec = ColumnSpec(name, "tensor", dtype_name(t.dtype), tuple(t.shape[1:]), "torch", section)
-    return EncodedColumn(spec, int(t.shape[0]), {"data": narrow(data)})
+    return EncodedColumn(spec, int(t.shape[0]), {"data": narrow(data)}, int(data.nbytes))
 
 
 def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
@@ -228,12 +228,13 @@ def _jagged_column(spec: ColumnSpec, values: np.ndarray, lengths: np.ndarray) ->
     """A jagged column's arrays: its rows, or its distinct rows and a code per row when rows
     repeat (see :mod:`zarr_skip.format.dictionary`)."""
     repeated = dictionary.repeated_rows(values, lengths)
+    logical = int(values.nbytes)  # every row's values, as they read back
     if repeated is None:
-        return EncodedColumn(spec, len(lengths), {"values": narrow(values), "lengths": narrow(lengths)})
+        return EncodedColumn(spec, len(lengths), {"values": narrow(values), "lengths": narrow(lengths)}, logical)
     codes, entries = repeated
     values, lengths = dictionary.gather_rows(values, lengths, entries)
     return EncodedColumn(
-        spec, len(codes), {"codes": narrow(codes), "values": narrow(values), "lengths": narrow(lengths)}
+        spec, len(codes), {"codes": narrow(codes), "values": narrow(values), "lengths": narrow(lengths)}, logical
     )
 
 
@@ -247,7 +248,7 @@ def _encode_ndarray(name: str, a: np.ndarray, section: str) -> EncodedColumn:
     else:  # strings, bytes, datetimes, structured: their raw bytes, one trailing axis of bytes
         data = np.ascontiguousarray(a).view(np.uint8).reshape(*a.shape, dt.itemsize)
     spec = ColumnSpec(name, "ndarray", dt.str if not dt.fields else json.dumps(dt.descr), a.shape[1:], "numpy", section)
-    return EncodedColumn(spec, len(a), {"data": data})
+    return EncodedColumn(spec, len(a), {"data": data}, int(a.nbytes))
 
 
 def _encode_objects(name: str, rows: Sequence[Any], container: str, section: str, allow_pickle: bool) -> EncodedColumn:
@@ -309,6 +310,7 @@ def _pickled(row: Any) -> bytes:
 def _bytes_column(spec: ColumnSpec, blobs: list[bytes]) -> EncodedColumn:
     """Rows of bytes: stored back to back, or once per distinct row with a code per row."""
     codes, distinct = dictionary.blob_codes(blobs)
+    logical = sum(map(len, blobs))  # every row's bytes, repeats included
     arrays: dict[str, StoredArray] = {}
     if dictionary.pays(len(blobs), len(distinct)):
         arrays["codes"] = narrow(codes)
@@ -316,7 +318,7 @@ def _bytes_column(spec: ColumnSpec, blobs: list[bytes]) -> EncodedColumn:
     lengths = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
     arrays["values"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
     arrays["lengths"] = narrow(lengths)
-    return EncodedColumn(spec, len(codes), arrays)
+    return EncodedColumn(spec, len(codes), arrays, logical)
 
 
 def _encode_rows(name: str, rows: Sequence[Any], container: str, section: str) -> EncodedColumn:

@@ -145,11 +145,15 @@ StoredArray = np.ndarray | Narrowed
 
 @dataclass(frozen=True, slots=True)
 class EncodedColumn:
-    """One column ready to store: its spec, its row count and its arrays (name -> array)."""
+    """One column ready to store: its spec, its row count, its arrays (name -> array) and
+    ``nbytes``, its logical size: numpy's ``nbytes`` of the column as it reads back (every
+    row's values at their own dtype, before narrowing and dictionary encoding; strings and JSON
+    as their encoded bytes)."""
 
     spec: ColumnSpec
     rows: int
     arrays: dict[str, StoredArray]
+    nbytes: int
 
 
 @dataclass(slots=True)

@@ -124,6 +124,9 @@ class Part:
     raw_nbytes: int
     #: of a packed mini-batch (format 4): the key and size of its data file
     data_file: tuple[str, int] | None = None
+    #: each column's logical size (numpy's ``nbytes`` as it reads back) where the record holds it
+    #: (records written before it was recorded count a column's stored arrays instead)
+    logical: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_doc(cls, step: int, path: str, doc: Mapping[str, Any], experiment: str | None = None) -> Part:
@@ -152,10 +155,12 @@ class Part:
             index = int(doc["index"])
             data = layout.join(path, _contained(doc["data"], "data group", path))
             packed = doc.get("container") == layout.CONTAINER
-            specs = {}
+            specs, logical = {}, {}
             for name, entry in doc["columns"].items():
                 _contained(name, "column", path, layout.column_name_problem)
                 specs[name] = ColumnSpec.from_json(name, entry)
+                if "nbytes" in entry:
+                    logical[name] = records.count(entry["nbytes"], f"column {name!r} nbytes", where)
             return cls(
                 step,
                 index,
@@ -176,6 +181,7 @@ class Part:
                 int(doc["nbytes"]),
                 int(doc.get("raw_nbytes", 0)),
                 (data, int(doc["data_nbytes"])) if packed else None,  # bounded by check_frame
+                logical,
             )
         except MetadataError:
             raise

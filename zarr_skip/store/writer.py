@@ -452,7 +452,7 @@ def _write_arrays(
     chunk_members: list[tuple[str, dict[str, Any]]] = []  # (member, its manifest entry)
     sep = layout.CHUNK_SEPARATOR
     for col in batch.columns:
-        entry = dict(col.spec.to_json(), arrays={})
+        entry = dict(col.spec.to_json(), nbytes=col.nbytes, arrays={})  # its logical size
         multi = len(col.arrays) > 1
         if multi:
             members.append(Member(layout.meta_key(col.spec.name), group_doc))
@@ -502,11 +502,8 @@ def _write_arrays(
     spans, size = storage.publish_zip(data_key, members, fresh=True)
     for key, array in chunk_members:
         array["offset"] = spans[key][0]
-    nbytes = raw = 0
-    for entry in manifest.values():
-        for arr in entry["arrays"].values():
-            nbytes += sum(arr["sizes"])
-            raw += arr["raw"]
+    nbytes = sum(sum(arr["sizes"]) for entry in manifest.values() for arr in entry["arrays"].values())
+    raw = sum(col.nbytes for col in batch.columns)  # the logical size, as numpy's nbytes
     return manifest, nbytes, raw, size
 
 
