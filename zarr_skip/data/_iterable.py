@@ -115,8 +115,8 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     def __len__(self) -> int:
         """The rows of this rank (over all its workers); with a ``batch_size``, its batches (its
         DataLoader workers share them in whole batches: together they yield exactly these)."""
-        total = sum(b.rows for b in self._blocks)
-        rows = total * (self.rank + 1) // self.world_size - total * self.rank // self.world_size
+        lo, hi = row_span(sum(b.rows for b in self._blocks), self.world_size, self.rank, 1, 0)
+        rows = hi - lo  # the rank's share, as its workers split it (_plan.row_span)
         if self.batch_size is None:
             return rows
         return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
