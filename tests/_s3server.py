@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import json
 import logging
 import os
@@ -61,7 +62,21 @@ WEED_ENV = "ZARR_SKIP_WEED"
 #: the gRPC port is not given.  Some components (the admin worker) assume it even
 #: when an explicit gRPC port is passed, so we always pick pairs (P, P + 10000).
 _GRPC_OFFSET = 10000
-_PORT_LO, _PORT_HI = 20000, 55000 - _GRPC_OFFSET
+
+
+def _ephemeral_low() -> int:
+    """The first port Linux hands to outgoing connections (32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Server ports stay below the ephemeral range: a client probing a port in that
+#: range before the server listens can be handed the same port as its own source
+#: and connect to itself (TCP simultaneous open), reading its own request back.
+_PORT_LO = 10000
+_PORT_HI = max(_PORT_LO + 1000, _ephemeral_low() - _GRPC_OFFSET)
 
 #: The components of ``weed mini`` that listen: name -> (http flag, grpc flag).
 _COMPONENTS: dict[str, tuple[str, str]] = {
@@ -250,8 +265,8 @@ def _http_status(url: str, timeout: float = 1.0) -> int | None:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None  # refused, reset, or not HTTP yet: not ready
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
