@@ -100,3 +100,69 @@ def test_no_torch_warning_on_jagged_paths_and_logger_levels_untouched(tmp_path: 
         print("ok")
         """
     assert _run(code).strip().endswith("ok")
+
+
+def test_dataloader_workers_read_jagged_columns_without_torchs_dispatch_imports(tmp_path: object) -> None:
+    """A NestedTensor's ``values()`` and ``layout`` go through torch's dispatcher, whose first
+    call in a process imports torch.distributed.tensor and sympy (~0.5 s). DataLoader workers
+    forked from a main process that never made a NestedTensor paid it every epoch; reading,
+    cutting, collating and sending jagged columns now reads the tensors' fields instead."""
+    import zarr_skip as zs
+    from zarr_skip.synthetic import Preset, as_mapping, jagged_payload
+
+    fp = {"experiment_name": "e", "project_name": "p", "gen_batch_size": 4, "n": 2}
+    cache = zs.open_cache(str(tmp_path), {**fp, "max_prompt_length": 16, "max_response_length": 16})
+    for step in (1, 2):  # written here: the process below only reads
+        cache.write(step, as_mapping(jagged_payload(Preset(8, 16, 16, 2), step=step)))
+    code = f"""
+        import functools, json, sys
+        import torch
+        from torch.utils.data import DataLoader, IterableDataset
+        from zarr_skip.data import RolloutDataset, RolloutIterableDataset, collate_rollouts
+
+        DISPATCH = ("sympy", "torch.distributed.tensor")
+
+        class Probe(IterableDataset):  # batches as the DataLoader's worker would make them, then a report
+            def __init__(self, inner, size, collate):
+                self.inner, self.size, self.collate = inner, size, collate
+            def __iter__(self):
+                items = []
+                for got in self.inner:
+                    if self.size is None:
+                        yield got
+                        continue
+                    items.append(got)
+                    if len(items) == self.size:
+                        yield self.collate(items)
+                        items = []
+                yield {{"imported": [m for m in DISPATCH if m in sys.modules]}}
+
+        nested = functools.partial(collate_rollouts, jagged="nested")
+        made = {{
+            "batches": (RolloutIterableDataset({str(tmp_path)!r}, batch_size=4), None, None),
+            "nested batches": (RolloutIterableDataset({str(tmp_path)!r}, batch_size=4, jagged="nested"), None, None),
+            "items padded": (RolloutIterableDataset({str(tmp_path)!r}, shuffle=True), 4, collate_rollouts),
+            "items nested": (RolloutIterableDataset({str(tmp_path)!r}), 4, nested),
+        }}
+        seen = {{}}
+        same = lambda x: x
+        for name, (ds, size, collate) in made.items():
+            for workers in (0, 2):
+                rows = 0
+                loader = DataLoader(Probe(ds, size, collate), batch_size=None, num_workers=workers, collate_fn=same)
+                for got in loader:
+                    if "imported" in got:
+                        seen[f"{{name}}, {{workers}} workers"] = got["imported"]
+                    else:
+                        rows += len(got["row"])
+                assert rows == 16, (name, workers, rows)
+        ds = RolloutDataset({str(tmp_path)!r})
+        for batch in DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, collate_fn=nested):
+            assert batch["responses"].is_nested
+        seen["main"] = [m for m in DISPATCH if m in sys.modules]
+        batch["responses"].values()  # the harness sees torch's import when it happens
+        assert all(m in sys.modules for m in DISPATCH)
+        print(json.dumps(seen))
+        """
+    seen = json.loads(_run(code).splitlines()[-1])
+    assert len(seen) == 9 and all(v == [] for v in seen.values()), seen

@@ -4,6 +4,7 @@ response_mask`` works on what was written and must work on what is read, collate
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from torch.utils.data import DataLoader
 
 import zarr_skip as zs
 from zarr_skip.data import RolloutIterableDataset, collate_rollouts
-from zarr_skip.format.specs import jagged_tensor, share_offsets
+from zarr_skip.format import specs
+from zarr_skip.format.specs import jagged_parts, jagged_tensor, share_offsets
 from zarr_skip.trainer.manager import inject_step
 
 RESPONSE_LENGTHS = [3, 1, 4, 2, 5, 2, 3, 1]
@@ -111,3 +113,27 @@ def test_a_replayed_transfer_queue_step_shares_the_offsets(cache_dir: Path) -> N
     inject_step(view, [f"new{i}" for i in range(4)], 2, 5, "cycle", tq, "train", "test")
     (fields,) = tq.fields
     assert_shared({name: fields[name] for name in ("prompts", "responses", "response_mask", "old_log_probs")})
+
+
+@pytest.mark.parametrize("internal", [True, False], ids=["fields", "public"])
+def test_jagged_parts_gives_values_and_offsets_of_plain_jagged_tensors_only(
+    internal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fields of torch's class, or (without it) its public methods: the same answer."""
+    if not internal:
+        monkeypatch.setattr(specs, "_nested_class", lambda: None)
+    made = nested([2, 0, 3])
+    parts = jagged_parts(made)
+    assert parts is not None
+    assert torch.equal(parts[0], torch.arange(5.0) + 1) and parts[1].tolist() == [0, 2, 2, 5]
+    from_public = torch.nested.nested_tensor_from_jagged(torch.arange(4), offsets=torch.tensor([0, 1, 4]))
+    assert jagged_parts(from_public) is not None and jagged_parts(from_public)[1].tolist() == [0, 1, 4]  # type: ignore[index]
+    holes = torch.nested.nested_tensor_from_jagged(
+        torch.arange(6), offsets=torch.tensor([0, 3, 6]), lengths=torch.tensor([2, 1])
+    )
+    with warnings.catch_warnings():  # torch: "the PyTorch API of nested tensors is in prototype stage"
+        warnings.simplefilter("ignore", UserWarning)
+        strided = torch.nested.nested_tensor([torch.arange(2), torch.arange(3)])
+    ragged_2 = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 5), offsets=torch.tensor([0, 2, 5]), jagged_dim=2)
+    for other in (holes, strided, ragged_2, torch.zeros(3, 2), [1, 2], None):
+        assert jagged_parts(other) is None

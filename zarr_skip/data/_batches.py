@@ -23,7 +23,7 @@ import torch
 
 from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_values
 from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, assemble, plan_values, zero_bits
-from zarr_skip.format.specs import torch_numpy, uint_of_size
+from zarr_skip.format.specs import jagged_parts, torch_numpy, uint_of_size
 
 __all__ = ["Dense", "Jagged", "Segment", "cut", "join", "make_batch", "segment"]
 
@@ -84,12 +84,11 @@ def segment(block: Block, read: dict[str, Any]) -> Segment:
 
 def _column(value: Any) -> Column:
     """A column slice as read, as a :data:`Column` (rows as the per-row path makes them)."""
-    if isinstance(value, torch.Tensor) and value.layout == torch.strided and value.dim() >= 1:
+    parts = jagged_parts(value)
+    if parts is not None:
+        return Jagged(parts[0].detach(), parts[1].numpy())
+    if isinstance(value, torch.Tensor) and not value.is_nested and value.layout == torch.strided and value.dim() >= 1:
         return Dense(value.detach())
-    if isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged:
-        holes = value.lengths() is not None  # type: ignore[attr-defined]  # NestedTensor's, missing from the stubs
-        if not holes and getattr(value, "_ragged_idx", 1) == 1:
-            return Jagged(value.values().detach(), value.offsets().numpy())  # type: ignore[attr-defined]
     if isinstance(value, np.ndarray) and value.ndim >= 1 and value.dtype.kind in "biuf" and value.dtype != np.uint64:
         return Dense(torch.from_numpy(np.ascontiguousarray(value)))
     return item_values(split_rows(value))

@@ -22,6 +22,7 @@ import torch
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import ConfigError, StepNotFoundError
 from zarr_skip.format import args, checks
+from zarr_skip.format.specs import jagged_parts
 from zarr_skip.lazy import StepView, read_rows
 from zarr_skip.store.memo import ChunkMemo
 
@@ -225,13 +226,10 @@ def split_rows(value: Any) -> list[Any]:
 
 
 def _split_jagged(value: torch.Tensor) -> list[torch.Tensor]:
-    if value.layout != torch.jagged:
-        return list(value.unbind())
-    holes = value.lengths() is not None  # type: ignore[attr-defined]  # NestedTensor's, missing from the stubs
-    if holes or getattr(value, "_ragged_idx", 1) != 1:
-        return list(value.unbind())  # holes or ragged beyond dim 1: torch's way
-    # detached: plain views, 7x cheaper
-    return split_values(value.values().detach(), value.offsets().tolist())  # type: ignore[attr-defined]
+    parts = jagged_parts(value)
+    if parts is None:
+        return list(value.unbind())  # strided nested, holes or ragged beyond dim 1: torch's way
+    return split_values(parts[0].detach(), parts[1].tolist())  # detached: plain views, 7x cheaper
 
 
 def split_values(values: torch.Tensor, offsets: list[int]) -> list[torch.Tensor]:

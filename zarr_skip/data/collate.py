@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 from zarr_skip.data._shm import Lent, lend, lender
 from zarr_skip.errors import ConfigError, ConfigTypeError
 from zarr_skip.format import args
-from zarr_skip.format.specs import SharedOffsets
+from zarr_skip.format.specs import SharedOffsets, jagged_parts
 
 __all__ = ["RolloutBatch", "collate_rollouts"]
 
@@ -75,8 +75,8 @@ class RolloutBatch(dict[str, Any]):
         for name, value in self.items():
             if _viewable(value):
                 views[name] = (view(value),)
-            elif _plain_jagged(value):
-                views[name] = (view(value.values().detach()), view(value.offsets()))
+            elif (parts := _plain_jagged(value)) is not None:
+                views[name] = (view(parts[0]), view(parts[1]))
             else:
                 plain[name] = value
         return (_rebuild_batch, (bases, views, plain, list(self)))
@@ -91,13 +91,13 @@ def _viewable(value: Any) -> bool:
     )
 
 
-def _plain_jagged(value: Any) -> bool:
-    """A jagged NestedTensor without holes, ragged in dim 1, whose values and offsets are plain."""
-    if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
-        return False
-    if value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:  # type: ignore[attr-defined]
-        return False
-    return _viewable(value.values().detach()) and _viewable(value.offsets()) and not value.requires_grad  # type: ignore[attr-defined]
+def _plain_jagged(value: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The values and offsets of a jagged NestedTensor without holes, ragged in dim 1, when
+    both are plain tensors; else None."""
+    parts = jagged_parts(value)
+    if parts is None or value.requires_grad or not all(_viewable(t) for t in parts):
+        return None
+    return parts
 
 
 def _rebuild_batch(

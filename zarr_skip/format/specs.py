@@ -226,15 +226,46 @@ def jagged_tensor(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     ``values``, no trip through torch's dispatcher, a fifth of the cost), and without the public
     function's check for fx symbolic tracing, whose first call logs a warning (``is_fx_tracing
     will return true ...``) in the user's process. Our reads are never traced."""
-    try:
-        from torch.nested._internal.nested_tensor import NestedTensor
-    except ImportError:  # a torch without the internal class: the public function
+    cls = _nested_class()
+    if cls is None:  # a torch without the internal class: the public function
         import torch
 
         return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
     # torch leaves its internal class untyped; it is a Tensor
-    make = cast("Callable[..., torch.Tensor]", NestedTensor)
+    make = cast("Callable[..., torch.Tensor]", cls)
     return make(values, offsets)
+
+
+def _nested_class() -> type | None:
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+    except ImportError:  # a torch without the internal class
+        return None
+    return cast(type, NestedTensor)
+
+
+def jagged_parts(value: object) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(values, offsets)`` of a jagged NestedTensor without holes, ragged in dimension 1;
+    None for anything else.
+
+    Read from the tensor's own fields where torch's class has them: its ``values()`` and
+    ``layout`` go through torch's dispatcher, whose first call in a process imports
+    ``torch.distributed.tensor`` and sympy (0.5-0.9 s here), and a fresh DataLoader worker
+    whose parent never made a NestedTensor paid that every epoch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor) or not value.is_nested:
+        return None
+    cls = _nested_class()
+    if cls is None:  # the public (dispatched) way
+        if value.layout != torch.jagged or value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:
+            return None
+        return value.values(), value.offsets()
+    if not isinstance(value, cls):
+        return None  # strided nested
+    nested: Any = value  # torch leaves its internal class untyped
+    if nested._lengths is not None or nested._ragged_idx != 1:
+        return None  # holes, or ragged in another dimension
+    return nested._values, nested._offsets
 
 
 class SharedOffsets:
@@ -266,15 +297,13 @@ def share_offsets(columns: dict[str, Any]) -> dict[str, Any]:
         return columns
     shared = SharedOffsets()
     for name, value in columns.items():
-        if not (isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged):
-            continue
-        holes = value.lengths() is not None
-        if holes or value.device.type != "cpu" or getattr(value, "_ragged_idx", 1) != 1:
-            continue  # holes, or ragged in another dimension: left as they are
-        offsets = value.offsets()
+        parts = jagged_parts(value)
+        if parts is None or parts[0].device.type != "cpu":
+            continue  # not jagged, holes, or ragged in another dimension: left as they are
+        values, offsets = parts
         first = shared.offsets(offsets)
         if first is not offsets:
-            columns[name] = jagged_tensor(value.values(), first)
+            columns[name] = jagged_tensor(values, first)
     return columns
 
 
