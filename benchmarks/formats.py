@@ -24,7 +24,9 @@ from typing import Any
 
 STEP = 1
 
-WRITE_OPS = ("write", "write_fsync")
+#: ``write``: the first step of a new cache (or directory); ``write_next``: the next step, into a
+#: cache (or directory) that holds one already, as a trainer writes every step after its first
+WRITE_OPS = ("write", "write_next", "write_fsync")
 READ_OPS = ("read_cold", "read_warm", "column_cold", "column_warm", "rows64_cold", "rows64_warm")
 OPS = WRITE_OPS + READ_OPS
 # format name -> (shape, is baseline); shape "realistic": the jagged step with the realistic
@@ -59,6 +61,14 @@ def fingerprint(preset) -> dict[str, Any]:
     }
 
 
+def verl_step_dir(d: Path, step: int) -> Path:
+    """``d / str(step)``, made as verl's rollout skip makes a step's directory before saving
+    (``step_dir.mkdir(parents=True, exist_ok=True)``, verl/utils/skip/rollout_skip.py)."""
+    step_dir = d / str(step)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    return step_dir
+
+
 def nested_head(nt, k: int):
     """First ``k`` rows of a jagged NestedTensor (``nt[:k]`` is not supported on dim 0)."""
     import torch
@@ -88,7 +98,10 @@ class Format:
     def prepare_write(self, d: Path) -> Any:  # untimed per-run setup
         return None
 
-    def write(self, ctx: Any, d: Path, data: Any) -> None:
+    def prepare_step(self, d: Path, step: int) -> None:  # untimed, before a later step's write
+        return None
+
+    def write(self, ctx: Any, d: Path, data: Any, step: int = STEP) -> None:
         raise NotImplementedError
 
     def read(self, d: Path) -> Any:
@@ -104,15 +117,15 @@ class Format:
 class TorchSaveJagged(Format):
     shape = "jagged"
 
-    def write(self, ctx, d, data):
+    def write(self, ctx, d, data, step=STEP):
         import torch
 
-        torch.save(data, d / "tq_batch.pt")
+        torch.save(data, verl_step_dir(d, step) / "tq_batch.pt")
 
     def read(self, d):
         import torch
 
-        return torch.load(d / "tq_batch.pt", weights_only=False)
+        return torch.load(d / str(STEP) / "tq_batch.pt", weights_only=False)
 
     def column(self, d):
         return self.read(d)["tensordict"]["responses"]
@@ -140,10 +153,13 @@ class PlainDumpRealistic(Format):
 
         return as_mapping(super().make(seed))
 
-    def write(self, ctx, d, data):
+    def prepare_step(self, d, step):  # one dump file per step: its directory made untimed
+        (d / str(step)).mkdir()
+
+    def write(self, ctx, d, data, step=STEP):
         from .baseline import plain_dump
 
-        plain_dump(data, d)
+        plain_dump(data, d if step == STEP else d / str(step))
 
     def read(self, d):
         from .baseline import plain_load
@@ -160,12 +176,12 @@ class PlainDumpRealistic(Format):
 class PicklePadded(Format):
     shape = "padded"
 
-    def write(self, ctx, d, data):
-        with open(d / "gen_batch.dp", "wb") as f:  # verl DataProto.save_to_disk
+    def write(self, ctx, d, data, step=STEP):
+        with open(verl_step_dir(d, step) / "gen_batch.dp", "wb") as f:  # verl DataProto.save_to_disk
             pickle.dump(data, f)
 
     def read(self, d):
-        with open(d / "gen_batch.dp", "rb") as f:  # verl DataProto.load_from_disk
+        with open(d / str(STEP) / "gen_batch.dp", "rb") as f:  # verl DataProto.load_from_disk
             return pickle.load(f)
 
     def column(self, d):
@@ -190,8 +206,8 @@ class ZarrSkip(Format):
             return as_mapping(data)  # timed: converting the TQ payload is part of the job
         return data
 
-    def write(self, ctx, d, data):
-        ctx.write(STEP, self._batch(data))
+    def write(self, ctx, d, data, step=STEP):
+        ctx.write(step, self._batch(data))
 
     def _view(self, d):
         import zarr_skip as zs

@@ -17,6 +17,7 @@ from .formats import COMPARISONS, OPS, STEP
 
 OP_LABEL = {
     "write": "write",
+    "write_next": "write, a later step",
     "write_fsync": "write + fsync",
     "read_cold": "full read, cold",
     "read_warm": "full read, warm",

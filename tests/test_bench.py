@@ -459,3 +459,36 @@ def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
     assert got["nbytes_stored"]["lz4-32k"]["column"] > got["nbytes_stored"]["default"]["column"]
     assert "| small | auto-8k |" in (tmp_path / "few_rows.md").read_text()
     assert not list(tmp_path.glob(".bench-tmp-rows-*"))
+
+
+@pytest.mark.parametrize("fmt", ["torch_save_jagged", "pickle_padded", "plain_dump_realistic", "zarr_skip_jagged"])
+def test_write_next_times_a_later_step_into_a_place_holding_the_first(tmp_path: Path, fmt: str) -> None:
+    """``write_next``: what a trainer pays for every step after its first. verl's formats make
+    the step's directory first, as its rollout skip does (``mkdir(parents=True, exist_ok=True)``)."""
+    from benchmarks import worker
+
+    preset = {"rows": 8, "max_prompt": 16, "max_response": 16, "n": 2}
+    d = tmp_path / "out"
+    spec = {
+        "preset": preset,
+        "op": "write_next",
+        "seed": 0,
+        "format": fmt,
+        "scratch": str(tmp_path / "s"),
+        "dir": str(d),
+    }
+    out = worker.run_worker(spec)
+    assert out["sample"] > 0
+    if fmt == "zarr_skip_jagged":
+        import zarr_skip as zs
+
+        assert zs.open_cache(str(d)).steps() == [1, 2]
+    else:
+        names = {
+            "torch_save_jagged": "1/tq_batch.pt",
+            "pickle_padded": "1/gen_batch.dp",
+            "plain_dump_realistic": "dump.pt",
+        }
+        first = d / names[fmt]
+        assert first.is_file() and (d / "2" / first.name).is_file()
+        assert sorted(p.name for p in d.iterdir()) == sorted({first.relative_to(d).parts[0], "2"})
