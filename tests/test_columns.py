@@ -236,6 +236,9 @@ def test_unsupported_values_name_the_column_and_type() -> None:
         strided = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     with pytest.raises(UnsupportedColumnError, match="layout"):
         encode_column("strided", strided)
+    ragged_2 = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 5), offsets=torch.tensor([0, 2, 5]), jagged_dim=2)
+    with pytest.raises(UnsupportedColumnError, match=r"column 'wide'.*ragged dimension must be dim 1"):
+        encode_column("wide", ragged_2)
 
 
 def test_pickle_is_opt_in_on_write_and_on_read() -> None:

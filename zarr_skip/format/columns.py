@@ -43,6 +43,7 @@ from zarr_skip.format.specs import (
     is_dataproto,
     is_tensor,
     is_tensordict,
+    jagged_parts,
     torch_numpy,
     uint_of_size,
 )
@@ -204,6 +205,19 @@ def _encode_tensor(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
 
 
 def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
+    parts = jagged_parts(t)  # the common case, from the tensor's fields (no torch dispatch: 0.15 ms a write)
+    if parts is not None:
+        values, offsets = parts
+        values, lengths = values[int(offsets[0]) : int(offsets[-1])], offsets.diff()
+    else:
+        values, lengths = _compact_nested(name, t)
+    spec = ColumnSpec(name, "nested", dtype_name(t.dtype), tuple(values.shape[1:]), "torch", section)
+    return _jagged_column(spec, _tensor_to_numpy(values, name), lengths.numpy())
+
+
+def _compact_nested(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values and row lengths of a jagged NestedTensor with holes; UnsupportedColumnError
+    for another layout or ragged dimension."""
     import torch
 
     if t.layout != torch.jagged:
@@ -212,16 +226,9 @@ def _encode_nested(name: str, t: torch.Tensor, section: str) -> EncodedColumn:
         )
     if getattr(t, "_ragged_idx", None) != 1:  # the public API has no accessor
         raise UnsupportedColumnError(f"column {name!r}: the ragged dimension must be dim 1")
-    offsets = t.offsets()  # type: ignore[attr-defined]  # NestedTensor's, missing from torch's stubs
-    if getattr(t, "_lengths", None) is not None:  # non-contiguous (holes): compact first
-        parts = t.unbind()
-        values = torch.cat(parts) if parts else t.values()[:0]
-        lengths = torch.tensor([p.shape[0] for p in parts], dtype=torch.int64)
-    else:
-        values = t.values()[int(offsets[0]) : int(offsets[-1])]
-        lengths = offsets.diff()
-    spec = ColumnSpec(name, "nested", dtype_name(t.dtype), tuple(values.shape[1:]), "torch", section)
-    return _jagged_column(spec, _tensor_to_numpy(values, name), lengths.numpy())
+    rows = t.unbind()
+    values = torch.cat(rows) if rows else t.values()[:0]
+    return values, torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
 
 
 def _jagged_column(spec: ColumnSpec, values: np.ndarray, lengths: np.ndarray) -> EncodedColumn:
