@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -232,7 +233,8 @@ def test_unsupported_values_name_the_column_and_type() -> None:
         encode_column("obj", object())
     with pytest.raises(UnsupportedColumnError, match="0-d"):
         encode_column("scalar", torch.tensor(3))
-    with pytest.warns(UserWarning, match="prototype"):
+    with warnings.catch_warnings():  # torch's "prototype stage" warning, once per process
+        warnings.simplefilter("ignore", UserWarning)
         strided = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     with pytest.raises(UnsupportedColumnError, match="layout"):
         encode_column("strided", strided)

@@ -115,13 +115,16 @@ def test_a_replayed_transfer_queue_step_shares_the_offsets(cache_dir: Path) -> N
     assert_shared({name: fields[name] for name in ("prompts", "responses", "response_mask", "old_log_probs")})
 
 
-@pytest.mark.parametrize("internal", [True, False], ids=["fields", "public"])
+@pytest.mark.parametrize("way", ["fields", "no class", "no fields"])
 def test_jagged_parts_gives_values_and_offsets_of_plain_jagged_tensors_only(
-    internal: bool, monkeypatch: pytest.MonkeyPatch
+    way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fields of torch's class, or (without it) its public methods: the same answer."""
-    if not internal:
+    """The fields of torch's class, or (a torch without the class or with other fields) its
+    public methods: the same answer."""
+    if way == "no class":
         monkeypatch.setattr(specs, "_nested_class", lambda: None)
+    if way == "no fields":
+        monkeypatch.setattr(specs, "_FIELDS", ("_values_renamed", "_offsets", "_lengths", "_ragged_idx"))
     made = nested([2, 0, 3])
     parts = jagged_parts(made)
     assert parts is not None

@@ -244,6 +244,11 @@ def _nested_class() -> type | None:
     return cast(type, NestedTensor)
 
 
+#: the fields of torch's NestedTensor read by :func:`jagged_parts`: values, offsets, lengths
+#: (None without holes), ragged dimension
+_FIELDS = ("_values", "_offsets", "_lengths", "_ragged_idx")
+
+
 def jagged_parts(value: object) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(values, offsets)`` of a jagged NestedTensor without holes, ragged in dimension 1;
     None for anything else.
@@ -251,21 +256,26 @@ def jagged_parts(value: object) -> tuple[torch.Tensor, torch.Tensor] | None:
     Read from the tensor's own fields where torch's class has them: its ``values()`` and
     ``layout`` go through torch's dispatcher, whose first call in a process imports
     ``torch.distributed.tensor`` and sympy (0.5-0.9 s here), and a fresh DataLoader worker
-    whose parent never made a NestedTensor paid that every epoch."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(value, torch.Tensor) or not value.is_nested:
+    whose parent never made a NestedTensor paid that every epoch. A torch without the class or
+    its fields is asked the public (dispatched) way."""
+    th = sys.modules.get("torch")  # not imported here: no tensor exists before it loads
+    if th is None or not isinstance(value, th.Tensor) or not value.is_nested:
         return None
     cls = _nested_class()
-    if cls is None:  # the public (dispatched) way
-        if value.layout != torch.jagged or value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:
+    fields = [getattr(value, name, _MISSING) for name in _FIELDS] if cls is not None else [_MISSING]
+    if any(f is _MISSING for f in fields):  # by identity: == on a NestedTensor would dispatch
+        if value.layout != th.jagged or value.lengths() is not None or getattr(value, "_ragged_idx", 1) != 1:
             return None
         return value.values(), value.offsets()
-    if not isinstance(value, cls):
+    if not isinstance(value, cast(type, cls)):
         return None  # strided nested
-    nested: Any = value  # torch leaves its internal class untyped
-    if nested._lengths is not None or nested._ragged_idx != 1:
+    values, offsets, lengths, ragged = fields
+    if lengths is not None or ragged != 1:
         return None  # holes, or ragged in another dimension
-    return nested._values, nested._offsets
+    return cast("torch.Tensor", values), cast("torch.Tensor", offsets)
+
+
+_MISSING = object()
 
 
 class SharedOffsets:
