@@ -166,3 +166,33 @@ def test_dataloader_workers_read_jagged_columns_without_torchs_dispatch_imports(
         """
     seen = json.loads(_run(code).splitlines()[-1])
     assert len(seen) == 9 and all(v == [] for v in seen.values()), seen
+
+
+def test_reading_jagged_rows_does_not_import_torchs_nested_dispatch(tmp_path: object) -> None:
+    """A row of a jagged column (``view["responses"][5]``, the CLI's ``show``, previews,
+    iteration) is cut from the values without torch's dispatcher, whose first call imports
+    torch.distributed.tensor and sympy: 0.7 s of ``zarr-skip show``'s 2.8 s."""
+    import zarr_skip as zs
+    from zarr_skip.synthetic import Preset, as_mapping, jagged_payload
+
+    fp = {"experiment_name": "e", "project_name": "p", "gen_batch_size": 4, "n": 2}
+    cache = zs.open_cache(str(tmp_path), {**fp, "max_prompt_length": 16, "max_response_length": 16})
+    cache.write(1, as_mapping(jagged_payload(Preset(8, 16, 16, 2), step=1)))  # written here
+    code = f"""
+        import contextlib, io, json, sys
+        import torch
+        import zarr_skip as zs
+        from zarr_skip.cli.main import main
+
+        view = zs.open_cache({str(tmp_path)!r}).load(1)
+        col = view["responses"]
+        rows = [col[1], col[-1], *list(col)[:2]]
+        assert col[[0, 2]].is_nested
+        assert all(r.dim() == 1 and not r.is_nested for r in rows)
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["show", {str(tmp_path)!r}, "1", "--rows", "3"]) == 0
+            assert main(["show", {str(tmp_path)!r}, "1", "--row", "2"]) == 0
+        html = view._repr_html_() + col._repr_html_() + repr(col)
+        print(json.dumps([m for m in ("sympy", "torch.distributed.tensor") if m in sys.modules]))
+        """
+    assert json.loads(_run(code).splitlines()[-1]) == []

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import zarr_skip as zs
 from zarr_skip.data import RolloutIterableDataset, collate_rollouts
 from zarr_skip.format import specs
-from zarr_skip.format.specs import jagged_parts, jagged_tensor, share_offsets
+from zarr_skip.format.specs import jagged_parts, jagged_tensor, nested_rows, share_offsets
 from zarr_skip.trainer.manager import inject_step
 
 RESPONSE_LENGTHS = [3, 1, 4, 2, 5, 2, 3, 1]
@@ -140,3 +140,27 @@ def test_jagged_parts_gives_values_and_offsets_of_plain_jagged_tensors_only(
     ragged_2 = torch.nested.nested_tensor_from_jagged(torch.zeros(2, 5), offsets=torch.tensor([0, 2, 5]), jagged_dim=2)
     for other in (holes, strided, ragged_2, torch.zeros(3, 2), [1, 2], None):
         assert jagged_parts(other) is None
+
+
+@pytest.mark.parametrize("way", ["fields", "no class", "no fields"])
+def test_nested_rows_are_the_rows_unbind_gives(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if way == "no class":
+        monkeypatch.setattr(specs, "_nested_class", lambda: None)
+    if way == "no fields":
+        monkeypatch.setattr(specs, "_FIELDS", ("_values", "_offsets_renamed", "_lengths", "_ragged_idx"))
+    values = torch.arange(24.0).reshape(12, 2)
+    cases = [  # (tensor, its rows as (start, stop) in values)
+        (jagged_tensor(values, torch.tensor([0, 3, 3, 7])), [(0, 3), (3, 3), (3, 7)]),  # values beyond the rows
+        (jagged_tensor(values, torch.tensor([2, 5, 11])), [(2, 5), (5, 11)]),  # the first row not at 0
+        (
+            torch.nested.nested_tensor_from_jagged(
+                values, offsets=torch.tensor([0, 4, 8]), lengths=torch.tensor([1, 3])
+            ),
+            [(0, 1), (4, 7)],  # holes: torch's unbind
+        ),
+        (jagged_tensor(values[:0], torch.tensor([0])), []),  # no rows
+    ]
+    for nt, spans in cases:
+        got = nested_rows(nt)
+        assert len(got) == len(spans) and all(not r.is_nested for r in got)
+        assert all(torch.equal(r, values[a:b]) for r, (a, b) in zip(got, spans, strict=True))

@@ -18,7 +18,15 @@ from zarr_skip._deprecation import keyword_only, warn_renamed
 from zarr_skip.errors import ConfigError, MetadataError, MissingExtraError
 from zarr_skip.format import args, arrays
 from zarr_skip.format.restore import restore
-from zarr_skip.format.specs import BYTES_KINDS, ColumnSpec, DataProtoLike, check_same_schema, merged_spec, share_offsets
+from zarr_skip.format.specs import (
+    BYTES_KINDS,
+    ColumnSpec,
+    DataProtoLike,
+    check_same_schema,
+    merged_spec,
+    nested_rows,
+    share_offsets,
+)
 from zarr_skip.store import reads
 from zarr_skip.store.blocks import iter_rows, rows_of
 from zarr_skip.store.dictreads import DictColumn, is_dictionary
@@ -363,7 +371,7 @@ class LazyColumn:
             i = int(key)  # made non-negative and checked by args.rows
             value = self._select_range(i, i + 1)  # reads that row's mini-batch only
             if self.spec.kind == "nested":
-                return value.unbind()[0]
+                return nested_rows(value)[0]
             return value[0]
         if isinstance(key, slice):
             start, stop, stride = key.indices(self._rows)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TextIO
 
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.display import human_bytes
 
 __all__ = ["Bar", "age", "clip", "human_bytes", "render_rows", "SafeFormatter", "table", "terminal_safe"]
@@ -119,7 +120,7 @@ def render_rows(column: Any, n: int) -> list[str]:
     if spec.kind == "pickle":
         return [f"<pickled, {int(b)} bytes>" for b in column.lengths()[:n]]
     value = column[:n]
-    rows = value.unbind() if spec.kind == "nested" else [value[i] for i in range(n)]
+    rows = nested_rows(value) if spec.kind == "nested" else [value[i] for i in range(n)]
     if spec.kind in ("nested", "rows"):
         return [clip(f"len {len(r)}: {_elements(r)}") for r in rows]
     if spec.kind in ("tensor", "ndarray"):

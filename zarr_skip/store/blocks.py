@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.format.restore import restore
-from zarr_skip.format.specs import ColumnSpec, jagged_parts
+from zarr_skip.format.specs import ColumnSpec, nested_rows
 from zarr_skip.store.reads import ArrayPart, read_range
 from zarr_skip.store.storage import Storage
 
@@ -138,8 +138,6 @@ def iter_rows(
 def rows_of(value: Any) -> Iterable[Any]:
     """The rows of a column's value, as indexing the column by one row gives them."""
     rows: Iterable[Any] = value  # an array, list or tensor: iterating it gives its rows
-    parts = jagged_parts(value)
-    if parts is not None:  # views of its values: split them (unbind() is ~5x slower)
-        values: Any = parts[0]  # torch.Tensor.split is untyped
-        rows = values.split(parts[1].diff().tolist())
+    if getattr(value, "is_nested", False):  # views of its values, split (unbind() is ~5x slower)
+        rows = nested_rows(value)
     return rows

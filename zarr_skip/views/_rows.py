@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigError, RowIndexError
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.limits import TOKENS_SHOWN
 from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.views.text import chat_messages, decode_ids, token_ids
@@ -110,7 +111,7 @@ def take(col: LazyColumn, rows: np.ndarray) -> list[Any]:
         return []
     values = col[int(rows[0]) : int(rows[-1]) + 1] if _contiguous(rows) else col[rows]
     if col.spec.kind == "nested":
-        return list(values.unbind())
+        return nested_rows(values)
     return list(values)
 
 

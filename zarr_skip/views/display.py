@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from zarr_skip.errors import ZarrSkipError
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.store.catalog import list_steps
 
 if TYPE_CHECKING:
@@ -412,7 +413,7 @@ def preview(col: LazyColumn, rows: int = PREVIEW_ROWS) -> tuple[list[tuple[str, 
     except (ZarrSkipError, OSError) as exc:
         logger.warning("cannot preview column %r of step %d: %s", col.name, col.step, exc)
         return [], f"cannot read rows: {exc}"
-    items = values.unbind() if col.spec.kind == "nested" else values
+    items = nested_rows(values) if col.spec.kind == "nested" else values
     return [format_row(col.spec, v) for v in items], more
 
 

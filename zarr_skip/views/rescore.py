@@ -17,6 +17,7 @@ import numpy as np
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, MissingExtraError, StepNotFoundError
 from zarr_skip.format import args, checks
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.records import per_row_columns, rollout_columns
 from zarr_skip.views.text import require_tokenizer
 from zarr_skip.views.training import row_scores
@@ -130,7 +131,7 @@ def _step(
 def _rows(value: Any) -> list[Any]:
     """A column's rows as Python values (a jagged column's row as the list of its values)."""
     if getattr(value, "is_nested", False):  # a jagged NestedTensor (torch is not imported here)
-        return [row.tolist() for row in value.unbind()]
+        return [row.tolist() for row in nested_rows(value)]
     if hasattr(value, "tolist") and not (isinstance(value, np.ndarray) and value.dtype == object):
         return list(value.tolist())
     return list(value)

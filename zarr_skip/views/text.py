@@ -13,6 +13,7 @@ import numpy as np
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, TokenizerNotFoundError
 from zarr_skip.format import args
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.tokenizers import (
     ATTR_MODEL,
     ATTR_TOKENIZER,
@@ -74,7 +75,7 @@ def row_index(rows: Rows, n: int, where: str = "") -> slice | np.ndarray:
 def _as_rows(value: Any) -> list[np.ndarray]:
     """A column's rows (NestedTensor, tensor, array or list of them) as 1-d int arrays."""
     if hasattr(value, "is_nested") and value.is_nested:
-        return [t.numpy() for t in value.unbind()]
+        return [t.numpy() for t in nested_rows(value)]
     if hasattr(value, "numpy") and hasattr(value, "dim"):  # torch.Tensor
         return list(value.numpy()) if value.dim() == 2 else [value.numpy()]
     if isinstance(value, np.ndarray) and value.dtype != object:
