@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import zarr
 from helpers import chunk_region, make_batch, split
 from torch.utils.data import DataLoader
 
@@ -95,6 +96,26 @@ def test_map_through_dataloader_workers(local: Path) -> None:
     got = [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)]
     assert got == [k for k in ALL_ROWS if k[0] in (1, 3)]
     assert set(batches[0]) == {"step", "minibatch", "row", "responses", "responses_len", "score"}
+
+
+def test_forked_workers_go_on_with_the_steps_their_parent_loaded(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On local files a forked worker reads through the parent's cache and step views (made
+    when the dataset was) instead of opening the store and reading every step's records again:
+    ~12-30 ms of each worker's start on 8 medium steps."""
+    from zarr_skip.data import _source
+
+    iterable = RolloutIterableDataset(local, columns=["responses", "uid"], block_rows=4)
+    mapped = RolloutDataset(local, columns=["responses", "score"])
+    assert iterable.source.cache.storage.fork_safe
+    assert not zs.open_cache(zarr.storage.MemoryStore(), FP).storage.fork_safe
+
+    def reopened(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a forked worker opened the store again")
+
+    monkeypatch.setattr(_source, "open_cache", reopened)
+    assert sorted(keys(DataLoader(iterable, batch_size=None, num_workers=2))) == ALL_ROWS
+    batches = list(DataLoader(mapped, batch_size=4, num_workers=2, collate_fn=collate_rollouts))
+    assert [(int(s), int(r)) for b in batches for s, r in zip(b["step"], b["row"], strict=True)] == ALL_ROWS
 
 
 def epoch_rows(location: Any, *, world: int, workers: int, **kw: Any) -> list[list[tuple[int, int]]]:

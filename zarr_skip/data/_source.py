@@ -107,8 +107,11 @@ class RolloutSource:
 
     @property
     def cache(self) -> Cache:
-        if self._pid != os.getpid():  # a forked DataLoader worker: open the store anew
-            self._cache, self._views, self._pid = None, {}, os.getpid()
+        if self._pid != os.getpid():  # a forked DataLoader worker
+            if self._cache is None or not self._cache.storage.fork_safe:  # S3: open the store anew
+                self._cache, self._views = None, {}
+            self._pid = os.getpid()  # local files: the parent's cache and loaded steps go on serving
+            self.memo = ChunkMemo()  # its lock may have been held by another thread at the fork
         if self._cache is None:
             self._cache = open_cache(self.location, experiment=self.experiment, storage_options=self.storage_options)
             if self.experiment is None:

@@ -107,6 +107,13 @@ class Storage:
     def read_only(self) -> bool:
         return bool(self.store.read_only)
 
+    @property
+    def fork_safe(self) -> bool:
+        """Whether a ``fork()``ed child may go on reading through this storage: local files
+        (their directory descriptor and the pool are made anew in each process), not object
+        stores (obstore's runtime does not survive a fork)."""
+        return self._tree is not None
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             return sync(coro)
