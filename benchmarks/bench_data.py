@@ -140,8 +140,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     base = rss()
     reset_peak()
     t0 = time.perf_counter()
-    if how == "to_dict":
-        rows = sum(len(next(iter(cache.load(s).to_dict().values()))) for s in steps)
+    if how == "to_dict":  # rows counted by the views: len() of a NestedTensor would import torch's dispatch
+        rows = 0
+        for s in steps:
+            view = cache.load(s)
+            view.to_dict()
+            rows += len(view)
     elif how in ("iterable", "iterable_inline"):
         ds = RolloutIterableDataset(where)
         workers = 0 if how == "iterable_inline" else 2
