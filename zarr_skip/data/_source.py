@@ -22,7 +22,7 @@ import torch
 from zarr_skip.cache import Cache, open_cache
 from zarr_skip.errors import ConfigError, StepNotFoundError
 from zarr_skip.format import args, checks
-from zarr_skip.format.specs import jagged_parts
+from zarr_skip.format.specs import nested_rows
 from zarr_skip.lazy import StepView, read_rows
 from zarr_skip.store.memo import ChunkMemo
 
@@ -221,18 +221,11 @@ def split_rows(value: Any) -> list[Any]:
     NestedTensor's rows as views of its values, made in one call)."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
-            return _split_jagged(value)
+            return nested_rows(value)
         return list(value.detach().unbind(0))
     if isinstance(value, np.ndarray):
         return list(value) if value.dtype != object else value.tolist()
     return list(value)
-
-
-def _split_jagged(value: torch.Tensor) -> list[torch.Tensor]:
-    parts = jagged_parts(value)
-    if parts is None:
-        return list(value.unbind())  # strided nested, holes or ragged beyond dim 1: torch's way
-    return split_values(parts[0].detach(), parts[1].tolist())  # detached: plain views, 7x cheaper
 
 
 def split_values(values: torch.Tensor, offsets: list[int]) -> list[torch.Tensor]:
