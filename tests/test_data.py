@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import uuid
 from collections import Counter
@@ -227,6 +228,23 @@ def test_a_pickled_dataset_follows_its_epoch_or_warns_where_it_cannot(
         assert keys(clone) == first and keys(clone) == first
     (record,) = caplog.records
     assert "each epoch repeats epoch 4's order" in record.getMessage()
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the epoch is a memfd on Linux only")
+def test_an_epoch_freed_at_interpreter_exit_closes_its_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset freed at interpreter exit after its module's globals were cleared (``os`` is
+    None then; a dataset in a reference cycle, say) still closes its epoch's descriptor,
+    without an "Exception ignored" traceback."""
+    import zarr_skip.data._iterable as iterable
+
+    epoch = iterable.SharedEpoch(3)
+    fd = epoch._fd
+    assert fd >= 0 and os.fstat(fd)
+    monkeypatch.setattr(iterable, "os", None)  # as interpreter finalisation leaves the module
+    epoch.__del__()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    epoch._fd = -1  # closed: the collector's own call has nothing left to do
 
 
 def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -253,6 +253,8 @@ class SharedEpoch:
     def __deepcopy__(self, memo: dict[int, Any]) -> SharedEpoch:
         return SharedEpoch(self.value)  # a copy's epoch is its own (pickling links, to reach workers)
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close bound at definition: a dataset held in a reference cycle is collected at
+        # interpreter exit, after this module's globals (``os`` among them) are gone
         if getattr(self, "_fd", -1) >= 0:
-            os.close(self._fd)
+            _close(self._fd)
