@@ -155,6 +155,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         ds = RolloutIterableDataset(where, batch_size=64)
         loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate_rollouts)
         rows = sum(len(batch["row"]) for batch in loader)
+    elif how in ("later_epoch", "later_epoch_batched"):  # epoch 2 of persistent workers
+        return _later_epoch(where, batched=how == "later_epoch_batched")
     elif how == "loader_floor":  # the DataLoader alone: as many batches, of one 64-row tensor each
         rows = sum(len(batch["row"]) for batch in DataLoader(_Empty(rows_total), batch_size=None, num_workers=2))
     elif how == "map_loader":  # random rows, a batch's indices read together (__getitems__)
@@ -183,6 +185,27 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     peak = rss("VmHWM")
     return {"s": seconds, "rows": rows, "peak_growth": max(0, peak - base)}
+
+
+def _later_epoch(where: str, *, batched: bool) -> dict[str, Any]:
+    """The second epoch of a DataLoader with ``persistent_workers=True`` (the first one untimed):
+    what each epoch after the first costs a training run of several, its workers started and
+    their memory in use."""
+    from torch.utils.data import DataLoader
+
+    from zarr_skip.data import RolloutIterableDataset, collate_rollouts
+
+    if batched:
+        ds = RolloutIterableDataset(where, batch_size=64)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=collate_rollouts)
+    else:
+        ds = RolloutIterableDataset(where)
+        loader = DataLoader(ds, batch_size=64, num_workers=2, persistent_workers=True, collate_fn=collate_rollouts)
+    sum(len(batch["row"]) for batch in loader)
+    ds.set_epoch(1)
+    t0 = time.perf_counter()
+    rows = sum(len(batch["row"]) for batch in loader)
+    return {"s": time.perf_counter() - t0, "rows": rows}
 
 
 class _Empty:
@@ -221,7 +244,15 @@ def step_sizes(where: Path) -> dict[str, int]:
 
 def bench_torch(where: Path, parts: set[str], items: int, reps: int, loader_rows: int = 1536) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    epoch = ("to_dict", "iterable", "iterable_batched", "loader_floor", "iterable_inline")
+    epoch = (
+        "to_dict",
+        "iterable",
+        "iterable_batched",
+        "later_epoch",
+        "later_epoch_batched",
+        "loader_floor",
+        "iterable_inline",
+    )
     hows = [h for h in epoch if "iterable" in parts] + (["map", "map_loader"] if "map" in parts else [])
     runs: dict[str, list[dict[str, Any]]] = {how: [] for how in hows}
     for _ in range(reps):  # interleaved: a change of the machine's pace falls on every one alike
@@ -283,6 +314,10 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     if "iterable_batched" in t and "to_dict" in t:
         ratio = t["iterable_batched"]["s"] / t["to_dict"]["s"]
         out["iterable_batched_ratio"] = {"value": ratio, "target": TARGETS["iterable_ratio"], "met": ratio <= 1.5}
+    for how in ("later_epoch", "later_epoch_batched"):
+        if how in t and "to_dict" in t:
+            ratio = t[how]["s"] / t["to_dict"]["s"]
+            out[f"{how}_ratio"] = {"value": ratio, "target": TARGETS["iterable_ratio"], "met": ratio <= 1.5}
     if "loader_floor" in t and "to_dict" in t:
         out["loader_floor_ratio"] = t["loader_floor"]["s"] / t["to_dict"]["s"]
     if "map" in t:
@@ -319,6 +354,10 @@ def report(res: dict[str, Any]) -> str:
             f"| the same, batches cut by the dataset (batch_size=64; DataLoader(batch_size=None)) "
             f"| {t['iterable_batched']['s']:.3f} s "
             f"| {tg['iterable_batched_ratio']['value']:.2f}x to_dict; target 1.5x |",
+            f"| a later epoch, the same two through persistent workers (persistent_workers=True): items "
+            f"| {t['later_epoch']['s']:.3f} s | {tg['later_epoch_ratio']['value']:.2f}x to_dict |",
+            f"| batches, a later epoch through persistent workers | {t['later_epoch_batched']['s']:.3f} s "
+            f"| {tg['later_epoch_batched_ratio']['value']:.2f}x to_dict |",
             f"| the DataLoader alone: as many batches, each one 64-row tensor, nothing read "
             f"| {t['loader_floor']['s']:.3f} s | {tg['loader_floor_ratio']:.2f}x to_dict |",
             f"| peak memory growth of the epoch in one process | {t['iterable_inline']['peak_growth'] / 2**20:.1f} MiB "

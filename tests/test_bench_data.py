@@ -21,10 +21,13 @@ def test_the_data_benchmark_runs(tmp_path: Path) -> None:
     assert torch_part["iterable_batched"]["rows"] == 2 * 32
     assert res["targets"]["iterable_batched_ratio"]["value"] > 0
     assert torch_part["loader_floor"]["rows"] == 2 * 32 and res["targets"]["loader_floor_ratio"] > 0
+    for how in ("later_epoch", "later_epoch_batched"):  # epoch 2 of persistent workers: every row again
+        assert torch_part[how]["rows"] == 2 * 32 and res["targets"][f"{how}_ratio"]["value"] > 0
     assert torch_part["map"]["rows"] == 10 and torch_part["map"]["bytes_read"] > 0
     assert torch_part["map_loader"]["rows"] == 2 * 32 and res["targets"]["map_loader_vs_iterable"] > 0
     assert res["targets"]["iterable_ratio"]["value"] > 0 and res["sizes"]["row_decoded"] > 0
     assert "RolloutIterableDataset" in (tmp_path / "data.md").read_text()
     assert "random rows, RolloutDataset through DataLoader" in (tmp_path / "data.md").read_text()
     assert "the DataLoader alone" in (tmp_path / "data.md").read_text()
+    assert "a later epoch through persistent workers" in (tmp_path / "data.md").read_text()
     assert not list(tmp_path.glob(".bench-tmp-*"))
