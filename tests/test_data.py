@@ -251,13 +251,13 @@ def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, mo
     ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2)
     assert len(ds) == 36
     reads: list[int] = []
-    original = ds.source.read
+    original = ds._items
 
-    def traced(block: Block) -> list[dict[str, Any]]:
+    def traced(block: Block) -> list[Any]:
         reads.append(block.rows)
         return original(block)
 
-    monkeypatch.setattr(ds.source, "read", traced)
+    monkeypatch.setattr(ds, "_items", traced)
     cache = zs.open_cache(local)
     it = iter(ds)
     first = [next(it) for _ in range(3)]
@@ -268,7 +268,8 @@ def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, mo
         assert_item_equals_load(item, cache)
     reads.clear()
     ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2, shuffle=True)
-    monkeypatch.setattr(ds.source, "read", traced)
+    original = ds._items
+    monkeypatch.setattr(ds, "_items", traced)
     it = iter(ds)
     first = [next(it) for _ in range(3)]
     assert sum(reads) <= 8  # shuffled: a buffer of two blocks of four rows
@@ -297,7 +298,7 @@ def test_each_chunk_is_fetched_once_an_epoch(tmp_path: Path, monkeypatch: pytest
     batches = list(DataLoader(ds, batch_size=64, collate_fn=collate_rollouts))
     assert sum(len(b["row"]) for b in batches) == 200
     assert len(fetched) > 2 * len(ds.source.columns) and set(fetched.values()) == {1}
-    rows = [item["responses"] for item in ds.source.read(Block(1, 0, 0, 200))[:2]]
+    rows = [item["responses"] for item in ds._items(Block(1, 0, 0, 200))[:2]]
     assert rows[0].untyped_storage().data_ptr() == rows[1].untyped_storage().data_ptr()  # views of one buffer
 
 
@@ -480,19 +481,20 @@ def test_shuffled_items_hold_one_buffer_at_a_time(local: Path, monkeypatch: pyte
     ds = RolloutIterableDataset(local, columns=COLUMNS, shuffle=True, block_rows=4, buffer_blocks=2)
     alive: list[weakref.ref[torch.Tensor]] = []
     most = []
-    original = ds.source.read
+    original = ds._items
 
-    def traced(block: Block) -> list[dict[str, Any]]:
+    def traced(block: Block) -> list[Any]:
         most.append(sum(r() is not None for r in alive))
         items = original(block)
         alive.extend(weakref.ref(it["hidden"]) for it in items)
         return items
 
-    monkeypatch.setattr(ds.source, "read", traced)
+    monkeypatch.setattr(ds, "_items", traced)
     assert sum(1 for _ in ds) == 36
-    # reading a block, at most the rows of the other block of its buffer (four) and the item
-    # the loop holds are alive: the previous buffer's items were dropped before it
-    assert len(most) == 11 and max(most) <= 5
+    # reading a block, at most the rows of the other block of its buffer (four) and those of
+    # the block of the item the loop holds (four: an item knows its block) are alive; the
+    # previous buffer's other items were dropped before it (keeping them: 12)
+    assert len(most) == 11 and max(most) <= 8
 
 
 def test_collate_promotes_dtypes_and_refuses_rows_that_differ_beyond_dim_0() -> None:
@@ -533,7 +535,9 @@ def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
     import zarr_skip.data._shm as shm
     import zarr_skip.data.collate as collate_module
 
-    items = list(RolloutIterableDataset(local, columns=COLUMNS, steps=[1]))
+    # plain dicts: collated from their values (the dataset's own items are gathered from their
+    # blocks, whose padding test_data_batches checks)
+    items = [dict(item) for item in RolloutIterableDataset(local, columns=COLUMNS, steps=[1])]
     in_process = collate_rollouts(items, pad_value=pad_value)
     fills: list[int] = []
     original = torch.Tensor.fill_

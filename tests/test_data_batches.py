@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import pickle
 from collections import Counter
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -18,10 +19,12 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
+import zarr_skip.data._batches as batches_module
 import zarr_skip.data._shm as shm
 import zarr_skip.data.collate as collate_module
 from zarr_skip.data import RolloutBatch, RolloutIterableDataset, collate_rollouts
 from zarr_skip.data._batches import Segment, cut
+from zarr_skip.data.collate import RowItem
 from zarr_skip.errors import ConfigError, ConfigTypeError
 
 
@@ -30,6 +33,11 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("batches") / "cache"
     fill(path)
     return path
+
+
+def plain(items: list[Any]) -> list[dict[str, Any]]:
+    """The items as plain dicts: collated from their own values, not from their blocks."""
+    return [dict(item) for item in items]
 
 
 def assert_same(got: RolloutBatch, want: RolloutBatch) -> None:
@@ -55,7 +63,8 @@ def test_batches_equal_the_items_collated(local: Path, shuffle: bool, jagged: st
         for block_rows in (3, 256):
             kw: dict[str, Any] = {"columns": COLUMNS, "shuffle": shuffle, "seed": 3, "block_rows": block_rows}
             items = list(RolloutIterableDataset(local, **kw))
-            want = [collate_rollouts(items[i : i + batch_size], jagged=jagged) for i in range(0, 36, batch_size)]
+            # the items' own values collated (plain dicts: not gathered from their blocks)
+            want = [collate_rollouts(plain(items[i : i + batch_size]), jagged=jagged) for i in range(0, 36, batch_size)]
             ds = RolloutIterableDataset(local, batch_size=batch_size, jagged=jagged, **kw)
             got = list(ds)
             assert len(got) == len(want) == len(ds)
@@ -63,10 +72,72 @@ def test_batches_equal_the_items_collated(local: Path, shuffle: bool, jagged: st
                 assert_same(g, w)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("jagged", ["pad", "nested"])
+def test_items_are_collated_from_their_blocks_as_from_their_values(
+    local: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool, jagged: str
+) -> None:
+    """collate_rollouts gathers a batch of the dataset's untouched items from the blocks they
+    were cut from (one copy a column, as the dataset's own batches): the same batch as their
+    values collated one by one, for batches within a block, across blocks and of one row."""
+    gathered = []
+    original = batches_module.make_batch
+
+    def traced(runs: Any, *args: Any) -> RolloutBatch:
+        gathered.append(len(runs))
+        return original(runs, *args)
+
+    monkeypatch.setattr(batches_module, "make_batch", traced)
+    for batch_size in (1, 4, 5, 64):
+        for block_rows in (3, 256):
+            kw: dict[str, Any] = {"columns": COLUMNS, "shuffle": shuffle, "seed": 3, "block_rows": block_rows}
+            items = list(RolloutIterableDataset(local, **kw))
+            assert all(isinstance(item, RowItem) for item in items)
+            for i in range(0, 36, batch_size):
+                assert_same(
+                    collate_rollouts(items[i : i + batch_size], jagged=jagged),
+                    collate_rollouts(plain(items[i : i + batch_size]), jagged=jagged),
+                )
+    assert gathered and max(gathered) <= collate_module.MAX_RUNS
+    if not shuffle:  # in stored order every batch of at most MAX_RUNS blocks is gathered from them
+        assert len(gathered) == sum(-(-36 // b) for b in (1, 4, 5)) * 2  # of 64 rows: 6 or 12 blocks
+
+
+def test_a_changed_item_is_collated_from_its_values(local: Path) -> None:
+    """An item changed in any way is collated from its own values (its block's would be wrong);
+    an item copies and pickles as a plain dict, without its block."""
+    items = list(RolloutIterableDataset(local, columns=["responses", "uid", "hidden"]))[:4]
+    want = collate_rollouts(plain(items))
+    assert_same(collate_rollouts(items), want)
+    changes = [
+        lambda it: it.__setitem__("hidden", it["hidden"] + 1),
+        lambda it: it.update(hidden=it["hidden"] + 1),
+        lambda it: it.setdefault("hidden", None),
+        lambda it: it.__ior__({"hidden": it["hidden"] + 1}),
+    ]
+    for change in changes:
+        fresh = list(RolloutIterableDataset(local, columns=["responses", "uid", "hidden"]))[:4]
+        change(fresh[1])
+        assert fresh[1].origin is None and fresh[0].origin is not None
+        assert_same(collate_rollouts(fresh), collate_rollouts(plain(fresh)))
+    fresh = list(RolloutIterableDataset(local, columns=["responses", "uid", "hidden"]))[:4]
+    fresh[2]["hidden"] = fresh[2]["hidden"] + 1
+    assert torch.equal(collate_rollouts(fresh)["hidden"][2], items[2]["hidden"] + 1)
+    for removal in (lambda it: it.pop("uid"), lambda it: it.__delitem__("uid"), lambda it: it.popitem()):
+        fresh = list(RolloutIterableDataset(local, columns=["responses", "uid", "hidden"]))[:2]
+        removal(fresh[0])
+        assert fresh[0].origin is None
+        with pytest.raises(ConfigError, match="other columns"):
+            collate_rollouts(fresh)
+    for copied in (copy.copy(items[0]), pickle.loads(pickle.dumps(items[0])), copy.deepcopy(items[0]), items[0].copy()):
+        assert type(copied) is dict and copied.keys() == items[0].keys()
+        assert torch.equal(copied["responses"], items[0]["responses"])
+
+
 def test_pad_value_and_a_batch_whose_rows_agree(local: Path) -> None:
     items = list(RolloutIterableDataset(local, columns=["responses", "hidden"]))
     for pad_value in (0, -1):
-        want = collate_rollouts(items[:8], pad_value=pad_value)
+        want = collate_rollouts(plain(items[:8]), pad_value=pad_value)
         got = next(
             iter(RolloutIterableDataset(local, columns=["responses", "hidden"], batch_size=8, pad_value=pad_value))
         )
@@ -144,7 +215,7 @@ def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     wants = []
     for seed in range(3):  # each round's rows in another order, so a reused buffer holds others
         items = list(RolloutIterableDataset(where, seed=seed, **kw))
-        wants.append([collate_rollouts(items[i : i + 3], pad_value=pad_value) for i in range(0, 9, 3)])
+        wants.append([collate_rollouts(plain(items[i : i + 3]), pad_value=pad_value) for i in range(0, 9, 3)])
         for i, w in zip(range(0, 9, 3), wants[-1], strict=True):  # the items padded as torch pads them
             for name in ("hidden", "ids"):
                 rows = [it[name].to(w[name].dtype) for it in items[i : i + 3]]

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_values
-from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, assemble, plan_values, zero_bits
+from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, RowItem, assemble, plan_values, zero_bits
 from zarr_skip.format.specs import jagged_parts, torch_numpy, uint_of_size
 
-__all__ = ["Dense", "Jagged", "Segment", "cut", "join", "make_batch", "segment"]
+__all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "make_batch", "segment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,25 @@ class Segment:
         if name not in self.rows_of:
             self.rows_of[name] = _item_rows(self.columns[name])
         return self.rows_of[name]
+
+    def batch(self, runs: list[Run], jagged: str, pad_value: float) -> RolloutBatch:
+        """The batch of ``runs`` (rows of this segment and others of the same columns), as
+        ``collate_rollouts`` makes it of their items (:func:`make_batch`)."""
+        return make_batch(runs, list(self.columns), jagged, pad_value)
+
+
+def items(seg: Segment) -> list[RowItem]:
+    """The items of ``seg``'s rows (``step``, ``minibatch``, ``row``, then each column's value
+    of the row), each knowing its place in ``seg``, so that ``collate_rollouts`` gathers their
+    batch from ``seg`` (:class:`~zarr_skip.data.collate.RowItem`)."""
+    names = [*INDEX, *seg.columns]
+    columns = [seg.index[name].tolist() for name in INDEX] + [seg.items_of(name) for name in seg.columns]
+    out = []
+    for i, values in enumerate(zip(*columns, strict=True)):
+        item = RowItem(zip(names, values, strict=True))
+        item.origin = (seg, i)
+        out.append(item)
+    return out
 
 
 def segment(block: Block, read: dict[str, Any]) -> Segment:

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarr_skip.data._batches import Run, cut, join, make_batch, segment
+from zarr_skip.data._batches import Run, cut, items, join, make_batch, segment
 from zarr_skip.data._plan import buffers, check_rank, resolve_rank, row_span, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
-from zarr_skip.data.collate import check_jagged
+from zarr_skip.data.collate import RowItem, check_jagged
 from zarr_skip.format import args
 
 __all__ = ["RolloutIterableDataset", "SharedEpoch"]
@@ -50,10 +50,12 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     before each epoch (as with ``DistributedSampler``); it reaches DataLoader workers, persistent
     ones too (:class:`SharedEpoch`).
 
-    An item's jagged rows are views of its block's decoded values (no per-row copies), and
-    :func:`~zarr_skip.data.collate_rollouts` writes a batch into one buffer that a DataLoader
-    worker hands to the main process in one piece (a shared-memory buffer the worker reuses once
-    the main process drops the batch: :mod:`zarr_skip.data._shm`).
+    An item's jagged rows are views of its block's decoded values (no per-row copies). An item
+    is a dict that knows its block (:class:`~zarr_skip.data.collate.RowItem`), so
+    :func:`~zarr_skip.data.collate_rollouts` gathers a batch of untouched items from their
+    blocks a column at a time, as the dataset's own batches are; it writes the batch into one
+    buffer that a DataLoader worker hands to the main process in one piece (a shared-memory
+    buffer the worker reuses once the main process drops the batch: :mod:`zarr_skip.data._shm`).
 
     With ``batch_size`` the dataset yields batches instead of items: those that
     ``collate_rollouts(..., jagged=jagged, pad_value=pad_value)`` makes of each ``batch_size``
@@ -139,12 +141,16 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             return
         if not self.shuffle:  # one block at a time
             for block in pieces:
-                yield from self.source.read(block)
+                yield from self._items(block)
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
-            items = [item for block in group for item in self.source.read(block)]
-            yield from (items[int(k)] for k in shuffled(len(items), self.seed, epoch, shard, n))
-            del items  # before the next buffer is read: one buffer's rows held at a time
+            rows = [item for block in group for item in self._items(block)]
+            yield from (rows[int(k)] for k in shuffled(len(rows), self.seed, epoch, shard, n))
+            del rows  # before the next buffer is read: one buffer's rows held at a time
+
+    def _items(self, block: Block) -> list[RowItem]:
+        """The items of ``block``'s rows (:func:`zarr_skip.data._batches.items`)."""
+        return items(segment(block, self.source.read_columns(block)))
 
     def _orders(self, pieces: list[Block], shard: int, epoch: int) -> Iterator[Run]:
         """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined) with

@@ -179,13 +179,6 @@ class RolloutSource:
             return minibatch.to_dict(self.columns)
         return {name: view[name][block.start : block.stop] for name in self.columns}
 
-    def read(self, block: Block) -> list[dict[str, Any]]:
-        """The items of ``block``'s rows (:meth:`read_columns` cut into rows)."""
-        columns = {name: item_values(split_rows(value)) for name, value in self.read_columns(block).items()}
-        names = ["step", "minibatch", "row", *columns]
-        rows = zip(range(block.start, block.stop), *columns.values(), strict=True)
-        return [dict(zip(names, (block.step, block.minibatch, *row), strict=True)) for row in rows]
-
     def take(self, requests: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> list[list[dict[str, Any]]]:
         """The items of the rows of each ``(step, rows, minibatches)`` (rows counted in the step,
         in any order, repeats allowed; ``minibatches``: each one's mini-batch), in that order:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
@@ -24,7 +25,7 @@ from zarr_skip.errors import ConfigError, ConfigTypeError
 from zarr_skip.format import args
 from zarr_skip.format.specs import SharedOffsets, jagged_parts
 
-__all__ = ["RolloutBatch", "collate_rollouts"]
+__all__ = ["RolloutBatch", "RowItem", "collate_rollouts"]
 
 #: each tensor of a batch starts at a multiple of this many bytes of the batch's buffer
 ALIGN = 64
@@ -82,6 +83,89 @@ class RolloutBatch(dict[str, Any]):
         return (_rebuild_batch, (bases, views, plain, list(self)))
 
 
+class Rows(Protocol):
+    """The rows items were cut from (a block of :class:`~zarr_skip.data.RolloutIterableDataset`):
+    it makes the batch of ``runs`` (each some of its rows, or another block's, in order) as
+    :func:`collate_rollouts` makes it of their items."""
+
+    def batch(self, runs: list[tuple[Any, np.ndarray]], jagged: str, pad_value: float) -> RolloutBatch: ...
+
+
+#: the most runs (stretches of items cut from one block) a batch is gathered from by its
+#: blocks; more (a shuffled buffer's items alternate between blocks) cost more than the items
+MAX_RUNS = 4
+
+
+class RowItem(dict[str, Any]):
+    """An item of :class:`~zarr_skip.data.RolloutIterableDataset`: a dict of its row's columns
+    that also knows where its row lies (``origin``: the block's rows and the row's place in
+    them). :func:`collate_rollouts` gathers a batch of such items from their blocks, column by
+    column, as ``RolloutIterableDataset(batch_size=...)`` does, instead of from each item's
+    values. Any change to the item (``item[k] = v``, ``del``, ``update``, ``pop``...) forgets
+    its origin, so the batch is made of its values; it copies and pickles as a plain dict."""
+
+    __slots__ = ("origin",)
+
+    origin: tuple[Rows, int] | None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.origin = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.origin = None
+        super().__delitem__(key)
+
+    def __ior__(self, other: Any) -> RowItem:  # type: ignore[override,misc]
+        self.origin = None
+        return super().__ior__(other)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.origin = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.origin = None
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.origin = None
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        self.origin = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.origin = None
+        super().clear()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def _runs(items: Sequence[Mapping[str, Any]]) -> list[tuple[Any, np.ndarray]] | None:
+    """The runs of ``items`` (each a block's rows and the places of consecutive items cut from
+    it) when every item is an untouched :class:`RowItem` and they make at most
+    :data:`MAX_RUNS` runs; else None."""
+    runs: list[tuple[Rows, list[int]]] = []
+    for item in items:
+        origin = getattr(item, "origin", None) if type(item) is RowItem else None
+        if origin is None:
+            return None
+        rows, at = origin
+        if runs and runs[-1][0] is rows:
+            runs[-1][1].append(at)
+        elif len(runs) < MAX_RUNS:
+            runs.append((rows, [at]))
+        else:
+            return None
+    return [(rows, np.array(at, dtype=np.int64)) for rows, at in runs]
+
+
 def _viewable(value: Any) -> bool:
     return (
         type(value) is torch.Tensor
@@ -132,6 +216,11 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
 
     The stacked and padded tensors are views of one buffer (see the module docstring).
 
+    Untouched items of a :class:`~zarr_skip.data.RolloutIterableDataset` (:class:`RowItem`)
+    are gathered from the blocks they were cut from, a column at a time, as the dataset's own
+    batches are, when a batch's items come from at most :data:`MAX_RUNS` stretches of blocks
+    (in stored order, always): the same batch as from their values, made faster.
+
     A :class:`RolloutBatch` is returned as it is: what a ``DataLoader(batch_size=None)`` over a
     dataset that yields batches (``RolloutIterableDataset(batch_size=...)``) hands each one, so
     ``collate_fn=collate_rollouts`` serves both (torch's default there walks every value of
@@ -143,6 +232,9 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     _check_items(items)
     if not items:
         return RolloutBatch()
+    runs = _runs(items)
+    if runs is not None:  # untouched items of a RolloutIterableDataset: gathered from their blocks
+        return cast("Rows", runs[0][0]).batch(runs, jagged, pad_value)
     planned: list[Planned] = []
     lists: dict[str, list[Any]] = {}
     for name in items[0]:
