@@ -201,7 +201,7 @@ def make_batch(runs: list[Run], names: list[str], jagged: str, pad_value: float)
         elif jagged_parts is not None:
             _plan_jagged(name, list(zip(jagged_parts, idxs, strict=True)), jagged, pad_value, planned)
         else:
-            values = [seg.items_of(name)[i] for seg, idx in runs for i in idx.tolist()]
+            values = [row for seg, idx in runs for row in map(seg.items_of(name).__getitem__, idx.tolist())]
             plan_values(name, values, jagged, pad_value, planned, lists)
     return assemble([*INDEX, *names], planned, lists)
 

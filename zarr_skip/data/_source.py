@@ -228,9 +228,14 @@ def split_values(values: torch.Tensor, offsets: list[int]) -> list[torch.Tensor]
     return list(torch.split(values.narrow(0, offsets[0], offsets[-1] - offsets[0]), lengths))
 
 
+#: the types of rows :func:`as_item_value` gives as they are (what JSON and strings read as)
+_AS_THEY_ARE = frozenset((torch.Tensor, str, dict, list, int, float, bool, type(None), bytes))
+
+
 def item_values(rows: list[Any]) -> list[Any]:
-    """:func:`as_item_value` of each row (tensors, the common case, as they are)."""
-    if all(type(r) is torch.Tensor for r in rows):
+    """:func:`as_item_value` of each row (tensors, strings and JSON values, the common cases,
+    as they are)."""
+    if _AS_THEY_ARE.issuperset(map(type, rows)):
         return rows
     return [as_item_value(r) for r in rows]
 
