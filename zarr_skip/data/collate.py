@@ -219,7 +219,8 @@ def collate_rollouts(items: Sequence[dict[str, Any]], *, jagged: str = "pad", pa
     Untouched items of a :class:`~zarr_skip.data.RolloutIterableDataset` (:class:`RowItem`)
     are gathered from the blocks they were cut from, a column at a time, as the dataset's own
     batches are, when a batch's items come from at most :data:`MAX_RUNS` stretches of blocks
-    (in stored order, always): the same batch as from their values, made faster.
+    (in stored order a batch spans one block or two, unless the blocks are smaller than the
+    batch): the same batch as from their values, made faster.
 
     A :class:`RolloutBatch` is returned as it is: what a ``DataLoader(batch_size=None)`` over a
     dataset that yields batches (``RolloutIterableDataset(batch_size=...)``) hands each one, so
