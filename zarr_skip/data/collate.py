@@ -102,7 +102,8 @@ class RowItem(dict[str, Any]):
     them). :func:`collate_rollouts` gathers a batch of such items from their blocks, column by
     column, as ``RolloutIterableDataset(batch_size=...)`` does, instead of from each item's
     values. Any change to the item (``item[k] = v``, ``del``, ``update``, ``pop``...) forgets
-    its origin, so the batch is made of its values; it copies and pickles as a plain dict."""
+    its origin, so the batch is made of its values; it copies and pickles as a plain dict.
+    While an item lives, so does its block (its tensors are views of the block's values)."""
 
     __slots__ = ("origin",)
 
