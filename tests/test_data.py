@@ -251,13 +251,13 @@ def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, mo
     ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2)
     assert len(ds) == 36
     reads: list[int] = []
-    original = ds._items
+    original = ds._segment
 
-    def traced(block: Block) -> list[Any]:
+    def traced(block: Block) -> Any:
         reads.append(block.rows)
         return original(block)
 
-    monkeypatch.setattr(ds, "_items", traced)
+    monkeypatch.setattr(ds, "_segment", traced)
     cache = zs.open_cache(local)
     it = iter(ds)
     first = [next(it) for _ in range(3)]
@@ -268,8 +268,8 @@ def test_iterable_items_equal_load_and_memory_holds_a_few_blocks(local: Path, mo
         assert_item_equals_load(item, cache)
     reads.clear()
     ds = RolloutIterableDataset(local, columns=COLUMNS, block_rows=4, buffer_blocks=2, shuffle=True)
-    original = ds._items
-    monkeypatch.setattr(ds, "_items", traced)
+    original = ds._segment
+    monkeypatch.setattr(ds, "_segment", traced)
     it = iter(ds)
     first = [next(it) for _ in range(3)]
     assert sum(reads) <= 8  # shuffled: a buffer of two blocks of four rows
@@ -479,22 +479,23 @@ def test_shuffled_items_hold_one_buffer_at_a_time(local: Path, monkeypatch: pyte
     import weakref
 
     ds = RolloutIterableDataset(local, columns=COLUMNS, shuffle=True, block_rows=4, buffer_blocks=2)
-    alive: list[weakref.ref[torch.Tensor]] = []
+    alive: list[weakref.ref[Any]] = []  # the dense column of the rows each buffer's items were cut from
     most = []
-    original = ds._items
+    original = ds._buffer_items
 
-    def traced(block: Block) -> list[Any]:
+    def traced(group: list[Block]) -> list[Any]:
         most.append(sum(r() is not None for r in alive))
-        items = original(block)
-        alive.extend(weakref.ref(it["hidden"]) for it in items)
+        items = original(group)
+        cut_from = {id(it.origin[0]): it.origin[0].columns["hidden"].tensor for it in items}
+        alive.extend(weakref.ref(tensor) for tensor in cut_from.values())
+        assert len(group) == 1 or len({id(it.origin[0]) for it in items}) == 1  # a buffer's blocks joined
         return items
 
-    monkeypatch.setattr(ds, "_items", traced)
+    monkeypatch.setattr(ds, "_buffer_items", traced)
     assert sum(1 for _ in ds) == 36
-    # reading a block, at most the rows of the other block of its buffer (four) and those of
-    # the block of the item the loop holds (four: an item knows its block) are alive; the
-    # previous buffer's other items were dropped before it (keeping them: 12)
-    assert len(most) == 11 and max(most) <= 8
+    # reading a buffer, at most the rows of the item the loop holds (its buffer's) are alive:
+    # the previous buffers were dropped before it
+    assert len(most) == 6 and max(most) <= 1
 
 
 def test_collate_promotes_dtypes_and_refuses_rows_that_differ_beyond_dim_0() -> None:

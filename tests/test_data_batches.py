@@ -206,6 +206,23 @@ def jagged_steps(path: Path) -> Path:
     return path
 
 
+def test_shuffled_items_keep_each_steps_dtypes(tmp_path: Path) -> None:
+    """A shuffle buffer's blocks are joined for its items only when that keeps every column's
+    dtype: token ids stored as int32 in one step and int64 in the next stay so in the items
+    (and a batch of both promotes them, as from their values)."""
+    where = jagged_steps(tmp_path / "cache")
+    cache = zs.open_cache(where)
+    stored = {s: cache.load(s)["ids"][0].dtype for s in (1, 2)}
+    assert stored == {1: torch.int32, 2: torch.int64}
+    items = list(RolloutIterableDataset(where, shuffle=True, buffer_blocks=2))
+    assert {int(it["step"]): it["ids"].dtype for it in items} == stored
+    assert len({id(it.origin[0]) for it in items}) == 2  # not joined: each step's own rows
+    joined = list(RolloutIterableDataset(where, columns=["hidden"], shuffle=True, buffer_blocks=2))
+    assert len({id(it.origin[0]) for it in joined}) == 1  # one dtype: the buffer's blocks joined
+    assert_same(collate_rollouts(items[:6]), collate_rollouts(plain(items[:6])))
+    assert_same(collate_rollouts(joined[:6]), collate_rollouts(plain(joined[:6])))
+
+
 @pytest.mark.parametrize("pad_value", [0, -1, -0.0])
 def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float

@@ -25,7 +25,7 @@ from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_
 from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, RowItem, assemble, plan_values, zero_bits
 from zarr_skip.format.specs import jagged_parts, torch_numpy, uint_of_size
 
-__all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "make_batch", "segment"]
+__all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "joins_as_they_are", "make_batch", "segment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +119,21 @@ def _item_rows(column: Column) -> list[Any]:
     if isinstance(column, Jagged):
         return split_values(column.values, column.offsets.tolist())
     return column
+
+
+def joins_as_they_are(segments: Sequence[Segment]) -> bool:
+    """Whether :func:`join` of ``segments`` keeps each column's kind and dtype, so that the
+    items of the joined rows equal those of each segment (a tensor column whose dtype differs
+    between segments is joined promoted)."""
+    return all(len({_kind(s.columns[name]) for s in segments}) == 1 for name in segments[0].columns)
+
+
+def _kind(column: Column) -> tuple[str, torch.dtype | None]:
+    if isinstance(column, Dense):
+        return "dense", column.tensor.dtype
+    if isinstance(column, Jagged):
+        return "jagged", column.values.dtype
+    return "rows", None
 
 
 def join(segments: Sequence[Segment]) -> Segment:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarr_skip.data._batches import Run, cut, items, join, make_batch, segment
+from zarr_skip.data._batches import Run, Segment, cut, items, join, joins_as_they_are, make_batch, segment
 from zarr_skip.data._plan import buffers, check_rank, resolve_rank, row_span, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
@@ -144,23 +144,36 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
                 yield from self._items(block)
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
-            rows = [item for block in group for item in self._items(block)]
+            rows = self._buffer_items(group)
             yield from (rows[int(k)] for k in shuffled(len(rows), self.seed, epoch, shard, n))
             del rows  # before the next buffer is read: one buffer's rows held at a time
 
+    def _segment(self, block: Block) -> Segment:
+        """``block``'s rows, each column read as one slice."""
+        return segment(block, self.source.read_columns(block))
+
     def _items(self, block: Block) -> list[RowItem]:
         """The items of ``block``'s rows (:func:`zarr_skip.data._batches.items`)."""
-        return items(segment(block, self.source.read_columns(block)))
+        return items(self._segment(block))
+
+    def _buffer_items(self, group: list[Block]) -> list[RowItem]:
+        """The items of a shuffle buffer's blocks, in order: cut from the blocks joined, so that
+        a batch of them is gathered from one segment, when joining keeps every column's dtype;
+        else from each block."""
+        segments = [self._segment(block) for block in group]
+        if joins_as_they_are(segments):
+            return items(join(segments))
+        return [item for seg in segments for item in items(seg)]
 
     def _orders(self, pieces: list[Block], shard: int, epoch: int) -> Iterator[Run]:
         """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined) with
         the order its rows are handed on in: the per-row path's order."""
         if not self.shuffle:
             for block in pieces:
-                yield segment(block, self.source.read_columns(block)), np.arange(block.rows)
+                yield self._segment(block), np.arange(block.rows)
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
-            seg = join([segment(block, self.source.read_columns(block)) for block in group])
+            seg = join([self._segment(block) for block in group])
             yield seg, shuffled(seg.rows, self.seed, epoch, shard, n)
             del seg  # before the next buffer is read (a batch's carried rows hold it a little longer)
 
