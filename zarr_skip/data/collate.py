@@ -103,7 +103,8 @@ class RowItem(dict[str, Any]):
     column, as ``RolloutIterableDataset(batch_size=...)`` does, instead of from each item's
     values. Any change to the item (``item[k] = v``, ``del``, ``update``, ``pop``...) forgets
     its origin, so the batch is made of its values; it copies and pickles as a plain dict.
-    While an item lives, so does its block (its tensors are views of the block's values)."""
+    While an item lives, so do the rows it was cut from (its block, or its shuffle buffer's
+    blocks joined; its tensors are views of their values)."""
 
     __slots__ = ("origin",)
 
