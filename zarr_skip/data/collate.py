@@ -92,7 +92,8 @@ class Rows(Protocol):
 
 
 #: the most runs (stretches of items cut from one block) a batch is gathered from by its
-#: blocks; more (a shuffled buffer's items alternate between blocks) cost more than the items
+#: blocks; more (the shuffled items of blocks that could not be joined alternate between
+#: them) cost more than the items
 MAX_RUNS = 4
 
 
