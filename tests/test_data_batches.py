@@ -335,7 +335,7 @@ def test_every_configuration_gives_each_row_once_and_len_batches(local: Path, mo
     across the ranks (drop_last: all but each rank's last short batch), none short but the last."""
     import zarr_skip.data._iterable as iterable
 
-    monkeypatch.setattr(iterable, "_freeze_inherited", lambda: None)  # not this test process's gc
+    monkeypatch.setattr(iterable, "_settle_worker", lambda: None)  # not this test process's gc or malloc
     rng = np.random.default_rng(0)
     for _ in range(24):
         world, workers, size = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 12))

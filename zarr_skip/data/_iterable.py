@@ -14,6 +14,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarr_skip.data._batches import Run, Segment, cut, items, join, joins_as_they_are, make_batch, segment
+from zarr_skip.data._malloc import keep_freed_memory
 from zarr_skip.data._plan import buffers, check_rank, resolve_rank, row_span, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
 from zarr_skip.data._source import Block, RolloutSource
@@ -66,8 +67,8 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     process cuts (``len()``), the only short one last.
 
     A DataLoader worker freezes the objects it inherited from its parent (``gc.freeze``, once a
-    process) before it reads, so the garbage collector never walks them there (see
-    :func:`_freeze_inherited`).
+    process) before it reads, so the garbage collector never walks them there, and keeps the
+    memory it frees for its next block (glibc's ``mallopt``; see :func:`_settle_worker`).
     """
 
     def __init__(
@@ -126,7 +127,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         if info is not None:
-            _freeze_inherited()
+            _settle_worker()
         check_rank(self.rank, self.world_size, self._rank_args)
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shard = self.rank * workers + worker  # seeds the shuffle of its buffers
@@ -184,24 +185,27 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         )
 
 
-#: the process whose inherited objects :func:`_freeze_inherited` froze
-_FROZEN_PID = 0
+#: the process :func:`_settle_worker` settled
+_SETTLED_PID = 0
 
 
-def _freeze_inherited() -> None:
-    """In a forked DataLoader worker: move the objects it inherited into the garbage collector's
-    permanent generation (``gc.freeze``), once per process.
+def _settle_worker() -> None:
+    """In a DataLoader worker, once per process: move the objects it inherited into the garbage
+    collector's permanent generation (``gc.freeze``), and keep the memory it frees for reuse
+    (:func:`zarr_skip.data._malloc.keep_freed_memory`).
 
     Reading makes many small objects, so the collector's full passes run; each one walked every
     object inherited from the parent (all of torch), writing to its header, which copies each of
     those pages into the worker (copy-on-write): an 8-step medium epoch through two workers spent
     ~0.3 s of CPU and ~14k page copies a worker on it. Frozen objects are never walked; the
-    worker's own objects are collected as before.
+    worker's own objects are collected as before. Each block's arrays, freed, went back to the
+    kernel and the next block faulted them in again (see :mod:`zarr_skip.data._malloc`).
     """
-    global _FROZEN_PID
-    if _FROZEN_PID != os.getpid():
-        _FROZEN_PID = os.getpid()
+    global _SETTLED_PID
+    if _SETTLED_PID != os.getpid():
+        _SETTLED_PID = os.getpid()
         gc.freeze()
+        keep_freed_memory()
 
 
 class SharedEpoch:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
-from zarr_skip.data._iterable import _freeze_inherited
+from zarr_skip.data._iterable import _settle_worker
 from zarr_skip.data._source import RolloutSource
 from zarr_skip.errors import ConfigTypeError, RowIndexError
 
@@ -123,6 +123,6 @@ class RolloutDataset(Dataset[dict[str, Any]]):
 
 
 def _in_worker() -> None:
-    """In a DataLoader worker: freeze what it inherited, once (see :func:`_freeze_inherited`)."""
+    """In a DataLoader worker: settle it, once (see :func:`_settle_worker`)."""
     if get_worker_info() is not None:
-        _freeze_inherited()
+        _settle_worker()
