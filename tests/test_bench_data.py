@@ -26,6 +26,12 @@ def test_the_data_benchmark_runs(tmp_path: Path) -> None:
     assert torch_part["map"]["rows"] == 10 and torch_part["map"]["bytes_read"] > 0
     assert torch_part["map_loader"]["rows"] == 2 * 32 and res["targets"]["map_loader_vs_iterable"] > 0
     assert res["targets"]["iterable_ratio"]["value"] > 0 and res["sizes"]["row_decoded"] > 0
+    for how in ("iterable", "iterable_batched", "later_epoch", "later_epoch_batched"):  # per round, paired
+        lo, mid, hi = res["targets"][f"{how}_ratio"]["per_round"]
+        pairs = zip(torch_part[how]["samples"], torch_part["to_dict"]["samples"], strict=True)
+        ratios = [a / b for a, b in pairs]
+        assert (lo, hi) == (min(ratios), max(ratios)) and lo <= mid <= hi
+    assert "min / **median** / max over 1 rounds" in (tmp_path / "data.md").read_text()
     assert "RolloutIterableDataset" in (tmp_path / "data.md").read_text()
     assert "random rows, RolloutDataset through DataLoader" in (tmp_path / "data.md").read_text()
     assert "the DataLoader alone" in (tmp_path / "data.md").read_text()
