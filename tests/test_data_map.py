@@ -241,11 +241,11 @@ def test_a_worker_freezes_what_it_inherited_and_keeps_freed_memory_the_main_proc
 
     before = gc.get_freeze_count()
     ds = RolloutDataset(local, columns=["responses", "uid"])
-    here = list(DataLoader(ds, batch_size=32, collate_fn=_freeze_count))
+    here = list(DataLoader(ds, batch_size=8, collate_fn=_freeze_count))
     assert sum(b["rows"] for b in here) == len(ds)
     # no worker: the caller's process is left alone (its allocator gives freed memory back)
     assert gc.get_freeze_count() == before and all(b["refaults"] > 5000 for b in here)
-    for batch_size in (32, None):  # __getitems__, then __getitem__
+    for batch_size in (8, None):  # __getitems__, then __getitem__
         batches = list(DataLoader(ds, batch_size=batch_size, num_workers=1, collate_fn=_freeze_count))
         assert sum(b["rows"] if batch_size else 1 for b in batches) == len(ds)
         # what the worker inherited, frozen; what it frees, kept for reuse
