@@ -74,3 +74,13 @@ def test_client_errors_map_to_the_tree() -> None:
     assert isinstance(backend_error(oe.GenericError("server went away"), "s3://b"), zs.StorageError)
     assert isinstance(backend_error(oe.UnknownConfigurationKeyError("bogus"), "s3://b"), zs.ConfigError)
     assert backend_error(ValueError("not a client's"), "s3://b") is None
+    # a 403 is a status, not the digits of a port or a time (an endpoint on port 40307 was
+    # taken for refused credentials)
+    refused = [
+        "GET http://127.0.0.1:40307/b/k in 107.1µs - error sending request: Connection refused",
+        "GET http://127.0.0.1:9000/b/k in 403.2µs - error sending request: Connection refused",
+    ]
+    for text in refused:
+        assert isinstance(backend_error(oe.GenericError(text), "s3://b"), zs.StorageConnectionError), text
+    for text in ("Client error with status 403 Forbidden: <Error>", "An error occurred (403) when calling HeadObject"):
+        assert isinstance(backend_error(oe.GenericError(text), "s3://b"), zs.StorageAccessError), text

@@ -9,6 +9,8 @@ or :class:`~zarr_skip.errors.StorageError`, with the cause and what to check.
 
 from __future__ import annotations
 
+import re
+
 from zarr_skip.errors import ConfigError, StorageAccessError, StorageConnectionError, StorageError, ZarrSkipError
 
 __all__ = ["MISSING_EXTRA", "backend_error"]
@@ -17,7 +19,10 @@ __all__ = ["MISSING_EXTRA", "backend_error"]
 MISSING_EXTRA = "pip install 'zarr-skip[s3]'"
 
 _CLIENTS = ("obstore", "botocore", "urllib3")
-_ACCESS = ("PermissionDenied", "Unauthenticated", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")
+_ACCESS = ("PermissionDenied", "Unauthenticated", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+#: HTTP status 403 in a message ("status 403 Forbidden", "(403)"), not the digits of a port
+#: (":40307"), a time ("403.1µs") or another number
+_FORBIDDEN = re.compile(r"(?<![\w.:/])403(?![\w.])")
 _CONNECT = (
     "error sending request",
     "connect",
@@ -43,7 +48,7 @@ def backend_error(exc: BaseException, where: str) -> Exception | None:
     name = kind.__name__
     if name == "UnknownConfigurationKeyError":
         return ConfigError(f"{where}: the S3 client refuses an option ({text}); check storage_options")
-    if any(k in name or k in full for k in _ACCESS):
+    if any(k in name or k in full for k in _ACCESS) or _FORBIDDEN.search(full):
         return StorageAccessError(
             f"{where}: the server refused the credentials ({name}: {text}); check key and secret "
             "(storage_options key/secret, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that "
