@@ -84,3 +84,43 @@ def test_client_errors_map_to_the_tree() -> None:
         assert isinstance(backend_error(oe.GenericError(text), "s3://b"), zs.StorageConnectionError), text
     for text in ("Client error with status 403 Forbidden: <Error>", "An error occurred (403) when calling HeadObject"):
         assert isinstance(backend_error(oe.GenericError(text), "s3://b"), zs.StorageAccessError), text
+
+
+def test_a_transient_failure_naming_step_501_is_retried_not_taken_for_no_conditional_put(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed conditional PUT whose message holds the key (``exp/501/...``) is retried: only an
+    HTTP 501 says the server cannot create exclusively."""
+    import obstore
+    import obstore.exceptions as oe
+    from obstore.store import MemoryStore
+    from zarr.core.sync import sync
+    from zarr.storage import ObjectStore
+
+    from zarr_skip.store import _s3_claims
+
+    real, calls = obstore.put_async, []
+
+    async def flaky(store: Any, key: str, data: Any, **kw: Any) -> Any:
+        calls.append(key)
+        if len(calls) == 1:
+            raise oe.GenericError(f"PUT http://127.0.0.1:9000/b/{key}: error sending request: connection reset")
+        return await real(store, key, data, **kw)
+
+    monkeypatch.setattr(obstore, "put_async", flaky)
+    monkeypatch.setattr(_s3_claims, "_CREATE_BACKOFF", 0.0)
+    store = ObjectStore(MemoryStore())
+    key = "exp/501/r1/0/zarr.json"
+    assert sync(_s3_claims.create_if_absent(store, key, b"ours")) is True
+    assert calls == [key, key]
+    for answer in ("Server error with status 501 Not Implemented", "NotImplemented: conditional put"):
+        calls.clear()
+
+        async def unsupported(store: Any, key: str, data: Any, answer: str = answer, **kw: Any) -> Any:
+            calls.append(key)
+            raise oe.GenericError(answer)
+
+        monkeypatch.setattr(obstore, "put_async", unsupported)
+        with pytest.raises(zs.AtomicityError, match="does not support conditional PUT"):
+            sync(_s3_claims.create_if_absent(store, "exp/7/r1/0/zarr.json", b"ours"))
+        assert len(calls) == 1  # not retried

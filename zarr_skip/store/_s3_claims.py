@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from zarr.storage import ObjectStore
 
 from zarr_skip.errors import AtomicityError, ReadOnlyCacheError, StorageError
+from zarr_skip.store._s3_errors import has_status
 
 if TYPE_CHECKING:
     from zarr.abc.store import Store
@@ -159,7 +160,7 @@ async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes) -> boo
             if isinstance(exc, FileNotFoundError):
                 raise StorageError(f"bucket missing while creating {key!r}: {exc}") from exc
             msg = str(exc)
-            if "501" in msg or "NotImplemented" in msg:
+            if has_status(msg, 501) or "NotImplemented" in msg:  # a 501, not step 501's key
                 raise AtomicityError(
                     f"the object store does not support conditional PUT (creating {key!r}): {exc}"
                 ) from exc

@@ -13,16 +13,13 @@ import re
 
 from zarr_skip.errors import ConfigError, StorageAccessError, StorageConnectionError, StorageError, ZarrSkipError
 
-__all__ = ["MISSING_EXTRA", "backend_error"]
+__all__ = ["MISSING_EXTRA", "backend_error", "has_status"]
 
 #: what to install for s3:// locations
 MISSING_EXTRA = "pip install 'zarr-skip[s3]'"
 
 _CLIENTS = ("obstore", "botocore", "urllib3")
 _ACCESS = ("PermissionDenied", "Unauthenticated", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
-#: HTTP status 403 in a message ("status 403 Forbidden", "(403)"), not the digits of a port
-#: (":40307"), a time ("403.1µs") or another number
-_FORBIDDEN = re.compile(r"(?<![\w.:/])403(?![\w.])")
 _CONNECT = (
     "error sending request",
     "connect",
@@ -33,6 +30,13 @@ _CONNECT = (
     "unreachable",
     "reset by peer",
 )
+
+
+def has_status(text: str, status: int) -> bool:
+    """Whether a client's message ``text`` holds HTTP status ``status`` ("status 403 Forbidden",
+    "(501)"), as a number of its own: not the digits of a port (":40307"), of a key
+    ("exp/501/..."), of a time ("403.1µs") or of another number."""
+    return re.search(rf"(?<![\w.:/]){status}(?![\w.])", text) is not None
 
 
 def backend_error(exc: BaseException, where: str) -> Exception | None:
@@ -48,7 +52,7 @@ def backend_error(exc: BaseException, where: str) -> Exception | None:
     name = kind.__name__
     if name == "UnknownConfigurationKeyError":
         return ConfigError(f"{where}: the S3 client refuses an option ({text}); check storage_options")
-    if any(k in name or k in full for k in _ACCESS) or _FORBIDDEN.search(full):
+    if any(k in name or k in full for k in _ACCESS) or has_status(full, 403):
         return StorageAccessError(
             f"{where}: the server refused the credentials ({name}: {text}); check key and secret "
             "(storage_options key/secret, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that "
