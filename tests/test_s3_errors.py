@@ -4,7 +4,9 @@ credentials fails at once, without a request to the cloud's instance-metadata ad
 
 from __future__ import annotations
 
+import http.server
 import socket
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -113,7 +115,10 @@ def test_a_transient_failure_naming_step_501_is_retried_not_taken_for_no_conditi
     key = "exp/501/r1/0/zarr.json"
     assert sync(_s3_claims.create_if_absent(store, key, b"ours")) is True
     assert calls == [key, key]
-    for answer in ("Server error with status 501 Not Implemented", "NotImplemented: conditional put"):
+    for answer in (
+        "Server error with status 501 Not Implemented",
+        "Server returned non-2xx status code: 400 Bad Request: <Error><Code>NotImplemented</Code></Error>",
+    ):
         calls.clear()
 
         async def unsupported(store: Any, key: str, data: Any, answer: str = answer, **kw: Any) -> Any:
@@ -124,3 +129,61 @@ def test_a_transient_failure_naming_step_501_is_retried_not_taken_for_no_conditi
         with pytest.raises(zs.AtomicityError, match="does not support conditional PUT"):
             sync(_s3_claims.create_if_absent(store, "exp/7/r1/0/zarr.json", b"ours"))
         assert len(calls) == 1  # not retried
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the server's ``status`` and an S3 error document."""
+
+    CODES = {403: "AccessDenied", 500: "InternalError", 501: "NotImplemented", 503: "SlowDown"}
+
+    def _answer(self) -> None:
+        status = self.server.status  # type: ignore[attr-defined]
+        body = f"<Error><Code>{self.CODES[status]}</Code></Error>".encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_server_answers_are_told_apart_whatever_the_key_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real S3 client's errors for a server answering 403, 500, 501 or 503, on a key whose
+    run id and step hold "403", "501" and "connect" (obstore's messages name the key and its
+    retry settings, "retry_timeout: 1s"): refused credentials only for the 403, no conditional
+    PUT only for the 501, and a failing server is neither unreachable nor refusing."""
+    import obstore
+    from obstore.store import S3Store
+    from zarr.core.sync import sync
+    from zarr.storage import ObjectStore
+
+    from zarr_skip.store import _s3_claims
+
+    monkeypatch.setattr(_s3_claims, "_CREATE_BACKOFF", 0.0)
+    key = "exp/501/r-403-connect/0/zarr.json"
+    for status in (403, 500, 501, 503):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+        server.status = status  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            store = S3Store(
+                "bkt", endpoint=f"http://127.0.0.1:{server.server_address[1]}", access_key_id="k",
+                secret_access_key="s", region="us-east-1", client_options={"allow_http": True},
+                retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)},
+            )  # fmt: skip
+            with pytest.raises(Exception) as raised:
+                obstore.get(store, key)
+            err = backend_error(raised.value, "s3://bkt")
+            expected = zs.StorageAccessError if status == 403 else zs.StorageError
+            assert type(err) is expected, (status, err)
+            if status in (501, 503):
+                creating = _s3_claims.create_if_absent(ObjectStore(store), key, b"ours")
+                with pytest.raises(zs.AtomicityError if status == 501 else zs.StorageError) as failed:
+                    sync(creating)
+                assert status == 501 or "kept failing" in str(failed.value), failed
+        finally:
+            server.shutdown()
+            server.server_close()

@@ -160,7 +160,7 @@ async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes) -> boo
             if isinstance(exc, FileNotFoundError):
                 raise StorageError(f"bucket missing while creating {key!r}: {exc}") from exc
             msg = str(exc)
-            if has_status(msg, 501) or "NotImplemented" in msg:  # a 501, not step 501's key
+            if has_status(msg, 501) or "<Code>NotImplemented</Code>" in msg:  # not a key's "501"
                 raise AtomicityError(
                     f"the object store does not support conditional PUT (creating {key!r}): {exc}"
                 ) from exc

@@ -32,11 +32,23 @@ _CONNECT = (
 )
 
 
+#: an HTTP status as the clients write it: obstore's "status code: 403" and "status: 403",
+#: botocore's "An error occurred (403)"
+_STATUS = re.compile(r"(?:\bstatus(?: code)?:? |An error occurred \()(\d{3})\b")
+#: what of a message names a place, not a cause: URLs, paths and keys (which hold experiment
+#: names, run ids and step numbers), and the client's retry settings ("retry_timeout: 1s")
+_PLACES = re.compile(r"\S+://\S+|\bpath:? \"?[^\s\",]+\"?|\burl: \S+|\bretry_timeout: \S+")
+
+
 def has_status(text: str, status: int) -> bool:
-    """Whether a client's message ``text`` holds HTTP status ``status`` ("status 403 Forbidden",
-    "(501)"), as a number of its own: not the digits of a port (":40307"), of a key
-    ("exp/501/..."), of a time ("403.1µs") or of another number."""
-    return re.search(rf"(?<![\w.:/]){status}(?![\w.])", text) is not None
+    """Whether a client's message ``text`` says the server answered HTTP ``status`` (not a
+    number that happens to be in a port, a key such as ``exp/501/...``, or a time)."""
+    return str(status) in _STATUS.findall(text)
+
+
+def _causes(text: str) -> str:
+    """``text`` without the places it names (see :data:`_PLACES`): what is left to classify."""
+    return _PLACES.sub(" ", text)
 
 
 def backend_error(exc: BaseException, where: str) -> Exception | None:
@@ -52,15 +64,16 @@ def backend_error(exc: BaseException, where: str) -> Exception | None:
     name = kind.__name__
     if name == "UnknownConfigurationKeyError":
         return ConfigError(f"{where}: the S3 client refuses an option ({text}); check storage_options")
-    if any(k in name or k in full for k in _ACCESS) or has_status(full, 403):
+    causes = _causes(full)
+    if any(k in name or k in causes for k in _ACCESS) or has_status(full, 403):
         return StorageAccessError(
             f"{where}: the server refused the credentials ({name}: {text}); check key and secret "
             "(storage_options key/secret, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that "
             "they may use this bucket"
         )
-    if "NoSuchBucket" in full:
+    if "NoSuchBucket" in causes:
         return StorageError(f"{where}: the bucket does not exist or is not visible ({name}: {text}); check the URL")
-    if any(k.lower() in full.lower() for k in _CONNECT):
+    if any(k.lower() in causes.lower() for k in _CONNECT):
         return StorageConnectionError(
             f"{where}: cannot reach the S3 endpoint ({name}: {text}); check endpoint_url in "
             "storage_options (or AWS_ENDPOINT_URL), that the server runs, and the network"
