@@ -99,9 +99,13 @@ def test_step_and_run_names() -> None:
         with pytest.raises(ConfigError, match="step"):
             layout.step_name(bad)  # type: ignore[arg-type]
     assert layout.check_run_id("run-1.a") == "run-1.a"
-    for bad in ("", "1abc", "a/b", "x" * 200):
+    for bad in ("", "1abc", "a/b", "x" * 200, "r1\n"):  # "$" let a trailing newline through
         with pytest.raises(ConfigError, match="run_id"):
             layout.check_run_id(bad)
+    assert not layout.is_step_name("7\n")
+    for bad in ("exp\n", "a/b\n"):
+        with pytest.raises(ConfigError, match="experiment"):
+            layout.check_experiment_name(bad)
     rid = layout.new_run_id(0.0)
     assert rid.startswith("r19700101T000000-") and layout.check_run_id(rid)
     assert layout.chunk_key("a/b", 3, 2) == "a/b/c/3/0"

@@ -87,3 +87,17 @@ def test_a_different_expected_or_overwrite_scans(location: Any, fingerprint: dic
         cache.write(6, make_batch(2), expected=2)
     cache.write(6, make_batch(2), expected=3, overwrite=True)
     assert scans == [6, 6, 6]
+
+
+def test_runs_and_experiments_named_like_temp_files_are_runs_and_experiments(location: Any, fingerprint: dict) -> None:
+    """Only a writer's temp file (``{name}.{hex}.partial``) is skipped when a step or the root
+    is listed: a run id or an experiment that ends in ``.partial`` is one like any other (its
+    writes failed as displaced by a newer run, and the experiment was listed nowhere)."""
+    assert zs.open_cache(location, fingerprint, run_id="sweep.partial").write(3, make_batch(2)).step_complete
+    named = zs.open_cache(location, fingerprint, experiment="grpo.partial")
+    named.write(1, make_batch(2), expected=2)
+    named.write(1, make_batch(2, seed=1), expected=2)
+    again = zs.open_cache(location)
+    assert "grpo.partial" in again.experiments()
+    assert zs.open_cache(location, experiment="grpo.partial").status()[0].state == "complete"
+    assert zs.open_cache(location, fingerprint).status()[0].run == "sweep.partial"

@@ -504,13 +504,13 @@ def gc(
     removals = [*plan.removals, *(r for r in plan.strays if _mtime_age(storage, r.path, now) >= age)]
     removing = {r.path for r in removals}
     for key in storage.list_prefix(experiment) if experiment else []:
-        if key.endswith(".partial") and not any(key.startswith(p + "/") for p in removing):
+        if layout.is_temp(key) and not any(key.startswith(p + "/") for p in removing):
             if _mtime_age(storage, key, now) >= age:
                 removals.append(Removal(key, "temp file of a killed writer"))
     for r in removals:
         logger.info("gc%s: %s (%s)", " (dry run)" if dry_run else "", storage.key_path(r.path), r.reason)
         if not dry_run:
-            if r.path.endswith(".partial"):
+            if layout.is_temp(r.path):
                 storage.delete(r.path)
             else:
                 storage.delete_prefix(r.path)

@@ -65,9 +65,19 @@ VERL_KEYS = (
     "max_response_length",
 )
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
-_RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}$")
-_STEP = re.compile(r"^(0|[1-9][0-9]*)$")
+# \Z, not $: "$" also matches before a trailing newline ("r1\n" would pass)
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*\Z")
+_RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}\Z")
+_STEP = re.compile(r"^(0|[1-9][0-9]*)\Z")
+#: a temp file a writer leaves beside a key until it renames it, ``{name}.{hex}.partial`` (a uuid4)
+#: (zarr's atomic writes name theirs alike); a run, step or experiment never ends so
+_TEMP = re.compile(r"\.[0-9a-f]{8,}\.partial\Z")
+
+
+def is_temp(key: str) -> bool:
+    """Whether the last segment of ``key`` is a writer's temp file, not a run or experiment
+    whose name ends in ``.partial``."""
+    return _TEMP.search(key.rpartition("/")[2]) is not None
 
 
 def _segment(value: object) -> str:

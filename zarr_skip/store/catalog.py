@@ -79,7 +79,7 @@ def list_steps(storage: Storage, experiment: str) -> list[int]:
 
 
 def _children(names: Sequence[str]) -> list[str]:
-    return [n for n in names if n != layout.METADATA and not n.endswith(".partial")]
+    return [n for n in names if n != layout.METADATA and not layout.is_temp(n)]
 
 
 def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[StepScan]:

@@ -58,7 +58,7 @@ def find_experiments(storage: Storage, below: str = "") -> tuple[dict[str, dict[
             layout.join(parent, n)
             for parent, names in zip(level, listings, strict=True)
             for n in names
-            if n != layout.METADATA and not n.endswith(".partial") and not layout.is_step_name(n)
+            if n != layout.METADATA and not layout.is_temp(n) and not layout.is_step_name(n)
         ]
         if not children:
             break

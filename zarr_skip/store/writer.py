@@ -568,7 +568,7 @@ def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[
     """A run recorded in the step that started after this one (``""`` when this run's own
     record is gone), or None. ``listing``: the step's names, when just listed."""
     listed = storage.list_dir(step_path) if listing is None else listing
-    names = [n for n in listed if n != layout.METADATA and not n.endswith(".partial")]
+    names = [n for n in listed if n != layout.METADATA and not layout.is_temp(n)]
     if ctx.run not in names:
         return ""
     others = [n for n in names if n != ctx.run]
@@ -635,10 +635,10 @@ def _forget_run_if_empty(storage: Storage, step_path: str, run: str) -> None:
     refused first write must not leave a step that reads as ``writing``."""
     run_path = layout.join(step_path, run)
     try:
-        if any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(run_path)):
+        if any(n != layout.METADATA and not layout.is_temp(n) for n in storage.list_dir(run_path)):
             return
         storage.delete_prefix(run_path)
-        if not any(n != layout.METADATA and not n.endswith(".partial") for n in storage.list_dir(step_path)):
+        if not any(n != layout.METADATA and not layout.is_temp(n) for n in storage.list_dir(step_path)):
             storage.delete_prefix(step_path)
     except Exception as exc:  # noqa: BLE001 - best effort, like _discard; gc removes what stays
         logger.warning("could not remove the record of run %s at %s: %s", run, step_path, exc)
