@@ -131,6 +131,23 @@ def test_open_cache_takes_what_the_cli_e_takes(tmp_path: Path, fingerprint: dict
         zs.open_cache(root, experiment="nope")
 
 
+def test_a_part_of_an_experiment_name_is_a_whole_word_or_number() -> None:
+    """``-e exp1`` names ``exp1_p/...``, never ``exp10_p/...`` (``rm -e exp1 5`` would remove
+    another experiment's step); ``GBS4`` is not ``GBS48``."""
+    from zarr_skip.store.experiments import match_experiment
+
+    names = ["exp10_p/GBS4_N2_in8_out16", "exp1_p/GBS48_N2_in8_out16"]
+    assert match_experiment("exp1", names, "loc") == names[1]
+    assert match_experiment("exp10", names, "loc") == names[0]
+    assert match_experiment("GBS4", names, "loc") == names[0]
+    assert match_experiment("GBS4_N2", names, "loc") == names[0]
+    with pytest.raises(zs.AmbiguousExperimentError, match="several experiments"):
+        match_experiment("N2", names, "loc")
+    for part in ("exp", "GBS", "in8_out1"):
+        with pytest.raises(zs.ExperimentNotFoundError, match="not found"):
+            match_experiment(part, names, "loc")
+
+
 def test_opening_a_group_inside_a_cache_names_the_root(tmp_path: Path, fingerprint: dict) -> None:
     root = tmp_path / "cache"
     rollout, _ = _two_roles(root, fingerprint)

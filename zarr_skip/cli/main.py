@@ -86,7 +86,7 @@ def _common(*, experiment: bool = True) -> argparse.ArgumentParser:
             "-e",
             "--experiment",
             metavar="NAME",
-            help="the experiment to use (full name, its last part such as the role, or a unique part of it)",
+            help="the experiment to use (full name, its last part such as the role, or a unique whole part of it)",
         )
     p.add_argument("--json", action="store_true", help="print one JSON document for scripts")
     p.add_argument(

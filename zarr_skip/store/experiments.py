@@ -4,6 +4,7 @@ and an experiment at the first write (opening a cache never writes)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -168,7 +169,9 @@ def create_experiment(storage: Storage, name: str, fingerprint: Mapping[str, Any
 def match_experiment(wanted: str, names: Sequence[str], location: str) -> str:
     """The stored experiment that ``wanted`` names (what ``open_cache(experiment=...)`` and the
     CLI's ``-e`` take): the full name, else the one whose last parts it is (``rollout`` for
-    ``exp_proj/GBS4_N2_in8_out16/rollout``), else the one name holding it.
+    ``exp_proj/GBS4_N2_in8_out16/rollout``), else the one name holding it as a whole: not
+    inside a longer word or number (``exp1`` is not ``exp10_p``, ``GBS4`` not ``GBS48``), as
+    ``rm -e`` must not pick another experiment's steps.
 
     Raises
     ------
@@ -179,7 +182,8 @@ def match_experiment(wanted: str, names: Sequence[str], location: str) -> str:
     """
     if wanted in names:
         return wanted
-    matches = [n for n in names if n.endswith("/" + wanted)] or [n for n in names if wanted in n]
+    whole = re.compile(rf"(?<![A-Za-z0-9]){re.escape(wanted)}(?![A-Za-z0-9])")
+    matches = [n for n in names if n.endswith("/" + wanted)] or [n for n in names if whole.search(n)]
     if len(matches) == 1:
         return matches[0]
     if matches:
