@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from zarr_skip.errors import ConfigError
@@ -117,3 +119,36 @@ def test_doc_checksum_ignores_its_own_field() -> None:
     c = layout.doc_checksum(doc)
     assert layout.doc_checksum(dict(doc, checksum=c)) == c
     assert layout.doc_checksum(dict(doc, a=2)) != c
+
+
+def test_a_container_names_its_pid_namespace_in_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers in two containers that share the machine's name (host networking) do not see
+    each other's pids: judged by pid, a live one would be dead and its step abandoned (gc
+    removes it). With the namespace in the host they are judged by heartbeat."""
+    import os
+    import socket
+
+    from zarr_skip.format import state
+
+    real = os.stat
+
+    def namespace(ino: int) -> Any:
+        def stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(path) == "/proc/self/ns/pid":
+                return os.stat_result((0, ino, 0, 0, 0, 0, 0, 0, 0, 0))
+            return real(path, *args, **kwargs)
+
+        return stat
+
+    name = socket.gethostname()
+    monkeypatch.setattr(os, "stat", namespace(0xEFFFFFFC))
+    assert state.host_name() == name  # the machine's own namespace: its name alone
+    monkeypatch.setattr(os, "stat", namespace(4026532999))
+    here = state.host_name()
+    assert here == f"{name} (pid namespace 4026532999)"
+    monkeypatch.setattr(state, "HOST", here)
+    dead = 2**22 + 12345  # beyond pid_max: no such process here
+    other = f"{name} (pid namespace 4026533000)"  # a writer in the other container
+    assert state.writer_alive(other, dead, heartbeat=100.0, now=110.0, lease=60.0)  # its heartbeat counts
+    assert not state.writer_alive(other, dead, heartbeat=100.0, now=200.0, lease=60.0)
+    assert not state.writer_alive(here, dead, heartbeat=100.0, now=110.0, lease=60.0)  # ours: by pid

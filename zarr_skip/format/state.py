@@ -25,7 +25,27 @@ WRITING: Final = "writing"
 ABANDONED: Final = "abandoned"
 #: what :func:`resolve` does with a step that is not complete
 ResolveAction = Literal["cache", "repeat"]
-HOST = socket.gethostname()
+#: the inode of the machine's own PID namespace (Linux's PROC_PID_INIT_INO)
+_INIT_PID_NAMESPACE = 0xEFFFFFFC
+
+
+def host_name() -> str:
+    """Who can judge this process's writers by their pids: the machine's name, with the PID
+    namespace when it is not the machine's own (a container). Containers that share the
+    machine's name (Kubernetes ``hostNetwork``, ``docker --network host``) do not see each
+    other's pids, so a live writer in one would read as dead in the other, and its step as
+    abandoned (which ``gc`` removes); with the namespace in the name they judge each other
+    by heartbeats, as writers on other hosts."""
+    name = socket.gethostname()
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux, or no /proc: pids are the machine's
+        return name
+    return name if namespace == _INIT_PID_NAMESPACE else f"{name} (pid namespace {namespace})"
+
+
+#: the ``host`` this process's records carry (see :func:`host_name`)
+HOST = host_name()
 
 
 @dataclass(frozen=True, slots=True)
