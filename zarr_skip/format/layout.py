@@ -69,8 +69,9 @@ VERL_KEYS = (
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*\Z")
 _RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,127}\Z")
 _STEP = re.compile(r"^(0|[1-9][0-9]*)\Z")
-#: a temp file a writer leaves beside a key until it renames it, ``{name}.{hex}.partial`` (a uuid4)
-#: (zarr's atomic writes name theirs alike); a run, step or experiment never ends so
+#: a temp file a writer leaves beside a key until it renames it, ``{name}.{hex}.partial`` (a
+#: uuid4's hex; zarr's atomic writes name theirs alike): a run or an experiment named
+#: ``sweep.partial`` is not one
 _TEMP = re.compile(r"\.[0-9a-f]{8,}\.partial\Z")
 
 
