@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from typing import Any
 from benchmarks import load
 from benchmarks.formats import fingerprint
 from benchmarks.machine import REPO_ROOT, machine_info
+from benchmarks.measure import spread
 
 TARGETS = {"iterable_ratio": 1.5, "iterable_memory": 2.0}
 #: presets of this benchmark beyond zarr_skip.synthetic's (a tiny one for the test)
@@ -266,11 +267,6 @@ def bench_torch(where: Path, parts: set[str], items: int, reps: int, loader_rows
         out[how] = {**best, "s": statistics.median(r["s"] for r in samples), "samples": [r["s"] for r in samples]}
         log(f"{how}: {out[how]}")
     return out
-
-
-def spread(values: Sequence[float]) -> tuple[float, float, float]:
-    """min, median and max of ``values``."""
-    return min(values), statistics.median(values), max(values)
 
 
 def per_round(t: Mapping[str, Any], how: str, against: str = "to_dict") -> tuple[float, float, float]:

@@ -62,7 +62,7 @@ from typing import Any
 from benchmarks import load
 from benchmarks.formats import fingerprint
 from benchmarks.machine import REPO_ROOT, machine_info
-from benchmarks.measure import drop_cache
+from benchmarks.measure import drop_cache, spread
 from benchmarks.servers import test_helper
 
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -322,7 +322,7 @@ def weed_version() -> str:
 
 
 def _stats(v: Sequence[float]) -> dict[str, float]:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
+    return dict(zip(("min", "median", "max"), spread(v), strict=True))
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:

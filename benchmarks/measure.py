@@ -15,6 +15,8 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +149,8 @@ class PeakRSS:
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0, peak - self.rss0)
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """min, median and max of ``values`` (how every benchmark reports repeated samples)."""
+    return min(values), statistics.median(values), max(values)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import REPO_ROOT
+from benchmarks.measure import spread
 
 #: (label, source, contender, reference) of each row; a source's keys are read by :func:`_samples`
 Row = tuple[str, str, tuple[str, ...], tuple[str, ...] | None]
@@ -87,16 +88,12 @@ def load_record(source: str, res: Mapping[str, Any]) -> Mapping[str, Any] | None
 
 
 def _mmm(v: Sequence[float]) -> str:
-    s = sorted(v)
-    mid = len(s) // 2
-    med = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-    return f"{s[0] * 1e3:.1f} / **{med * 1e3:.1f}** / {s[-1] * 1e3:.1f}"
+    lo, med, hi = spread(v)
+    return f"{lo * 1e3:.1f} / **{med * 1e3:.1f}** / {hi * 1e3:.1f}"
 
 
 def _median(v: Sequence[float]) -> float:
-    s = sorted(v)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return spread(v)[1]
 
 
 def table(results: Mapping[str, Mapping[str, Any] | None], preset: str = "medium") -> list[str]:
