@@ -459,3 +459,18 @@ def refaults(mib: int = 72) -> int:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     touch()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+#: :func:`refaults` of each process, measured once (after its first items were read)
+_REFAULTS: dict[int, int] = {}
+
+
+def worker_state(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collate function that reports the process it runs in: how many objects its garbage
+    collector has frozen, its :func:`refaults` (measured once a process) and the batch's rows."""
+    import gc
+    import os
+
+    if os.getpid() not in _REFAULTS:
+        _REFAULTS[os.getpid()] = refaults()
+    return {"frozen": gc.get_freeze_count(), "refaults": _REFAULTS[os.getpid()], "rows": len(items)}

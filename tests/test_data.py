@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import chunk_region, make_batch, refaults, split
+from helpers import chunk_region, make_batch, split, worker_state
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -569,27 +569,16 @@ def test_a_worker_leaves_a_zero_padding_unwritten_with_the_same_batch(
             assert got == value, name
 
 
-def _freeze_count(items: list[dict[str, Any]]) -> dict[str, Any]:
-    import gc
-
-    if os.getpid() not in _REFAULTS:  # once a process, after its first items were read
-        _REFAULTS[os.getpid()] = refaults()
-    return {"frozen": gc.get_freeze_count(), "refaults": _REFAULTS[os.getpid()], "rows": len(items)}
-
-
-_REFAULTS: dict[int, int] = {}
-
-
 def test_a_worker_freezes_what_it_inherited_and_keeps_freed_memory_the_main_process_neither(local: Path) -> None:
     import gc
 
     before = gc.get_freeze_count()
     ds = RolloutIterableDataset(local, columns=COLUMNS)
-    here = list(DataLoader(ds, batch_size=8, collate_fn=_freeze_count))
+    here = list(DataLoader(ds, batch_size=8, collate_fn=worker_state))
     assert sum(b["rows"] for b in here) == len(ALL_ROWS)
     # no worker: the caller's process is left alone (its allocator gives freed memory back)
     assert gc.get_freeze_count() == before and all(b["refaults"] > 5000 for b in here)
-    batches = list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=_freeze_count))
+    batches = list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=worker_state))
     assert sum(b["rows"] for b in batches) == len(ALL_ROWS)
     # the worker froze the objects it inherited (torch, the test session) before reading, and
     # reuses the memory it frees (72 MiB allocated again: 18432 pages, faulted in by default)

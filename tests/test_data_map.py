@@ -7,7 +7,6 @@ and decoded once; small decoded chunks are kept in a per-process memo (``store.m
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import refaults, split
+from helpers import split, worker_state
 from torch.utils.data import DataLoader
 
 import zarr_skip as zs
@@ -225,28 +224,17 @@ def test_bad_indices_are_typed_errors_naming_the_index(local: Path) -> None:
     assert ds[np.int64(-96)]["row"] == 0 and ds.__getitems__([np.int32(95)])[0]["row"] == ROWS - 1
 
 
-def _freeze_count(items: list[dict[str, Any]]) -> dict[str, Any]:
-    import gc
-
-    if os.getpid() not in _REFAULTS:  # once a process, after its first items were read
-        _REFAULTS[os.getpid()] = refaults()
-    return {"frozen": gc.get_freeze_count(), "refaults": _REFAULTS[os.getpid()], "rows": len(items)}
-
-
-_REFAULTS: dict[int, int] = {}
-
-
 def test_a_worker_freezes_what_it_inherited_and_keeps_freed_memory_the_main_process_neither(local: Path) -> None:
     import gc
 
     before = gc.get_freeze_count()
     ds = RolloutDataset(local, columns=["responses", "uid"])
-    here = list(DataLoader(ds, batch_size=8, collate_fn=_freeze_count))
+    here = list(DataLoader(ds, batch_size=8, collate_fn=worker_state))
     assert sum(b["rows"] for b in here) == len(ds)
     # no worker: the caller's process is left alone (its allocator gives freed memory back)
     assert gc.get_freeze_count() == before and all(b["refaults"] > 5000 for b in here)
     for batch_size in (8, None):  # __getitems__, then __getitem__
-        batches = list(DataLoader(ds, batch_size=batch_size, num_workers=1, collate_fn=_freeze_count))
+        batches = list(DataLoader(ds, batch_size=batch_size, num_workers=1, collate_fn=worker_state))
         assert sum(b["rows"] if batch_size else 1 for b in batches) == len(ds)
         # what the worker inherited, frozen; what it frees, kept for reuse
         assert all(b["frozen"] > before + 1000 and b["refaults"] < 500 for b in batches)
