@@ -104,3 +104,22 @@ def test_steps_one_check_for_every_entry_point(tmp_path: Any) -> None:
         checks.check_steps([np.bool_(True)])
     with pytest.raises(zs.ConfigError, match="steps: expected non-negative ints, got -2"):
         checks.check_steps([1, np.int64(-2)])
+
+
+@pytest.mark.parametrize(
+    ("location", "scheme"),
+    [
+        ("s3://b/p", "s3"),
+        ("S3://b/p", "s3"),
+        ("s3a://b/p", "s3a"),
+        ("File:///tmp/x", "file"),
+        ("git+ssh://h/r", "git+ssh"),
+        ("/data/run://1", None),
+        ("./a://b", None),
+        ("rel/dir", None),
+        ("1s3://b", None),
+        ("://b", None),
+    ],
+)
+def test_url_scheme_tells_urls_from_paths(location: str, scheme: str | None) -> None:
+    assert args.url_scheme(location) == scheme

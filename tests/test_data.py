@@ -90,6 +90,14 @@ def test_map_items_equal_load_and_pickle_without_handles(local: Path) -> None:
         ds[36]
 
 
+def test_a_relative_location_travels_as_the_callers_directory(local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(local.parent)
+    ds = RolloutDataset(local.name, columns=["score"])
+    monkeypatch.chdir("/")  # a process that starts elsewhere: a Ray worker, a spawned DataLoader worker
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.source.location == str(local) and keys([clone[0]]) == [ALL_ROWS[0]]
+
+
 def test_map_through_dataloader_workers(local: Path) -> None:
     ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, np.int64(3)])
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_rollouts)

@@ -172,3 +172,21 @@ def test_the_cli_hint_for_a_group_inside_a_cache_runs(tmp_path: Path, fingerprin
     assert cli(["ls", str(root), "-e", "GBS4"]) == 2  # both experiments: the candidates are named
     err = capsys.readouterr().err
     assert "matches several experiments" in err and rollout in err
+
+
+def test_a_path_holding_colon_slashes_is_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    odd = "runs/exp://1"  # what precedes :// is no URL scheme: a directory name
+    zs.open_cache(odd, FINGERPRINT).write(1, make_batch(2))
+    assert (tmp_path / "runs" / "exp:" / "1").is_dir()
+    assert zs.open_cache(tmp_path / odd).steps() == [1]
+
+
+def test_a_url_scheme_in_capitals_is_the_same_url(tmp_path: Path, s3_server: Any) -> None:
+    url = s3_server.s3_url("caps")
+    zs.open_cache(url, FINGERPRINT, storage_options=s3_server.storage_options).write(1, make_batch(2))
+    upper = "S3" + url[2:]
+    assert zs.open_cache(upper, storage_options=s3_server.storage_options).steps() == [1]
+    file_url = "FILE://" + str(tmp_path / "local")
+    zs.open_cache(file_url, FINGERPRINT).write(2, make_batch(2))
+    assert zs.open_cache(tmp_path / "local").steps() == [2]

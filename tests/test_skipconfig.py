@@ -143,12 +143,18 @@ def test_relative_path_becomes_absolute(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert cfg.rollout.dump_dir == str(tmp_path / "rel" / "dump")
 
 
+def test_a_relative_path_holding_colon_slashes_is_a_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_skip_config({"skip": {"rollout": {"dump_dir": "runs/a://b"}}})
+    assert cfg.rollout.dump_dir == str(tmp_path / "runs" / "a:" / "b")
+
+
 def test_pathlike_dump_dir_accepted(tmp_path: Path) -> None:
     cfg = parse_skip_config({"skip": {"rollout": {"dump_dir": tmp_path / "d"}}})
     assert cfg.rollout.dump_dir == str(tmp_path / "d")
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/x", "file:///tmp/x", "gs://b/~/x", "memory://cache"])
+@pytest.mark.parametrize("url", ["s3://bucket/x", "S3://bucket/x", "file:///tmp/x", "gs://b/~/x", "memory://cache"])
 def test_urls_are_left_alone(url: str) -> None:
     assert parse_skip_config({"skip": {"rollout_tq": {"dump_dir": url}}}).rollout_tq.dump_dir == url
 

@@ -72,7 +72,9 @@ class RolloutSource:
                 f"location {location!r}: pass a path or an s3:// URL (with storage_options), not a store object: "
                 "each DataLoader worker or Ray task opens the store itself"
             )
-        self.location = os.fspath(location)
+        text = os.fspath(location)
+        # a relative path is the caller's: a process that starts elsewhere (a Ray worker) opens the same
+        self.location = text if args.url_scheme(text) else os.path.abspath(os.path.expanduser(text))
         self.experiment = None if experiment is None else args.name(experiment, "experiment")
         options = checks.check_mapping(storage_options, "storage_options")
         self.storage_options = None if options is None else dict(options)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -37,12 +38,16 @@ __all__ = [
     "path",
     "row",
     "rows",
+    "url_scheme",
     "whole",
 ]
 
 #: the largest count (rows, page sizes, limits) an argument may name: above it numpy's int64
 #: arithmetic would overflow
 MAX_COUNT = 1 << 62
+
+#: a URL's scheme (RFC 3986: a letter, then letters, digits, ``+``, ``-`` or ``.``) and ``://``
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def _shown(value: Any) -> str:
@@ -219,3 +224,11 @@ def path(value: Any, name: str = "path", where: str = "") -> str:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{_at(where)}{name}: expected a non-empty path, got {value!r:.80}")
     return text
+
+
+def url_scheme(location: str) -> str | None:
+    """The scheme of ``location`` in lower case when it is a URL (``S3://b/p`` gives ``"s3"``),
+    or ``None`` for a path: ``/data/run://1`` and ``./a://b`` are paths, since what comes
+    before their ``://`` is not a scheme."""
+    match = _SCHEME.match(location)
+    return match.group(1).lower() if match else None

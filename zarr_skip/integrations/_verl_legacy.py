@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zarr_skip.errors import StepCompleteError, StepNotFoundError, UnsafePickleError
+from zarr_skip.format import args
 from zarr_skip.format.state import check_action, resolve
 from zarr_skip.legacy.dumps import LegacyStep, legacy_experiment_dir, read_step, scan_legacy
 
@@ -47,7 +48,7 @@ class LegacySource:
         self.fingerprint = dict(fingerprint)
         self.failed: set[int] = set()  # legacy steps that did not import: not tried again
         self.directory: Path | None = None
-        if "://" in location:
+        if args.url_scheme(location) is not None:
             logger.warning("import_legacy: %s is a URL; legacy verl dumps are read from local paths only", location)
             return
         fp = self.fingerprint

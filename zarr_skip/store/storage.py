@@ -32,7 +32,7 @@ from zarr_skip.errors import (
     StorageError,
     ZarrSkipError,
 )
-from zarr_skip.format import layout
+from zarr_skip.format import args, layout
 from zarr_skip.store import _localfs, packed
 from zarr_skip.store._s3_errors import backend_error
 from zarr_skip.store.packed import Member
@@ -60,11 +60,11 @@ def open_store(
             return location.with_read_only(True)
         return location
     text = os.fspath(location)
-    scheme, sep, rest = text.partition("://")
-    if not sep:
+    scheme = args.url_scheme(text)
+    if scheme is None:
         return LocalStore(Path(text).expanduser(), read_only=read_only)
     if scheme == "file":
-        return LocalStore(Path(rest).expanduser(), read_only=read_only)
+        return LocalStore(Path(text.partition("://")[2]).expanduser(), read_only=read_only)
     if scheme in ("s3", "s3a"):
         from zarr_skip.store._s3 import open_s3_store
 

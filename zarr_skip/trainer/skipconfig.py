@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarr_skip.errors import ConfigError
+from zarr_skip.format import args
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ _ABSENT = object()
 
 
 def _is_url(location: str) -> bool:
-    return "://" in location
+    return args.url_scheme(location) is not None
 
 
 def _normalize_dump_dir(value: str) -> str:
