@@ -319,6 +319,10 @@ def test_scan_hints_expected_minibatches_and_subdirs(legacy_root: tuple[Path, di
     root, _ = legacy_root
     exp = next(e for e in scan_legacy(root, project_name="team_proj") if e.combined_name == "my_exp_team_proj")
     assert (exp.experiment_name, exp.project_name, exp.name_split) == ("my_exp", "team_proj", "hint")
+    # both hints, and a directory of another experiment of the same project: the project decides
+    both = {e.combined_name: e for e in scan_legacy(root, experiment_name="my", project_name="team_proj")}
+    mine = both["my_exp_team_proj"]
+    assert (mine.experiment_name, mine.project_name, mine.name_split) == ("my_exp", "team_proj", "hint")
     strict = next(e for e in scan_legacy(root, expected_minibatches=3) if e.n == 2)
     assert strict.get_step(5).reason == "2 mini-batch dirs, expected 3" and 5 not in strict.complete_steps
     assert [e.path for e in scan_legacy(exp.path)] == [exp.path]  # a GBS dir itself

@@ -206,10 +206,12 @@ def _split_name(combined: str, experiment: str | None, project: str | None) -> t
     for exp, proj, how in ((experiment, project, "hint"), (_DEFAULT_EXPERIMENT, _DEFAULT_PROJECT, "default")):
         if exp and proj and combined == f"{exp}_{proj}":
             return exp, proj, how
-        if exp and combined.startswith(f"{exp}_") and len(combined) > len(exp) + 1:
-            return exp, combined[len(exp) + 1 :], how
+        # the project first: one project holds many experiments, so with both hints given,
+        # grpo_v2_math is experiment grpo_v2 of project math rather than grpo of v2_math
         if proj and combined.endswith(f"_{proj}") and len(combined) > len(proj) + 1:
             return combined[: -len(proj) - 1], proj, how
+        if exp and combined.startswith(f"{exp}_") and len(combined) > len(exp) + 1:
+            return exp, combined[len(exp) + 1 :], how
     head, _, tail = combined.partition("_")
     return head, tail, ("unique" if combined.count("_") == 1 else "guess")
 
