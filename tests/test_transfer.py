@@ -185,6 +185,15 @@ def test_non_json_meta_info_fails_unless_coerced(tmp_path: Path, verl_src: Path)
     assert_td(view.to_dataproto().batch, src.batch)
 
 
+def test_a_failed_import_names_the_option_that_stores_it() -> None:
+    from zarr_skip.errors import UnsupportedColumnError
+    from zarr_skip.legacy.transfer import _hint
+
+    assert "coerce_meta" in _hint(UnsupportedColumnError("meta_info: cannot store a set; it must be JSON-able"))
+    assert "allow_pickle" in _hint(UnsupportedColumnError("column 'meta_info_raw': cannot store objects"))
+    assert _hint(ValueError("meta_info: other")) == ""
+
+
 def test_coerce_meta_info() -> None:
     got = coerce_meta_info({"a": np.float64(0.5), "b": (1, {2: np.arange(3)}), "c": {"z", "y"}, "d": object})
     assert got == {"a": 0.5, "b": [1, {"2": [0, 1, 2]}], "c": ["y", "z"], "d": "<class 'object'>"}

@@ -364,13 +364,18 @@ def _import_step(
     except Exception as exc:  # noqa: BLE001 - reported; the half-written step is removed
         if written:
             cache.delete(step.step)
-        hint = (
-            ""
-            if not isinstance(exc, UnsupportedColumnError)
-            else (" (coerce_meta stores a JSON-able copy)" if "meta_info" in str(exc) else " (allow_pickle stores it)")
-        )
-        return StepTransfer(name, step.step, FAILED, f"{type(exc).__name__}: {exc}{hint}", path=where)
+        return StepTransfer(name, step.step, FAILED, f"{type(exc).__name__}: {exc}{_hint(exc)}", path=where)
     return StepTransfer(name, step.step, IMPORTED, "", written, rows, where)
+
+
+def _hint(exc: Exception) -> str:
+    """Which import option stores what ``exc`` refused: the step's meta_info (its error starts
+    with ``meta_info:``) or a column of objects (a column may be named ``meta_info_x``)."""
+    if not isinstance(exc, UnsupportedColumnError):
+        return ""
+    if str(exc).startswith("meta_info:"):
+        return " (coerce_meta stores a JSON-able copy)"
+    return " (allow_pickle stores it)"
 
 
 # --------------------------------------------------------------------------- export
