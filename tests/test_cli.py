@@ -293,6 +293,11 @@ def test_argument_parsing(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in (["x"], ["all"], ["-3"]):
         with pytest.raises(UsageError):
             parse_steps(bad)
+    assert parse_steps(["0-999999"]) == list(range(1_000_000))
+    with pytest.raises(UsageError, match=r"'5-3': the end is below the start \(write 3-5\)"):
+        parse_steps(["5-3"])  # was no step at all, silently
+    with pytest.raises(UsageError, match=r"'0-999999999999': 1000000000000 steps, at most 1,000,000 \(or give 'all'\)"):
+        parse_steps(["0-999999999999"])  # was a list of 10**12 numbers
     assert parse_storage_options(["endpoint_url=http://h:9000", "anon=true", "n=3"]) == {
         "endpoint_url": "http://h:9000",
         "anon": True,

@@ -228,12 +228,26 @@ def parse_steps(
         if token == "latest" or (token.startswith("-") and token[1:].isdigit()):
             steps.append(relative_step(token, latest()))
             continue
-        lo, sep, hi = token.partition("-")
-        try:
-            steps += list(range(int(lo), int(hi) + 1)) if sep else [int(token)]
-        except ValueError:
-            raise UsageError(f"step {token!r}: expected a number, a range like 10-20, latest or -K") from None
+        steps += _step_range(token)
     return list(dict.fromkeys(steps))
+
+
+#: the most steps one ``A-B`` token may name (each becomes a step number in a list)
+MAX_RANGE = 1_000_000
+
+
+def _step_range(token: str) -> range:
+    """The steps of ``12`` or ``10-20`` (inclusive), or UsageError."""
+    lo, sep, hi = token.partition("-")
+    try:
+        first, last = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise UsageError(f"step {token!r}: expected a number, a range like 10-20, latest or -K") from None
+    if last < first:
+        raise UsageError(f"step range {token!r}: the end is below the start (write {last}-{first})")
+    if last - first >= MAX_RANGE:
+        raise UsageError(f"step range {token!r}: {last - first + 1} steps, at most {MAX_RANGE:,} (or give 'all')")
+    return range(first, last + 1)
 
 
 def relative_step(token: str, complete: Sequence[int]) -> int:
