@@ -45,7 +45,6 @@ import argparse
 import json
 import logging
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -58,7 +57,7 @@ from benchmarks import load
 from benchmarks.baseline import DEFINITION, plain_dump, plain_load
 from benchmarks.formats import fingerprint
 from benchmarks.machine import REPO_ROOT, machine_info
-from benchmarks.measure import disk_usage, drop_cache
+from benchmarks.measure import disk_usage, drop_cache, spread
 
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
@@ -340,7 +339,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     """Min / median / max per format and operation, and each format's median over zarr_skip's."""
     stats: dict[str, dict[str, dict[str, float]]] = {}
     for f, ops in res["samples_s"].items():
-        stats[f] = {op: {"min": min(v), "median": statistics.median(v), "max": max(v)} for op, v in ops.items() if v}
+        stats[f] = {op: dict(zip(("min", "median", "max"), spread(v), strict=True)) for op, v in ops.items() if v}
         stats[f]["bytes"] = {"value": float(res["disk"][f]["bytes_allocated"])}
         stats[f]["files"] = {"value": float(res["disk"][f]["files"])}
     ratios: dict[str, dict[str, float | None]] = {}
