@@ -30,6 +30,7 @@ import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from . import load
 from .formats import FORMATS, OPS
@@ -45,7 +46,7 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -97,12 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--zygote-zarr", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
 
-    if args.worker:
-        return worker_main(args.worker)
-    if args.zygote:
-        return zygote_main(args.zygote_zarr)
+
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Parse the lists of ``args`` in place and refuse unknown names; the presets to run."""
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     if args.formats:
         args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -127,53 +127,80 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - any import failure means: not usable yet
             ap.error(f"zarr_skip does not import ({type(e).__name__}: {e}); use --baseline-only")
 
+    return names
+
+
+def _workdir(args: argparse.Namespace, out_dir: Path) -> Path:
+    if not args.workdir:
+        return Path(tempfile.mkdtemp(prefix=".bench-tmp-", dir=out_dir))
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="bench-", dir=workdir))
+
+
+def _run_preset(
+    name: str, args: argparse.Namespace, before: load.LoadMonitor, runner: Runner, ctx: dict[str, Any]
+) -> int:
+    """Measure one preset, write its report and say its targets' verdicts; the exit code so far."""
+    mon = load.monitor_from(args)
+    mon.before = before.before
+    mon.start()
+    try:
+        result = bench_preset(name, args, ctx["workdir"], runner)
+    finally:
+        result_load = mon.stop()
+    result["load"] = result_load
+    log(load.line(result_load))
+    exit_code = load.exit_code(result_load, args.require_quiet)
+    score(result, args.baseline_only)
+    run = {k: ctx[k] for k in ("started", "command", "machine", "limits")} | {"result": result}
+    md = markdown(run)
+    out_dir = ctx["out_dir"]
+    (out_dir / f"{name}.json").write_text(json.dumps(run, indent=2, default=str) + "\n")
+    (out_dir / f"{name}.md").write_text(md)
+    print(md)
+    for t in result["targets"]:
+        print(verdict_line(t))
+        if t["verdict"].startswith("FAIL"):
+            exit_code = max(exit_code, 1)
+    log(f"wrote {out_dir / (name + '.md')} and {out_dir / (name + '.json')}")
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker)
+    if args.zygote:
+        return zygote_main(args.zygote_zarr)
+    names = _check(ap, args)
     # the load before anything of ours runs (the dd test below raises the load average)
     before = load.guard(args)
     if before is None:
         return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.workdir:
-        workdir = Path(args.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=workdir))
-    else:
-        workdir = Path(tempfile.mkdtemp(prefix=".bench-tmp-", dir=out_dir))
-    started = datetime.now(UTC).isoformat(timespec="seconds")
+    workdir = _workdir(args, out_dir)
     command = "python -m benchmarks.bench " + " ".join(sys.argv[1:] if argv is None else argv)
-    machine = machine_info(workdir)
-    if machine["disk"].get("fstype") in ("tmpfs", "ramfs"):
-        log(f"WARNING: work dir {workdir} is on {machine['disk']['fstype']}: this measures RAM")
+    ctx: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "out_dir": out_dir,
+    }
+    ctx |= {"workdir": workdir, "machine": machine_info(workdir), "limits": None}
+    if ctx["machine"]["disk"].get("fstype") in ("tmpfs", "ramfs"):
+        log(f"WARNING: work dir {workdir} is on {ctx['machine']['disk']['fstype']}: this measures RAM")
     exit_code = 0
     runner = Runner(args.isolation, not args.baseline_only, workdir / "workers.log", args.timeout)
     try:
-        limits = None
         if args.dd_mib > 0:
             log(f"physical limits: dd {args.dd_mib} MiB + memcpy ...")
             limits = physical_limits(workdir, args.dd_mib, args.cold)
             log("physical limits: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items() if isinstance(v, float)))
+            ctx["limits"] = limits
         for name in names:
-            mon = load.monitor_from(args)
-            mon.before = before.before
-            mon.start()
-            try:
-                result = bench_preset(name, args, workdir, runner)
-            finally:
-                result_load = mon.stop()
-            result["load"] = result_load
-            log(load.line(result_load))
-            exit_code = max(exit_code, load.exit_code(result_load, args.require_quiet))
-            score(result, args.baseline_only)
-            run = {"started": started, "command": command, "machine": machine, "limits": limits, "result": result}
-            md = markdown(run)
-            (out_dir / f"{name}.json").write_text(json.dumps(run, indent=2, default=str) + "\n")
-            (out_dir / f"{name}.md").write_text(md)
-            print(md)
-            for t in result["targets"]:
-                print(verdict_line(t))
-                if t["verdict"].startswith("FAIL"):
-                    exit_code = max(exit_code, 1)
-            log(f"wrote {out_dir / (name + '.md')} and {out_dir / (name + '.json')}")
+            exit_code = max(exit_code, _run_preset(name, args, before, runner, ctx))
     finally:
         runner.close()
         if not args.keep:

@@ -196,12 +196,24 @@ def _noisy(r: dict[str, Any]) -> bool:
 
 
 def markdown(run: dict[str, Any]) -> str:
+    """The report of one run of bench.py, section by section."""
     m = run["machine"]
     lines = [f"# zarr_skip benchmark: preset `{run['result']['preset']}`", ""]
     git = (m.get("git_commit") or "no commit") + (" + local changes" if m.get("git_dirty") else "")
     lines.append(f"Run {run['started']} (git {git}), command: `{run['command']}`")
     lines += ["", load.line(run["result"].get("load"))]
-    lines += ["", "## Machine", ""]
+    lines += _machine_section(m, run.get("limits") or {})
+    res = run["result"]
+    lines += _data_section(res)
+    lines += _results_section(res, m)
+    lines += _status_section(res.get("status"))
+    lines += _floor_section(res.get("floor"), res.get("floor_realistic"))
+    lines += _targets_and_errors(res)
+    return "\n".join(lines) + "\n"
+
+
+def _machine_section(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
+    lines = ["", "## Machine", ""]
     d = m.get("disk", {})
     lines.append(
         f"- CPU: {m.get('cpu_model')} ({m.get('cpu_count')} cores, affinity "
@@ -217,7 +229,6 @@ def markdown(run: dict[str, Any]) -> str:
         f"- Kernel {m.get('kernel')}, Python {m.get('python')}, "
         + ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
     )
-    lim = run.get("limits") or {}
     if lim:
         lines.append(
             f"- Physical limits: dd write {lim.get('dd_write_MBps', float('nan')):.0f} MB/s "
@@ -225,9 +236,12 @@ def markdown(run: dict[str, Any]) -> str:
             f"MB/s ({lim.get('dd_read_cmd')}), memcpy {lim.get('memcpy_GBps', float('nan')):.1f} "
             f"GB/s ({lim.get('memcpy_note')})"
         )
-    res = run["result"]
+    return lines
+
+
+def _data_section(res: dict[str, Any]) -> list[str]:
     p, mem = res["params"], res["in_memory"]
-    lines += ["", "## Data", ""]
+    lines = ["", "## Data", ""]
     lines.append(
         f"- {p['rows']} rows (n={p['n']}), max_prompt {p['max_prompt']}, "
         f"max_response {p['max_response']}, seed {res['seed']}, {res['reps']} reps "
@@ -245,9 +259,12 @@ def markdown(run: dict[str, Any]) -> str:
         f"of the operation (median over reps); each rep runs in a fresh process "
         f"({res.get('isolation')}) after an untimed tiny warm-up of the same format"
     )
+    return lines
 
+
+def _results_section(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
     F = res["formats"]
-    lines += ["", "## Results", ""]
+    lines = ["", "## Results", ""]
     hdr = ["metric"]
     cols: list[tuple[str, str | None]] = []
     for name in ("jagged", "padded"):
@@ -284,12 +301,15 @@ def markdown(run: dict[str, Any]) -> str:
         f"{m.get('cpu_count')} cores."
     )
     lines += ["", note]
-    errors = [(f, op, r["error"]) for f, rr in F.items() for op, r in rr.items() if "error" in r]
     ver = [(f, rr["write"]["verify"]) for f, rr in F.items() if "verify" in rr.get("write", {})]
     if ver:
         lines += ["", "Round trip (`load(step).to_dict()` equals what was written):", ""]
         lines += [f"- {FORMAT_LABEL[f]}: {v}" for f, v in ver]
-    st = res.get("status")
+    return lines
+
+
+def _status_section(st: dict[str, Any] | None) -> list[str]:
+    lines: list[str] = []
     if st:
         lines += ["", "## status()", ""]
         if "error" in st.get("setup", {}):
@@ -311,7 +331,11 @@ def markdown(run: dict[str, Any]) -> str:
                         f"{r.get('n_steps')} steps listed, {r.get('n_complete')} complete"
                         f", peak RSS +{_fmt_b(r.get('peak_rss_bytes'))}"
                     )
-    fl = res.get("floor")
+    return lines
+
+
+def _floor_section(fl: dict[str, Any] | None, fr: dict[str, Any] | None) -> list[str]:
+    lines: list[str] = []
     if fl:
         top = sorted(fl["parts"].items(), key=lambda kv: -kv[1])[:3]
         lines += [
@@ -324,7 +348,6 @@ def markdown(run: dict[str, Any]) -> str:
             + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
             + ".",
         ]
-    fr = res.get("floor_realistic")
     if fr:
         top = sorted(fr["parts"].items(), key=lambda kv: -kv[1])[:3]
         lines += [
@@ -335,6 +358,13 @@ def markdown(run: dict[str, Any]) -> str:
             + ", ".join(f"{k} {_fmt_b(v)}" for k, v in top)
             + ".",
         ]
+    return lines
+
+
+def _targets_and_errors(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    F = res["formats"]
+    errors = [(f, op, r["error"]) for f, rr in F.items() for op, r in rr.items() if "error" in r]
     if res["targets"]:
         lines += ["", "## Targets", "", "| target | value | verdict |", "|---|---|---|"]
         for t in res["targets"]:
@@ -345,7 +375,7 @@ def markdown(run: dict[str, Any]) -> str:
         lines += ["", "## Errors", ""]
         for f, op, e in errors:
             lines.append(f"- {f} {op}: `{e.strip().splitlines()[-1][:300]}`")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _table(res: dict[str, Any], hdr: list[str], cols: list[tuple[str, str | None]], measured: list[str]) -> list[str]:
