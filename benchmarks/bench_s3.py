@@ -86,13 +86,42 @@ def weed_version(s3server: Any) -> str:
     return next((line.strip() for line in out.stdout.splitlines() if line.startswith("version")), "?")
 
 
+class _Where:
+    """The two backends' locations and options, and the operations timed on them."""
+
+    def __init__(self, workdir: Path, server: Any, preset: Any) -> None:
+        from zarr_skip.synthetic import Preset
+
+        self.opts = {"local": None, "s3": server.storage_options}
+        self.loc = {"local": str(workdir / "local" / "steps"), "s3": server.s3_url("bench/steps")}
+        self.status_loc = {"local": str(workdir / "local" / "status"), "s3": server.s3_url("bench/status")}
+        self.fp, self.small = fingerprint(preset), Preset(**STATUS_PRESET)
+        self.sfp = fingerprint(self.small)
+
+    def open(self, backend: str, status: bool = False) -> Any:
+        import zarr_skip as zs
+
+        where, fp = (self.status_loc, self.sfp) if status else (self.loc, self.fp)
+        return zs.open_cache(where[backend], fp, storage_options=self.opts[backend])
+
+    def read(self, backend: str, step: int) -> dict[str, Any]:
+        return self.open(backend).load(step).to_dict()
+
+    def column(self, backend: str, step: int) -> Any:
+        return self.open(backend).load(step)["responses"][:]
+
+    def rows64(self, backend: str, step: int) -> Any:
+        return self.open(backend).load(step)["responses"][:64]
+
+    def status(self, backend: str) -> list[Any]:
+        return self.open(backend, status=True).status()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import zarr_skip as zs
-    from zarr_skip.synthetic import Preset, as_mapping, get_preset, jagged_payload
+    from zarr_skip.synthetic import get_preset
 
     s3server = load_s3server()
     preset = get_preset(args.preset)
-    fp = fingerprint(preset)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=".bench-tmp-s3-", dir=out_dir))
@@ -102,71 +131,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with s3server.seaweedfs(workdir / "seaweedfs") as server:
             extra["seaweedfs"] = weed_version(s3server)
-            opts = {"local": None, "s3": server.storage_options}
-            loc = {"local": str(workdir / "local" / "steps"), "s3": server.s3_url("bench/steps")}
-            small = Preset(**STATUS_PRESET)
-            sfp = fingerprint(small)
-            status_loc = {"local": str(workdir / "local" / "status"), "s3": server.s3_url("bench/status")}
-
-            def open_(backend: str, where: dict[str, str] = loc, f: dict = fp) -> zs.Cache:
-                return zs.open_cache(where[backend], f, storage_options=opts[backend])
-
-            def read(backend: str, step: int) -> dict[str, Any]:
-                return open_(backend).load(step).to_dict()
-
-            def column(backend: str, step: int) -> Any:
-                return open_(backend).load(step)["responses"][:]
-
-            def rows64(backend: str, step: int) -> Any:
-                return open_(backend).load(step)["responses"][:64]
-
-            def status(backend: str) -> list[Any]:
-                return open_(backend, status_loc, sfp).status()
-
-            # rep 0 warms both backends up (zarr's event loop, codecs, the S3 connection pool,
-            # the server's volumes) and is discarded
-            for rep in range(args.reps + 1):
-                step = rep + 1
-                mapping = as_mapping(jagged_payload(preset, seed=rep, step=step))
-                order = BACKENDS if rep % 2 == 0 else BACKENDS[::-1]
-                for backend in order:
-                    t_write, info = timed(open_(backend).write, step, mapping)
-                    t_read, got = timed(read, backend, step)
-                    t_col, col = timed(column, backend, step)
-                    t_rows, _ = timed(rows64, backend, step)
-                    bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
-                    if bad or not same(mapping["responses"], col):
-                        raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
-                    stored, logical = part_sizes(info)
-                    extra.setdefault("step_nbytes", stored)
-                    extra.setdefault("step_raw_nbytes", logical)
-                    del got, col
-                    if rep:
-                        for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
-                            samples[backend][op].append(t)
-                    log(
-                        f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
-                        f"column {t_col:.3f}s rows64 {t_rows:.3f}s"
-                    )
-                del mapping
-
+            where = _Where(workdir, server, preset)
+            _round_trips(where, preset, args.reps, samples, extra)
             if args.status_steps:
-                for backend in BACKENDS:
-                    cache = open_(backend, status_loc, sfp)
-                    t0 = time.perf_counter()
-                    for s in range(args.status_steps):
-                        cache.write(s, as_mapping(jagged_payload(small, seed=s, step=s)))
-                    extra[f"{backend}_small_write_s"] = (time.perf_counter() - t0) / args.status_steps
-                    for rep in range(args.reps + 1):
-                        t, st = timed(status, backend)
-                        if len(st) != args.status_steps or not all(i.complete for i in st):
-                            raise RuntimeError(f"{backend}: status() found {len(st)} steps")
-                        if rep:
-                            samples[backend]["status"].append(t)
-                    log(f"status {backend}: {statistics.median(samples[backend]['status']):.4f}s")
-
+                _status_rounds(where, args, samples, extra)
             for backend in BACKENDS:
-                storage = open_(backend).storage
+                storage = where.open(backend).storage
                 storage.get("zarr.json")
                 for _ in range(GET_SAMPLES):
                     t, _ = timed(storage.get, "zarr.json")
@@ -175,6 +145,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return {"preset": args.preset, "reps": args.reps, "status_steps": args.status_steps, "samples": samples, **extra}
+
+
+def _round_trips(
+    where: _Where, preset: Any, reps: int, samples: dict[str, dict[str, list[float]]], extra: dict[str, Any]
+) -> None:
+    """Write, read, one column and 64 rows on both backends, checked; rep 0 warms both up
+    (zarr's event loop, codecs, the S3 connection pool, the server's volumes), not kept."""
+    from zarr_skip.synthetic import as_mapping, jagged_payload
+
+    for rep in range(reps + 1):
+        step = rep + 1
+        mapping = as_mapping(jagged_payload(preset, seed=rep, step=step))
+        order = BACKENDS if rep % 2 == 0 else BACKENDS[::-1]
+        for backend in order:
+            t_write, info = timed(where.open(backend).write, step, mapping)
+            t_read, got = timed(where.read, backend, step)
+            t_col, col = timed(where.column, backend, step)
+            t_rows, _ = timed(where.rows64, backend, step)
+            bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
+            if bad or not same(mapping["responses"], col):
+                raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
+            stored, logical = part_sizes(info)
+            extra.setdefault("step_nbytes", stored)
+            extra.setdefault("step_raw_nbytes", logical)
+            del got, col
+            if rep:
+                for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
+                    samples[backend][op].append(t)
+            log(
+                f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
+                f"column {t_col:.3f}s rows64 {t_rows:.3f}s"
+            )
+        del mapping
+
+
+def _status_rounds(
+    where: _Where, args: argparse.Namespace, samples: dict[str, dict[str, list[float]]], extra: dict[str, Any]
+) -> None:
+    """``args.status_steps`` small steps written on each backend, then ``status()`` timed."""
+    from zarr_skip.synthetic import as_mapping, jagged_payload
+
+    for backend in BACKENDS:
+        cache = where.open(backend, status=True)
+        t0 = time.perf_counter()
+        for s in range(args.status_steps):
+            cache.write(s, as_mapping(jagged_payload(where.small, seed=s, step=s)))
+        extra[f"{backend}_small_write_s"] = (time.perf_counter() - t0) / args.status_steps
+        for rep in range(args.reps + 1):
+            t, st = timed(where.status, backend)
+            if len(st) != args.status_steps or not all(i.complete for i in st):
+                raise RuntimeError(f"{backend}: status() found {len(st)} steps")
+            if rep:
+                samples[backend]["status"].append(t)
+        log(f"status {backend}: {statistics.median(samples[backend]['status']):.4f}s")
 
 
 def _fmt(seconds: float) -> str:

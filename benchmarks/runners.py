@@ -261,49 +261,58 @@ def bench_preset(name: str, args: argparse.Namespace, workdir: Path, runner: Run
                     log(f"[{name}] rep {rep + 1}/{args.reps} {op:12s} {fmt:18s} {msg}")
 
     for fmt in formats:
-        res: dict[str, Any] = {}
-        for op in ops:
-            res[op] = summarize(samples[fmt][op])
-            if op == "write" and fmt in disk:
-                res[op]["disk"] = disk[fmt]
-        if args.verify and not FORMATS[fmt][1] and artifact[fmt] is not None:
-            v = runner.run(dict(common, format=fmt, op="verify", artifact=str(artifact[fmt])))
-            res["write"]["verify"] = v.get("verify", {"ok": False, "error": v.get("error")})
-            log(f"[{name}] {fmt:18s} round trip {res['write']['verify']}")
-        out["formats"][fmt] = res
+        out["formats"][fmt] = _summary(name, fmt, ops, samples[fmt], artifact[fmt], disk.get(fmt), args, runner, common)
     shutil.rmtree(workdir / name, ignore_errors=True)
-
     if not args.baseline_only and args.status_steps > 0:
-        tdict = {"rows": 8, "max_prompt": 32, "max_response": 64, "n": 8}
-        sdir = workdir / name / "status"
-        log(f"[{name}] status: writing {args.status_steps} tiny steps ...")
-        setup = runner.run(
-            {"op": "status_setup", "preset": tdict, "seed": args.seed, "dir": str(sdir), "steps": args.status_steps},
-            timeout=args.timeout * 4,
-        )
-        st: dict[str, Any] = {"setup": setup, "steps": args.status_steps, "preset": tdict}
-        if "error" not in setup:
-            for op in ("status_cold", "status_warm"):
-                st[op] = summarize(
-                    [
-                        runner.run({"op": op, "preset": tdict, "seed": args.seed, "dir": str(sdir), "cold": args.cold})
-                        for _ in range(args.reps)
-                    ]
-                )
-                r = st[op]
-                log(
-                    f"[{name}] {op}: "
-                    + (
-                        r["error"].strip().splitlines()[-1][:200]
-                        if "error" in r
-                        else f"median {r['median_s'] * 1e3:.1f} ms"
-                    )
-                )
-        else:
-            log(f"[{name}] status setup ERROR {setup['error'].strip().splitlines()[-1][:200]}")
-        out["status"] = st
-        shutil.rmtree(sdir, ignore_errors=True)
+        out["status"] = _status(name, args, workdir / name / "status", runner)
     shutil.rmtree(workdir / name, ignore_errors=True)
 
     out["loadavg_end"] = os.getloadavg()
     return out
+
+
+def _summary(
+    name: str,
+    fmt: str,
+    ops: list[str],
+    samples: dict[str, list[Any]],
+    artifact: Path | None,
+    disk: dict[str, int] | None,
+    args: argparse.Namespace,
+    runner: Runner,
+    common: dict[str, Any],
+) -> dict[str, Any]:
+    """One format's figures per operation, and its untimed round-trip check."""
+    res: dict[str, Any] = {}
+    for op in ops:
+        res[op] = summarize(samples[op])
+        if op == "write" and disk is not None:
+            res[op]["disk"] = disk
+    if args.verify and not FORMATS[fmt][1] and artifact is not None:
+        v = runner.run(dict(common, format=fmt, op="verify", artifact=str(artifact)))
+        res["write"]["verify"] = v.get("verify", {"ok": False, "error": v.get("error")})
+        log(f"[{name}] {fmt:18s} round trip {res['write']['verify']}")
+    return res
+
+
+def _status(name: str, args: argparse.Namespace, sdir: Path, runner: Runner) -> dict[str, Any]:
+    """``open_cache`` + ``status()`` over ``args.status_steps`` tiny steps, cold and warm."""
+    tdict = {"rows": 8, "max_prompt": 32, "max_response": 64, "n": 8}
+    log(f"[{name}] status: writing {args.status_steps} tiny steps ...")
+    setup = runner.run(
+        {"op": "status_setup", "preset": tdict, "seed": args.seed, "dir": str(sdir), "steps": args.status_steps},
+        timeout=args.timeout * 4,
+    )
+    st: dict[str, Any] = {"setup": setup, "steps": args.status_steps, "preset": tdict}
+    if "error" in setup:
+        log(f"[{name}] status setup ERROR {setup['error'].strip().splitlines()[-1][:200]}")
+    else:
+        for op in ("status_cold", "status_warm"):
+            spec = {"op": op, "preset": tdict, "seed": args.seed, "dir": str(sdir), "cold": args.cold}
+            r = st[op] = summarize([runner.run(spec) for _ in range(args.reps)])
+            shown = (
+                r["error"].strip().splitlines()[-1][:200] if "error" in r else f"median {r['median_s'] * 1e3:.1f} ms"
+            )
+            log(f"[{name}] {op}: {shown}")
+    shutil.rmtree(sdir, ignore_errors=True)
+    return st

@@ -81,76 +81,88 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from zarr_skip.synthetic import Preset
 
     preset = Preset(**spec["preset"])
-    op, seed = spec["op"], spec["seed"]
+    op = spec["op"]
     out: dict[str, Any] = {"op": op, "format": spec.get("format"), "pid": os.getpid()}
-
     if op == "status_setup":
-        import zarr_skip as zs
-        from zarr_skip.synthetic import padded_batch
-
-        base = Path(spec["dir"])
-        cache = zs.open_cache(str(base), fingerprint=fingerprint(preset))
-        t_write = 0.0
-        for s in range(1, spec["steps"] + 1):
-            dp = padded_batch(preset, seed, step=s)
-            t0 = time.perf_counter()
-            cache.write(s, dp)
-            t_write += time.perf_counter() - t0
-        out["write_per_step_s"] = t_write / spec["steps"]
-        out["disk"] = disk_usage(base)
-        return out
-
+        return _status_setup(spec, preset, out)
     if op in ("status_cold", "status_warm"):
-        import zarr_skip as zs
-
-        base = Path(spec["dir"])
-        zs.open_cache(str(base), fingerprint=fingerprint(preset)).status()  # process warm-up
-        if op == "status_cold":
-            out["cold_method"] = drop_cache([base], spec["cold"])
-        rss = PeakRSS()
-        rss.start()
-        t0 = time.perf_counter()
-        st = zs.open_cache(str(base), fingerprint=fingerprint(preset)).status()
-        out["sample"] = time.perf_counter() - t0
-        out["peak_rss"] = rss.stop()
-        out["rss_method"] = rss.method
-        out["n_steps"] = len(st)
-        out["n_complete"] = sum(1 for s in st if getattr(s, "complete", False))
-        return out
-
+        return _status_read(spec, preset, out)
     fmt_name = spec["format"]
     fmt = FORMAT_CLASSES[fmt_name](preset)
     if spec.get("warmup", True):
         _warmup_process(fmt_name, Path(spec["scratch"]))
-
     if op == "verify":
-        return dict(out, verify=verify_roundtrip(fmt, Path(spec["artifact"]), seed))
-
+        return dict(out, verify=verify_roundtrip(fmt, Path(spec["artifact"]), spec["seed"]))
     rss = PeakRSS()
     out["rss_method"] = rss.method
     if op in WRITE_OPS:
-        d = Path(spec["dir"])
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-        data = fmt.make(seed)
-        ctx = fmt.prepare_write(d)  # untimed per-run setup (zarr_skip: open_cache)
-        step = STEP
-        if op == "write_next":  # the first step written untimed; the next one measured
-            fmt.write(ctx, d, data)
-            step = STEP + 1
-            fmt.prepare_step(d, step)
-        os.sync()  # earlier writeback must not land in this measurement
-        rss.start()
-        t0 = time.perf_counter()
-        fmt.write(ctx, d, data, step)
-        if op == "write_fsync":
-            fsync_tree(d)
-        out["sample"] = time.perf_counter() - t0
-        out["peak_rss"] = rss.stop()
-        return out
+        return _write(spec, fmt, rss, out)
+    return _read(spec, fmt, rss, out)
 
+
+def _status_setup(spec: dict[str, Any], preset: Any, out: dict[str, Any]) -> dict[str, Any]:
+    import zarr_skip as zs
+    from zarr_skip.synthetic import padded_batch
+
+    seed = spec["seed"]
+    base = Path(spec["dir"])
+    cache = zs.open_cache(str(base), fingerprint=fingerprint(preset))
+    t_write = 0.0
+    for s in range(1, spec["steps"] + 1):
+        dp = padded_batch(preset, seed, step=s)
+        t0 = time.perf_counter()
+        cache.write(s, dp)
+        t_write += time.perf_counter() - t0
+    out["write_per_step_s"] = t_write / spec["steps"]
+    out["disk"] = disk_usage(base)
+    return out
+
+
+def _status_read(spec: dict[str, Any], preset: Any, out: dict[str, Any]) -> dict[str, Any]:
+    import zarr_skip as zs
+
+    base = Path(spec["dir"])
+    zs.open_cache(str(base), fingerprint=fingerprint(preset)).status()  # process warm-up
+    if spec["op"] == "status_cold":
+        out["cold_method"] = drop_cache([base], spec["cold"])
+    rss = PeakRSS()
+    rss.start()
+    t0 = time.perf_counter()
+    st = zs.open_cache(str(base), fingerprint=fingerprint(preset)).status()
+    out["sample"] = time.perf_counter() - t0
+    out["peak_rss"] = rss.stop()
+    out["rss_method"] = rss.method
+    out["n_steps"] = len(st)
+    out["n_complete"] = sum(1 for s in st if getattr(s, "complete", False))
+    return out
+
+
+def _write(spec: dict[str, Any], fmt: Any, rss: PeakRSS, out: dict[str, Any]) -> dict[str, Any]:
+    op, seed = spec["op"], spec["seed"]
+    d = Path(spec["dir"])
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    data = fmt.make(seed)
+    ctx = fmt.prepare_write(d)  # untimed per-run setup (zarr_skip: open_cache)
+    step = STEP
+    if op == "write_next":  # the first step written untimed; the next one measured
+        fmt.write(ctx, d, data)
+        step = STEP + 1
+        fmt.prepare_step(d, step)
+    os.sync()  # earlier writeback must not land in this measurement
+    rss.start()
+    t0 = time.perf_counter()
+    fmt.write(ctx, d, data, step)
+    if op == "write_fsync":
+        fsync_tree(d)
+    out["sample"] = time.perf_counter() - t0
+    out["peak_rss"] = rss.stop()
+    return out
+
+
+def _read(spec: dict[str, Any], fmt: Any, rss: PeakRSS, out: dict[str, Any]) -> dict[str, Any]:
     d = Path(spec["artifact"])
-    kind, temp = op.rsplit("_", 1)
+    kind, temp = spec["op"].rsplit("_", 1)
     fn: Callable[[Path], Any] = {"read": fmt.read, "column": fmt.column, "rows64": fmt.rows64}[kind]
     if temp == "warm":
         _warm_files(d)

@@ -241,30 +241,10 @@ def seaweedfs_mounts(
     logs: list[Path] = []
     try:
         for i in range(n):
-            mnt = tmp / f"m{i}"
-            cache = tmp / f"cache{i}"
-            mnt.mkdir(exist_ok=True)
-            cache.mkdir(exist_ok=True)
-            log = tmp / f"mount{i}.log"
-            args = [
-                weed,
-                "mount",
-                f"-filer={server.filer_address}",
-                f"-filer.path={filer_path}",
-                f"-dir={mnt}",
-                f"-cacheDir={cache}",
-                f"-localSocket={sock_dir / f'mount{i}.sock'}",
-                *(extra_args or ()),
-            ]
-            logger.info("mounting: %s", " ".join(args))
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_pdeathsig,  # noqa: PLW1509
-                )
+            mnt, cache, log = tmp / f"m{i}", tmp / f"cache{i}", tmp / f"mount{i}.log"
+            args = [weed, "mount", f"-filer={server.filer_address}", f"-filer.path={filer_path}", f"-dir={mnt}"]
+            args += [f"-cacheDir={cache}", f"-localSocket={sock_dir / f'mount{i}.sock'}", *(extra_args or ())]
+            proc = _start_mount(args, mnt, cache, log)
             procs.append(proc)
             mountpoints.append(mnt)
             logs.append(log)
@@ -276,16 +256,36 @@ def seaweedfs_mounts(
             log_paths=tuple(logs),
         )
     finally:
-        for mnt in mountpoints:
-            if not unmount(mnt):
-                logger.warning("could not unmount %s", mnt)
-        for proc in procs:
-            stop_process(proc)
-        # a killed weed mount can leave a dead mount ("Transport endpoint is not connected")
-        for mnt in mountpoints:
-            unmount(mnt)
+        _stop_mounts(procs, mountpoints)
         if own_sock_dir:
             shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _start_mount(args: list[str], mnt: Path, cache: Path, log: Path) -> subprocess.Popen[Any]:
+    """Start one ``weed mount`` (``args``) on ``mnt`` with its chunk cache and log."""
+    mnt.mkdir(exist_ok=True)
+    cache.mkdir(exist_ok=True)
+    logger.info("mounting: %s", " ".join(args))
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_pdeathsig,  # noqa: PLW1509
+        )
+    return proc
+
+
+def _stop_mounts(procs: list[subprocess.Popen[Any]], mountpoints: list[Path]) -> None:
+    for mnt in mountpoints:
+        if not unmount(mnt):
+            logger.warning("could not unmount %s", mnt)
+    for proc in procs:
+        stop_process(proc)
+    # a killed weed mount can leave a dead mount ("Transport endpoint is not connected")
+    for mnt in mountpoints:
+        unmount(mnt)
 
 
 @contextlib.contextmanager

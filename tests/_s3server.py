@@ -420,17 +420,7 @@ def seaweedfs(
         raise SeaweedFSError(seaweedfs_unavailable_reason() or "weed binary not found")
     tmp = Path(tmp_dir).resolve()
     tmp.mkdir(parents=True, exist_ok=True)
-    identities = {
-        "identities": [
-            {
-                "name": "admin",
-                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-            }
-        ]
-    }
-    (tmp / "s3.json").write_text(json.dumps(identities))
-
+    _write_identities(tmp / "s3.json", access_key, secret_key)
     proc: subprocess.Popen[Any] | None = None
     last: Exception | None = None
     for attempt in range(3):  # retry: a chosen port may be grabbed before weed binds it
@@ -462,6 +452,16 @@ def seaweedfs(
         yield server
     finally:
         stop_process(proc)
+
+
+def _write_identities(path: Path, access_key: str, secret_key: str) -> None:
+    """The server's identities file: one admin that may do everything."""
+    admin = {
+        "name": "admin",
+        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }
+    path.write_text(json.dumps({"identities": [admin]}))
 
 
 @contextlib.contextmanager
