@@ -182,3 +182,20 @@ def test_numpy_numbers_choose_as_python_ones(written: tuple[Path, dict[str, Any]
         cache.export(tmp_path / f"{fmt}_np.jsonl", format=fmt, steps=np.int64(1), **np_kw)
         plain, numpy = read_jsonl(tmp_path / f"{fmt}.jsonl"), read_jsonl(tmp_path / f"{fmt}_np.jsonl")
         assert plain and numpy == plain
+
+
+def test_infinite_scores_rank_and_are_null_in_json_lines(tmp_path: Path) -> None:
+    """An answer scored inf is the best (-inf the worst); strict JSON has no infinity: null."""
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    batch = dict(text_rollouts(2, 2, seed=3, step=1, max_response=20))
+    batch["score"] = np.array([0, math.inf, 1, -math.inf], dtype=np.float32)
+    cache.write(1, batch)
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    cache.export(tmp_path / "sft.jsonl", format="sft")
+    assert [(r["row"], r["score"]) for r in read_jsonl(tmp_path / "sft.jsonl")] == [(1, None), (2, 1.0)]
+    cache.export(tmp_path / "dpo.jsonl", format="dpo")
+    pairs = [
+        (r["chosen_row"], r["rejected_row"], r["score_chosen"], r["score_rejected"])
+        for r in read_jsonl(tmp_path / "dpo.jsonl")
+    ]
+    assert pairs == [(1, 0, None, 0.0), (2, 3, 1.0, None)]

@@ -299,6 +299,11 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` for strict JSON (which TRL's loader reads): an infinite score as null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
+
 def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
@@ -309,7 +314,7 @@ def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
         else:
             with open(tmp, "w", encoding="utf-8") as f:
                 for record in records:
-                    f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+                    f.write(json.dumps(_finite(record), ensure_ascii=False, allow_nan=False) + "\n")
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
