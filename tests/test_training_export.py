@@ -13,7 +13,7 @@ import pytest
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
-from zarr_skip.errors import ConfigError, ConfigTypeError, TokenizerNotFoundError
+from zarr_skip.errors import ConfigError, ConfigTypeError, StorageError, TokenizerNotFoundError
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 FP = {"experiment_name": "training", "n": 4}
@@ -199,3 +199,25 @@ def test_infinite_scores_rank_and_are_null_in_json_lines(tmp_path: Path) -> None
         for r in read_jsonl(tmp_path / "dpo.jsonl")
     ]
     assert pairs == [(1, 0, None, 0.0), (2, 3, 1.0, None)]
+
+
+def test_a_directory_or_a_path_inside_the_cache_is_refused(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """As for rollout exports: a ConfigError naming the path, nothing written."""
+    cache = zs.open_cache(written[0])
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(ConfigError, match="dir.jsonl' is a directory"):
+        cache.export(tmp_path / "dir.jsonl", format="sft")
+    with pytest.raises(ConfigError, match="inside the cache"):
+        cache.export(written[0] / "sft.jsonl", format="sft")
+    assert not (written[0] / "sft.jsonl").exists() and not list(tmp_path.glob(".*"))
+    loc = str(written[0])
+    assert main(["export", loc, "1", str(written[0] / "dpo.parquet"), "--format", "dpo"]) == 2
+    assert not (written[0] / "dpo.parquet").exists()
+
+
+def test_a_file_that_cannot_be_written_is_a_storage_error(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StorageError, match="cannot write it"):
+        zs.open_cache(written[0]).export(tmp_path / "file" / "sft.jsonl", format="sft")

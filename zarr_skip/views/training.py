@@ -17,6 +17,7 @@ place when complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StepNotFoundError, StorageError
 from zarr_skip.format import args, checks
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
+from zarr_skip.views.export import check_outside
 from zarr_skip.views.records import rollout_columns
 from zarr_skip.views.text import require_tokenizer, token_ids
 from zarr_skip.views.tokenizers import Decoder
@@ -144,11 +146,17 @@ def export_training(
     ColumnNotFoundError
         A step has no ``score`` column (or no ``uid`` column, for DPO); a ``KeyError``.
     ConfigError, ConfigTypeError
-        A bad argument (checked before anything is read).
+        A bad argument (checked before anything is read), or ``path`` is a directory or inside
+        the cache's own tree (nothing is written).
+    StorageError
+        The file could not be written (no partial file is left).
     """
     choice = check_choice(format, score, min_score, best_of, pairs, token_ids)
     out = Path(args.path(path, "path", "export"))
     kind = file_format(out)
+    if out.is_dir():
+        raise ConfigError(f"export: path {str(out)!r} is a directory; name the .jsonl or .parquet file to write")
+    check_outside(cache, out)
     if kind == "parquet":
         _pyarrow()  # fail before reading anything
     chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
@@ -305,9 +313,9 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         if kind == "parquet":
             pa = _pyarrow()
             pa.parquet.write_table(pa.Table.from_pylist(records), str(tmp), compression="zstd")
@@ -316,5 +324,8 @@ def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
                 for record in records:
                     f.write(json.dumps(_finite(record), ensure_ascii=False, allow_nan=False) + "\n")
         os.replace(tmp, out)
+    except OSError as exc:
+        raise StorageError(f"export: path {str(out)!r}: cannot write it ({exc})") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # no place for it: nothing to remove
+            tmp.unlink(missing_ok=True)
