@@ -14,7 +14,7 @@ from helpers import make_batch
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
-from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError, StorageError
 from zarr_skip.synthetic import TOKENIZER_PATH, shipped_tokenizer, text_rollouts
 
 pa = pytest.importorskip("pyarrow")
@@ -317,3 +317,11 @@ def test_a_column_of_other_types_in_other_steps_is_json_text_in_parquet(tmp_path
     assert [json.loads(v) for v in table.column("info").to_pylist()] == [{"a": 1}, {"a": 2}, {"b": "q"}, {"b": "r"}]
     assert table.column("n").to_pylist() == ["x", "y", "z", "w"]
     assert table.schema.field("f").type == pa.float64() and table.column("f").to_pylist() == [0.5, 1.5, 0.1, 2.0]
+
+
+def test_a_path_under_a_file_is_a_storage_error(cache: zs.Cache, tmp_path: Path) -> None:
+    """The error of writing, not one of cleaning up after it (the partial file has no place)."""
+    (tmp_path / "file").write_text("")
+    for name in ("out.jsonl", "out.parquet"):
+        with pytest.raises(StorageError, match="cannot write it"):
+            cache.export(tmp_path / "file" / name)

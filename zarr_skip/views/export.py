@@ -7,6 +7,7 @@ never sees half an export.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -191,7 +192,8 @@ def export_rollouts(
     except OSError as exc:
         raise StorageError(f"export: path {str(out)!r}: cannot write it ({exc})") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # no place for it: nothing to remove
+            tmp.unlink(missing_ok=True)
     rows = sum(_rows(t) for t in tables)
     logger.info("exported %d rollouts of %d step(s) to %s", rows, len(chosen), out)
     return ExportReport(
