@@ -256,3 +256,15 @@ def test_a_mask_narrower_than_its_column_is_not_used() -> None:
     cache.write(2, {"responses": responses, "response_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])})
     table = cache.table()
     assert table["response_length"].tolist() == [4, 4, 2, 1]  # the whole row; then the mask's count
+
+
+def test_steps_is_checked_as_export_checks_it(location: Any) -> None:
+    """One step as an int (as export and rescore take it); a bad one a typed error naming steps."""
+    cache = _write(location, range(1, 3))
+    assert cache.table(steps=2)["step"].unique().tolist() == [2]
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected a step"):
+        cache.table(steps="1")
+    with pytest.raises(zs.ConfigTypeError, match="steps: expected an int, got float"):
+        cache.table(steps=[1.0])
+    with pytest.raises(zs.ConfigError, match="steps: expected non-negative ints, got -1"):
+        cache.table(steps=[-1])

@@ -470,18 +470,19 @@ class Cache:
 
     @keyword_only
     def table(
-        self, columns: Sequence[str] | None = None, *, steps: Iterable[int] | None = None, reduce: Reduce = None
+        self, columns: Sequence[str] | None = None, *, steps: int | Iterable[int] | None = None, reduce: Reduce = None
     ) -> pandas.DataFrame:
-        """One row per rollout of every complete step (or of ``steps``, each of which must be
-        complete) as a pandas DataFrame (``zarr-skip[pandas]``), named as the exports name them
+        """One row per rollout of every complete step (or of ``steps``, one or several, each of
+        which must be complete) as a pandas DataFrame (``zarr-skip[pandas]``), named as the exports name them
         (:mod:`zarr_skip.views.schema`); ``reduce={"advantages": "mean"}`` adds each row's mean
         of a token column as ``advantages_mean``. See :mod:`zarr_skip.tables`. Reads the steps'
         records and those columns' chunks (jagged ones shown as ``{column}_len``: their lengths
         alone), each in one batch of requests across the steps."""
         tables.pandas_module()  # before any I/O
         schema.check_reduce(reduce)
+        asked = checks.check_steps(steps, one=True)
         exp = self._exp()
-        wanted = (list_steps(self._storage, exp) if exp else []) if steps is None else list(steps)
+        wanted = (list_steps(self._storage, exp) if exp else []) if asked is None else asked
         with tables.gc_paused():
             found = summarized_steps(self._storage, exp, wanted) if exp else [None] * len(wanted)
             views = []
