@@ -325,3 +325,11 @@ def test_a_path_under_a_file_is_a_storage_error(cache: zs.Cache, tmp_path: Path)
     for name in ("out.jsonl", "out.parquet"):
         with pytest.raises(StorageError, match="cannot write it"):
             cache.export(tmp_path / "file" / name)
+
+
+def test_a_step_named_twice_is_exported_once(cache: zs.Cache, tmp_path: Path) -> None:
+    report = cache.export(tmp_path / "out.jsonl", steps=[2, 1, 2])
+    assert report.steps == (2, 1) and report.rows == 24
+    assert [json.loads(line)["step"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [2] * 12 + [
+        1
+    ] * 12

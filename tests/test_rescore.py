@@ -123,3 +123,10 @@ def test_a_jagged_column_reaches_the_function_as_its_row(tmp_path: Path) -> None
     assert table["new_score"].tolist() == [float(len(r)) for r in seen]
     with pytest.raises(zs.ColumnNotFoundError, match="step 2: no column 'nope'"):
         cache.rescore(count, steps=2, columns=["nope"], tokenizer=TOKENIZER_PATH)
+
+
+def test_a_step_named_twice_is_rescored_once(tmp_path: Path) -> None:
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    table = cache.rescore(boxed, steps=[2, 2], tokenizer=TOKENIZER_PATH)
+    assert table["row"].tolist() == list(range(sum(MINIBATCHES[2])))

@@ -268,3 +268,9 @@ def test_steps_is_checked_as_export_checks_it(location: Any) -> None:
         cache.table(steps=[1.0])
     with pytest.raises(zs.ConfigError, match="steps: expected non-negative ints, got -1"):
         cache.table(steps=[-1])
+
+
+def test_a_step_named_twice_is_in_the_table_once(location: Any) -> None:
+    cache = _write(location, range(1, 3))
+    table = cache.table(steps=[2, 1, 2])
+    assert table["step"].tolist() == [2] * len(cache.load(2)) + [1] * len(cache.load(1))

@@ -221,3 +221,13 @@ def test_a_file_that_cannot_be_written_is_a_storage_error(written: tuple[Path, d
     (tmp_path / "file").write_text("")
     with pytest.raises(StorageError, match="cannot write it"):
         zs.open_cache(written[0]).export(tmp_path / "file" / "sft.jsonl", format="sft")
+
+
+def test_a_step_named_twice_is_exported_once(written: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """As the CLI reads `1 1`: the same records as the step named once, not each twice."""
+    cache = zs.open_cache(written[0])
+    for fmt in ("sft", "dpo"):
+        once = cache.export(tmp_path / f"{fmt}.jsonl", format=fmt, steps=1)
+        twice = cache.export(tmp_path / f"{fmt}2.jsonl", format=fmt, steps=[1, np.int64(1)])
+        assert twice.steps == (1,) and twice.records == once.records and twice.groups == once.groups
+        assert read_jsonl(tmp_path / f"{fmt}2.jsonl") == read_jsonl(tmp_path / f"{fmt}.jsonl")

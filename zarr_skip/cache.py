@@ -480,7 +480,7 @@ class Cache:
         alone), each in one batch of requests across the steps."""
         tables.pandas_module()  # before any I/O
         schema.check_reduce(reduce)
-        asked = checks.check_steps(steps, one=True)
+        asked = checks.check_steps(steps, one=True, unique=True)
         exp = self._exp()
         wanted = (list_steps(self._storage, exp) if exp else []) if asked is None else asked
         with tables.gc_paused():

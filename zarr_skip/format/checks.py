@@ -89,9 +89,10 @@ def check_location(value: Any) -> None:
         raise ConfigError("location: empty path")
 
 
-def check_steps(steps: Any, *, one: bool = False) -> list[int] | None:
+def check_steps(steps: Any, *, one: bool = False, unique: bool = False) -> list[int] | None:
     """``steps`` (None, or an iterable of step numbers; with ``one``, a single step too) as a
-    list of ints, every step checked: Python or numpy integers, each a valid step number."""
+    list of ints, every step checked: Python or numpy integers, each a valid step number; with
+    ``unique``, each once (where first named), as the CLI reads ``3 3`` or ``1-3 2``."""
     if steps is None:
         return None
     if one and isinstance(steps, (int, np.integer)) and not isinstance(steps, (bool, np.bool_)):
@@ -104,4 +105,4 @@ def check_steps(steps: Any, *, one: bool = False) -> list[int] | None:
         if step < 0:
             raise ConfigError(f"steps: expected non-negative ints, got {step}")
         step_name(step)
-    return out
+    return list(dict.fromkeys(out)) if unique else out

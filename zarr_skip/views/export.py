@@ -169,7 +169,7 @@ def export_rollouts(
     fmt, gz = format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     decoder = tokenizer_for(cache, tokenizer)

@@ -72,7 +72,7 @@ def rescore_rollouts(
         raise ConfigTypeError(f"fn: expected a function of a rollout, got {type(fn).__name__} {fn!r:.60}")
     columns = args.columns(columns)
     score = args.name(score, "score")
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to rescore in experiment {cache.experiment!r} at {cache.location}")
     views = [cache.load(s) for s in chosen]

@@ -159,7 +159,7 @@ def export_training(
     check_outside(cache, out)
     if kind == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True)
+    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
     if not chosen:
         raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
     views = [cache.load(s) for s in chosen]  # every step is checked before anything is written
