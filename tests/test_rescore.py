@@ -130,3 +130,12 @@ def test_a_step_named_twice_is_rescored_once(tmp_path: Path) -> None:
     cache = zs.open_cache(tmp_path / "cache")
     table = cache.rescore(boxed, steps=[2, 2], tokenizer=TOKENIZER_PATH)
     assert table["row"].tolist() == list(range(sum(MINIBATCHES[2])))
+
+
+@pytest.mark.parametrize(("name", "kw"), [("score", {}), ("acc", {"score": "acc"}), ("row", {}), ("uid", {})])
+def test_a_new_score_named_as_a_column_of_the_table_is_refused(tmp_path: Path, name: str, kw: dict[str, Any]) -> None:
+    """Not written over the stored score (or the key) without a word."""
+    fill(tmp_path / "cache")
+    cache = zs.open_cache(tmp_path / "cache")
+    with pytest.raises(zs.ConfigError, match=f"step 2, row 0: the rescoring function returned a score named '{name}'"):
+        cache.rescore(lambda r: {name: 1.0, "other": 0.0}, steps=2, tokenizer=TOKENIZER_PATH, **kw)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ColumnNotFoundError, ConfigTypeError, MissingExtraError, StepNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError, MissingExtraError, StepNotFoundError
 from zarr_skip.format import args, checks
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.records import per_row_columns, rollout_columns
@@ -123,7 +123,7 @@ def _step(
         except Exception as exc:
             exc.add_note(f"zarr_skip: raised by the rescoring function on step {view.step}, row {row}")
             raise
-        record.update(_new_scores(result, view.step, row))
+        record.update(_new_scores(result, view.step, row, taken=("step", "minibatch", "row", "uid", score)))
         out.append(record)
     return out
 
@@ -137,11 +137,17 @@ def _rows(value: Any) -> list[Any]:
     return list(value)
 
 
-def _new_scores(result: Any, step: int, row: int) -> dict[str, float]:
-    """What the rescoring function returned for ``row``: a number, or a mapping of names to numbers."""
+def _new_scores(result: Any, step: int, row: int, taken: Sequence[str] = ()) -> dict[str, float]:
+    """What the rescoring function returned for ``row``: a number, or a mapping of names to
+    numbers, none of them one of the ``taken`` columns of the table (its key, the stored score)."""
     scores = result.items() if isinstance(result, Mapping) else [(NEW_SCORE, result)]
     out = {}
     for name, value in scores:
+        if str(name) in taken:
+            raise ConfigError(
+                f"step {step}, row {row}: the rescoring function returned a score named {str(name)!r}, a column the "
+                f"table already has ({', '.join(taken)}); name it otherwise"
+            )
         try:
             out[str(name)] = float(value)
         except (TypeError, ValueError):
