@@ -120,3 +120,11 @@ def test_without_ray_a_missing_extra_error(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtraError, match=r"zarr-skip\[ray\]"):
         read_rollouts(tmp_path)
+
+
+def test_a_step_named_twice_is_read_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Its rows once, as the CLI and the exports read `2 2` (no cluster: the datasource's tasks)."""
+    fill(tmp_path / "cache")
+    monkeypatch.setattr(ray.data, "read_datasource", lambda source, **kw: source)
+    source: Any = read_rollouts(tmp_path / "cache", steps=[2, 3, 2], columns=["uid"])
+    assert [t.metadata.num_rows for t in source.get_read_tasks(200)] == [*MINIBATCHES[2], *MINIBATCHES[3]]
