@@ -231,3 +231,17 @@ def test_a_step_named_twice_is_exported_once(written: tuple[Path, dict[str, Any]
         twice = cache.export(tmp_path / f"{fmt}2.jsonl", format=fmt, steps=[1, np.int64(1)])
         assert twice.steps == (1,) and twice.records == once.records and twice.groups == once.groups
         assert read_jsonl(tmp_path / f"{fmt}2.jsonl") == read_jsonl(tmp_path / f"{fmt}.jsonl")
+
+
+@pytest.mark.parametrize(
+    "options", [["--min-score", "1"], ["--best-of", "2"], ["--pairs", "all"], ["--token-ids"], ["--score", "acc"]]
+)
+@pytest.mark.parametrize("fmt", [[], ["--format", "jsonl"], ["--format", "verl"]])
+def test_cli_training_options_without_a_training_format_are_refused(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any, options: list[str], fmt: list[str]
+) -> None:
+    """`export LOC all sft.jsonl --min-score 1` without --format sft wrote every rollout."""
+    out = tmp_path / ("dump" if fmt[1:] == ["verl"] else "sft.jsonl")
+    assert main(["export", str(written[0]), "all", str(out), *fmt, *options]) == 2
+    assert f"{options[0]}: these choose training records; pass --format sft or --format dpo" in capsys.readouterr().err
+    assert not out.exists()

@@ -209,9 +209,11 @@ def _check_verl_out(cache: Any, dest: str) -> None:
 def cmd_export(ctx: Context) -> int:
     """Write steps of one experiment as parquet / JSON Lines records, or in verl's dump layout."""
     from zarr_skip.cli._context import UsageError, parse_steps
+    from zarr_skip.cli._training import check_unused
     from zarr_skip.legacy.transfer import export_steps
 
     a = ctx.args
+    check_unused(a)  # before anything is read
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
     if a.output is None and len(a.items) < 2:

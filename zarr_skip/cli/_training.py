@@ -8,7 +8,7 @@ from typing import Any
 
 from zarr_skip.cli._context import Context, UsageError
 
-__all__ = ["FORMATS", "add_options", "export_training_records"]
+__all__ = ["FORMATS", "add_options", "check_unused", "export_training_records"]
 
 FORMATS = ("sft", "dpo")
 
@@ -30,6 +30,29 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--best-of", type=int, default=1, metavar="K", help="sft: answers kept per group (default 1)")
     g.add_argument("--pairs", type=_pairs, default=1, metavar="K", help="dpo: pairs per group, or 'all' (default 1)")
     g.add_argument("--token-ids", action="store_true", help="keep the token ids in *_ids columns too")
+
+
+#: the training options and their defaults (as ``--flag``: argparse's dest)
+_DEFAULTS = {
+    "--score": ("score", "score"),
+    "--min-score": ("min_score", None),
+    "--best-of": ("best_of", 1),
+    "--pairs": ("pairs", 1),
+    "--token-ids": ("token_ids", False),
+}
+
+
+def check_unused(a: argparse.Namespace) -> None:
+    """UsageError when a training option is given without ``--format sft`` or ``dpo``: the
+    export would write every rollout, not the records those options choose."""
+    if a.format in FORMATS:
+        return
+    given = [flag for flag, (dest, default) in _DEFAULTS.items() if getattr(a, dest) != default]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: these choose training records; pass --format sft or --format dpo "
+            f"(without it OUT gets every rollout)"
+        )
 
 
 def export_training_records(ctx: Context, cache: Any, steps: list[int]) -> int:
