@@ -245,3 +245,21 @@ def test_cli_training_options_without_a_training_format_are_refused(
     assert main(["export", str(written[0]), "all", str(out), *fmt, *options]) == 2
     assert f"{options[0]}: these choose training records; pass --format sft or --format dpo" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_lone_surrogate_in_a_prompt_is_escaped_not_an_error(tmp_path: Path) -> None:
+    """UTF-8 cannot encode it: written \\udxxx as rollout exports write it, in both file formats."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    batch = dict(text_rollouts(2, 2, seed=3, step=1, max_response=20))
+    batch["score"] = np.array([1, 0, 1, 0], dtype=np.float32)
+    batch["raw_prompt"] = [[{"role": "user", "content": "bad \ud800 é ✓"}]] * 2 + list(batch["raw_prompt"][2:])
+    cache.write(1, batch)
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    for fmt in ("sft", "dpo"):
+        cache.export(tmp_path / f"{fmt}.jsonl", format=fmt)
+        cache.export(tmp_path / f"{fmt}.parquet", format=fmt)
+        records = read_jsonl(tmp_path / f"{fmt}.jsonl")
+        assert pq.read_table(tmp_path / f"{fmt}.parquet").to_pylist() == records
+        first = records[0]["messages" if fmt == "sft" else "prompt"][0]
+        assert first == {"role": "user", "content": "bad \\ud800 é ✓"}

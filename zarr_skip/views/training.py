@@ -31,6 +31,7 @@ import numpy as np
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StepNotFoundError, StorageError
 from zarr_skip.format import args, checks
+from zarr_skip.format.escapes import utf8_value
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
 from zarr_skip.views.export import check_outside
 from zarr_skip.views.records import rollout_columns
@@ -312,7 +313,14 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
+def _utf8(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its text encodable as UTF-8: a lone surrogate written ``\\udxxx``
+    (:mod:`zarr_skip.format.escapes`), as rollout exports write it; token ids as they are."""
+    return {k: v if k.endswith("_ids") else utf8_value(v) for k, v in record.items()}
+
+
 def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
+    records = [_utf8(r) for r in records]
     tmp = out.with_name(f".{out.name}.partial")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
