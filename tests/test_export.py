@@ -166,6 +166,23 @@ def test_the_format_follows_the_name_and_a_contradiction_is_an_error(cache: zs.C
     assert cache.export(tmp_path / "plain.data", steps=1, format="jsonl").format == "jsonl"  # no suffix of its own
 
 
+def test_a_compressed_name_gets_a_compressed_file_or_an_error(cache: zs.Cache, tmp_path: Path) -> None:
+    import gzip
+
+    cache.export(tmp_path / "r.gz", steps=1, format="jsonl")  # was plain text under a .gz name
+    with gzip.open(tmp_path / "r.gz", "rt", encoding="utf-8") as f:
+        assert len(f.readlines()) == 12
+    for name, fmt in (("r.gz", "parquet"), ("r.zst", "jsonl"), ("r.bz2", "jsonl")):
+        with pytest.raises(ConfigError, match=rf"format '{fmt}' but path .*{name} is named as"):
+            cache.export(tmp_path / "other" / name, steps=1, format=fmt)
+    assert not (tmp_path / "other").exists()
+
+
+def test_an_unknown_format_lists_every_format(cache: zs.Cache, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="format 'SFT': choose one of parquet, jsonl, sft, dpo"):
+        cache.export(tmp_path / "r.jsonl", format="SFT")  # type: ignore[arg-type]
+
+
 def test_the_prompt_is_the_text_the_model_saw_beside_its_messages(cache: zs.Cache, tmp_path: Path) -> None:
     from zarr_skip.synthetic.text import chat_prompt
 

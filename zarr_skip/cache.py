@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from zarr.abc.store import Store
 
@@ -47,6 +47,7 @@ from zarr_skip.store.reads import Part
 from zarr_skip.store.storage import Storage, open_store, parse_json
 from zarr_skip.store.writer import MinibatchInfo, RunContext, StepMemo, write_part
 from zarr_skip.views import display, schema
+from zarr_skip.views.export import FORMATS as EXPORT_FORMATS
 from zarr_skip.views.export import ExportFormat, ExportReport, export_rollouts
 from zarr_skip.views.rescore import rescore_rollouts
 from zarr_skip.views.schema import Reduce
@@ -552,6 +553,9 @@ class Cache:
                 pairs=pairs,
                 token_ids=token_ids,
             )
+        if format is not None and format not in EXPORT_FORMATS:
+            known = ", ".join([*EXPORT_FORMATS, *get_args(TrainingFormat)])
+            raise ConfigError(f"format {format!r}: choose one of {known}")
         chosen = {"score": score, "min_score": min_score, "best_of": best_of, "pairs": pairs, "token_ids": token_ids}
         given = [name for name, value in chosen.items() if value != _TRAINING_DEFAULTS[name]]
         if given:

@@ -56,6 +56,8 @@ SUFFIXES = {
     ".jsonl.gz": ("jsonl", True),
     ".ndjson.gz": ("jsonl", True),
 }
+#: suffixes of compressed files: only JSON Lines are written compressed, as gzip
+_PACKED = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": "a ZIP archive"}
 #: the formats rollouts export to
 ExportFormat = Literal["parquet", "jsonl"]
 
@@ -105,6 +107,11 @@ def format_of(
             f"format {fmt!r} but path {path} is named as {by_name[0]} ({found}); rename it or drop the format to use "
             f"{by_name[0]}"
         )
+    packed = Path(path).suffix.lower()
+    if by_name is None and packed in _PACKED:  # out.gz: the file is what its name says
+        if (fmt, packed) != ("jsonl", ".gz"):
+            raise ConfigError(f"format {fmt!r} but path {path} is named as {_PACKED[packed]} ({packed}); rename it")
+        return fmt, True
     return fmt, bool(by_name and by_name[1])
 
 
