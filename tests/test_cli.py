@@ -199,6 +199,9 @@ def test_show_errors(loc: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "several experiments" in err and EXP_TQ in err
     code, _, err = run(capsys, "show", loc, "x", "-e", "rollout")
     assert code == 2 and "step 'x': expected a number, latest or -K" in err
+    for extra in ((), ("--text",)):  # were 0 rows, silently
+        code, _, err = run(capsys, "show", loc, "1", "-e", "rollout", "--rows", "-3", *extra)
+        assert code == 2 and "--rows -3: expected a number of rows >= 0" in err
 
 
 # ------------------------------------------------------------------ verify

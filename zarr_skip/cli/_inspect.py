@@ -85,6 +85,10 @@ def cmd_show(ctx: Context) -> int:
     """A step's columns (kind, dtype, shape, stored and raw bytes) and first rows."""
     import json
 
+    from zarr_skip.cli._context import UsageError
+
+    if ctx.args.rows < 0:
+        raise UsageError(f"--rows {ctx.args.rows}: expected a number of rows >= 0")
     name, _ = ctx.one_experiment()
     cache = ctx.open(name)
     step = ctx.one_step(cache)
@@ -94,7 +98,7 @@ def cmd_show(ctx: Context) -> int:
         return cmd_show_text(ctx, name, cache, step)
     info = cache.info(step)
     view = cache.load(step)
-    n = max(0, ctx.args.rows)
+    n = ctx.args.rows
     columns = []
     for col_name in view.columns:
         col = view[col_name]
