@@ -350,3 +350,15 @@ def test_a_step_named_twice_is_exported_once(cache: zs.Cache, tmp_path: Path) ->
     assert [json.loads(line)["step"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [2] * 12 + [
         1
     ] * 12
+
+
+def test_an_empty_choice_of_steps_is_an_error_naming_steps(cache: zs.Cache, tmp_path: Path) -> None:
+    # was "no complete steps to export in experiment ...", as if the cache held none
+    for call in (
+        lambda: cache.export(tmp_path / "r.jsonl", steps=[]),
+        lambda: cache.export(tmp_path / "s.jsonl", steps=(), format="sft"),
+        lambda: cache.rescore(lambda r: 1.0, steps=[]),
+    ):
+        with pytest.raises(ConfigError, match=r"steps: empty; name the steps to (export|rescore), or pass steps=None"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

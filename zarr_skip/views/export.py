@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, MissingExtraError, StepNotFoundError, StorageError
-from zarr_skip.format import args, checks
+from zarr_skip.errors import ConfigError, MissingExtraError, StorageError
+from zarr_skip.format import args
 from zarr_skip.format.escapes import utf8_value
-from zarr_skip.views.records import rollout_columns
+from zarr_skip.views.records import chosen_steps, rollout_columns
 from zarr_skip.views.tokenizers import tokenizer_for
 
 if TYPE_CHECKING:
@@ -176,9 +176,7 @@ def export_rollouts(
     fmt, gz = format_of(out, format)
     if fmt == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
-    if not chosen:
-        raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
+    chosen = chosen_steps(cache, steps, "export")
     decoder = tokenizer_for(cache, tokenizer)
     if decoder is None:
         logger.warning(

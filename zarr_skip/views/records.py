@@ -13,16 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ColumnNotFoundError, ConfigError, GroupNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, GroupNotFoundError, StepNotFoundError
+from zarr_skip.format import checks
 from zarr_skip.format.specs import NUMPY_NAMES, torch_dtype
 from zarr_skip.views import schema
 from zarr_skip.views.text import Rows, chat_messages, decode_ids, row_index, token_ids
 from zarr_skip.views.tokenizers import Decoder, tokenizer_for
 
 if TYPE_CHECKING:
+    from zarr_skip.cache import Cache
     from zarr_skip.lazy import StepView
 
 __all__ = [
+    "chosen_steps",
     "FIELDS",
     "json_text",
     "max_response_length",
@@ -224,3 +227,18 @@ def select(
         found: list[int] = rows_of_uid(view, uid).tolist()
         return found
     return slice(0, max(0, rows if rows is not None else len(view)))
+
+
+def chosen_steps(cache: Cache, steps: Any, doing: str) -> list[int]:
+    """The steps an export or a rescore reads: ``steps`` checked (one or several, each once,
+    where first named), or every complete step when None; an empty choice is an error."""
+    if steps is None:
+        chosen = cache.steps()
+        if not chosen:
+            where = f"experiment {cache.experiment!r} at {cache.location}"
+            raise StepNotFoundError(f"no complete steps to {doing} in {where}")
+        return chosen
+    asked = checks.check_steps(steps, one=True, unique=True) or []
+    if not asked:
+        raise ConfigError(f"steps: empty; name the steps to {doing}, or pass steps=None for every complete step")
+    return asked

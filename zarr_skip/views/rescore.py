@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError, MissingExtraError, StepNotFoundError
-from zarr_skip.format import args, checks
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError, MissingExtraError
+from zarr_skip.format import args
 from zarr_skip.format.specs import nested_rows
-from zarr_skip.views.records import per_row_columns, rollout_columns
+from zarr_skip.views.records import chosen_steps, per_row_columns, rollout_columns
 from zarr_skip.views.text import require_tokenizer
 from zarr_skip.views.training import row_scores
 
@@ -72,9 +72,7 @@ def rescore_rollouts(
         raise ConfigTypeError(f"fn: expected a function of a rollout, got {type(fn).__name__} {fn!r:.60}")
     columns = args.columns(columns)
     score = args.name(score, "score")
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
-    if not chosen:
-        raise StepNotFoundError(f"no complete steps to rescore in experiment {cache.experiment!r} at {cache.location}")
+    chosen = chosen_steps(cache, steps, "rescore")
     views = [cache.load(s) for s in chosen]
     decoder = require_tokenizer(views[0], tokenizer)
     records: list[dict[str, Any]] = []

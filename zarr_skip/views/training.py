@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StepNotFoundError, StorageError
-from zarr_skip.format import args, checks
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StorageError
+from zarr_skip.format import args
 from zarr_skip.format.escapes import utf8_value
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
 from zarr_skip.views.export import check_outside
-from zarr_skip.views.records import rollout_columns
+from zarr_skip.views.records import chosen_steps, rollout_columns
 from zarr_skip.views.text import require_tokenizer, token_ids
 from zarr_skip.views.tokenizers import Decoder
 
@@ -160,9 +160,7 @@ def export_training(
     check_outside(cache, out)
     if kind == "parquet":
         _pyarrow()  # fail before reading anything
-    chosen = cache.steps() if steps is None else checks.check_steps(steps, one=True, unique=True)
-    if not chosen:
-        raise StepNotFoundError(f"no complete steps to export in experiment {cache.experiment!r} at {cache.location}")
+    chosen = chosen_steps(cache, steps, "export")
     views = [cache.load(s) for s in chosen]  # every step is checked before anything is written
     decoder = require_tokenizer(views[0], tokenizer)
     records: list[dict[str, Any]] = []
