@@ -263,3 +263,17 @@ def test_a_lone_surrogate_in_a_prompt_is_escaped_not_an_error(tmp_path: Path) ->
         assert pq.read_table(tmp_path / f"{fmt}.parquet").to_pylist() == records
         first = records[0]["messages" if fmt == "sft" else "prompt"][0]
         assert first == {"role": "user", "content": "bad \\ud800 é ✓"}
+
+
+def test_rows_without_a_uid_are_groups_of_their_own(tmp_path: Path) -> None:
+    """uid None says no prompt is known: such rows are not one group (they were grouped as "None")."""
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    batch = dict(text_rollouts(2, 2, seed=3, step=1, max_response=20))
+    batch["uid"] = ["a", "a", None, None]
+    batch["score"] = np.array([1, 0, 1, 0], dtype=np.float32)
+    cache.write(1, batch)
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    cache.export(tmp_path / "sft.jsonl", format="sft")
+    assert [(r["row"], r["uid"]) for r in read_jsonl(tmp_path / "sft.jsonl")] == [(0, "a"), (2, None), (3, None)]
+    cache.export(tmp_path / "dpo.jsonl", format="dpo")
+    assert [(r["chosen_row"], r["rejected_row"]) for r in read_jsonl(tmp_path / "dpo.jsonl")] == [(0, 1)]

@@ -204,7 +204,8 @@ def step_records(view: StepView, choice: Choice, decoder: Decoder) -> tuple[list
     scores = row_scores(view, choice.score)
     if "uid" in view:
         uids: list[Any] = list(view["uid"][:])
-        groups = group_rows([str(u) for u in uids])
+        # a row without a uid is a group of its own: it belongs to no known prompt
+        groups = group_rows([("row", r) if u is None else ("uid", str(u)) for r, u in enumerate(uids)])
     elif choice.format == "dpo":
         raise ColumnNotFoundError(
             f"step {view.step}: no 'uid' column: DPO pairs the answers of one prompt (a GRPO group)"
