@@ -345,6 +345,17 @@ def test_the_report_command_refuses_bad_input(
     assert code == 2 and "does not exist" in err
 
 
+def test_write_report_refuses_a_directory_and_leaves_no_partial_file(cache: zs.Cache, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    with pytest.raises(zs.ConfigError, match="is a directory; name the .html file"):
+        write_report(cache, tmp_path / "out", [1], plots=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(zs.StorageError, match="afile/r.html'.*cannot write it"):  # was a bare NotADirectoryError
+        write_report(cache, tmp_path / "afile" / "r.html", [1], plots=False)
+    write_report(cache, tmp_path / "out" / "r.html", [1], plots=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.html"]  # the temp file is gone
+
+
 JP_DARK = "--jp-layout-color0:#111111;--jp-content-font-color1:#eeeeee;--jp-ui-font-family:sans-serif"
 JP_LIGHT = "--jp-layout-color0:#ffffff;--jp-content-font-color1:#222222;--jp-ui-font-family:sans-serif"
 JS_VIEW = """(() => {

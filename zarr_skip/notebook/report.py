@@ -19,6 +19,7 @@ the groups); the signals read each complete step's score, length, ``uid`` and
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zarr_skip.errors import MissingExtraError
+from zarr_skip.errors import ConfigError, MissingExtraError, StorageError
 from zarr_skip.notebook._report_rollouts import step_section
 from zarr_skip.notebook._report_signals import figure_html, signals_section, sources_section
 from zarr_skip.notebook.trends import matplotlib_module, run_signals
@@ -249,12 +250,22 @@ def report_html(
 
 
 def write_report(cache: Cache, path: str | Path, steps: Sequence[int] | None = None, **options: Any) -> Path:
-    """Write :func:`report_html` to ``path`` (written whole, then renamed into place)."""
+    """Write :func:`report_html` to ``path`` (written whole to a hidden temp file beside it, then
+    renamed into place): a directory is a ConfigError before anything is read, a file that
+    cannot be written a StorageError naming it, with no partial file left."""
     out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"report: path {str(out)!r} is a directory; name the .html file to write")
     page = report_html(cache, steps, **options)
-    tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(page, encoding="utf-8", errors="backslashreplace")  # values are escaped; this is a backstop
-    size = tmp.stat().st_size
-    tmp.replace(out)
+    tmp = out.with_name(f".{out.name}.partial")
+    try:
+        tmp.write_text(page, encoding="utf-8", errors="backslashreplace")  # values are escaped; this is a backstop
+        size = tmp.stat().st_size
+        tmp.replace(out)
+    except OSError as exc:
+        raise StorageError(f"report: path {str(out)!r}: cannot write it ({exc})") from exc
+    finally:
+        with contextlib.suppress(OSError):  # renamed, or no place for it
+            tmp.unlink(missing_ok=True)
     logger.info("wrote the report of %s (%d bytes) to %s", cache.experiment, size, out)
     return out
