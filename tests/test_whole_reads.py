@@ -137,3 +137,17 @@ def test_reading_every_column_asks_the_kernel_for_the_data_files_first(
     events.clear()
     fresh.to_dict()
     assert {e[1] for e in events[:2]} == files and events[2][0] == "column", events[:3]
+
+
+def test_to_dict_of_no_columns_reads_none_and_one_name_is_refused(tmp_path: Path, fingerprint: dict[str, Any]) -> None:
+    """``to_dict([])`` is no column (it was every column: an iterable dataset made with
+    ``columns=[]`` gave items of every column); a bare name is a typed error naming it."""
+    from zarr_skip.data import RolloutIterableDataset
+
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(1, make_batch(4))
+    view = cache.load(1)
+    assert view.to_dict([]) == {}
+    with pytest.raises(zs.ConfigTypeError, match="wrap one name in a list"):
+        view.to_dict("uid")  # type: ignore[arg-type]
+    assert [list(item) for item in RolloutIterableDataset(tmp_path, columns=[])] == [["step", "minibatch", "row"]] * 4

@@ -183,9 +183,10 @@ class StepView:
         data file in one ranged read). Reading every column of local files first asks the
         kernel to read the data files (``posix_fadvise``), which a cold read then finds read
         while its columns' records were checked."""
-        if columns is None:  # the kernel reads the data files while the columns are set up
+        names = args.columns(columns, self.columns, where=f"step {self.step}")
+        if names is None:  # the kernel reads the data files while the columns are set up
             self._storage.read_ahead([(p.data_file[0], (0, p.data_file[1])) for p in self._parts if p.data_file])
-        cols = [self[name] for name in (columns or self.columns)]
+        cols = [self[name] for name in (self.columns if names is None else names)]
         wanted = [col._whole() for col in cols]
         arrays = iter(read_ranges(self._storage, [r for ranges in wanted for r in ranges]))
         return share_offsets(
