@@ -415,8 +415,10 @@ def test_on_s3(s3_server: Any) -> None:
 def test_store_objects_and_bad_columns_are_refused(local: Path) -> None:
     with pytest.raises(ConfigError, match="not a store object"):
         RolloutDataset(zs.open_cache(local).storage.store)  # type: ignore[arg-type]
-    with pytest.raises(KeyError, match="step 1: no column 'nope'"):
+    with pytest.raises(zs.ColumnNotFoundError, match="step 1: no column 'nope'"):
         RolloutDataset(local, columns=["nope"])
+    with pytest.raises(zs.ColumnNotFoundError, match="step 1: no column 'nope'"):
+        RolloutIterableDataset(local, columns=["uid", "nope"])
 
 
 def test_collate_pads_or_nests_jagged_columns() -> None:

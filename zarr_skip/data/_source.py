@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from zarr_skip.cache import Cache, open_cache
-from zarr_skip.errors import ConfigError, StepNotFoundError
+from zarr_skip.errors import ColumnNotFoundError, ConfigError, StepNotFoundError
 from zarr_skip.format import args, checks
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.lazy import StepView, read_rows
@@ -156,7 +156,7 @@ class RolloutSource:
                 view = self.view(step)
                 missing = [c for c in self.columns if c not in view]
                 if missing:
-                    raise KeyError(
+                    raise ColumnNotFoundError(
                         f"step {step}: no column {', '.join(map(repr, missing))} at {self.location} "
                         f"(columns: {', '.join(view.columns)}); pass columns= that every step has"
                     )
