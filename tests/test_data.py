@@ -160,6 +160,19 @@ def test_seed_and_epoch_fix_the_order(local: Path) -> None:
     assert keys(RolloutIterableDataset(local, columns=["uid"])) == ALL_ROWS  # no shuffle: stored order
 
 
+def test_a_negative_seed_or_epoch_is_refused_when_given(local: Path) -> None:
+    """The shuffle seeds numpy from the seed and the epoch, which takes non-negative ints only:
+    a negative one (or an epoch past int64) was taken, then iterating raised numpy's bare
+    ValueError (or struct.error); now the call that gives it raises a ConfigError naming it."""
+    with pytest.raises(ConfigError, match="seed"):
+        RolloutIterableDataset(local, columns=["uid"], shuffle=True, seed=-1)
+    ds = RolloutIterableDataset(local, columns=["uid"], shuffle=True, seed=2**63)
+    for epoch in (-1, 2**63):
+        with pytest.raises(ConfigError, match="epoch"):
+            ds.set_epoch(epoch)
+    assert ds.epoch == 0 and sorted(keys(ds)) == ALL_ROWS
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_set_epoch_reaches_persistent_workers(local: Path, batched: bool) -> None:
     """``persistent_workers=True`` keeps the workers' copies of the dataset between epochs:

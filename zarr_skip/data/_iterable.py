@@ -31,6 +31,8 @@ BLOCK_ROWS = 256
 #: blocks held in memory at once when shuffling (the shuffle buffer); in stored order a block
 #: is dropped once its rows are handed on
 BUFFER_BLOCKS = 2
+#: the largest seed taken (numpy takes any non-negative int: this is that of a uint64)
+MAX_SEED = (1 << 64) - 1
 
 
 class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
@@ -94,7 +96,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
             location, experiment=experiment, steps=steps, columns=columns, storage_options=storage_options
         )
         self.shuffle = args.flag(shuffle, "shuffle")
-        self.seed = args.whole(seed, "seed")
+        self.seed = args.count(seed, "seed", high=MAX_SEED)  # numpy seeds from non-negative ints
         self._epoch = SharedEpoch()
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self._rank_args = (rank, world_size)
@@ -113,7 +115,7 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on, in this process and in DataLoader
         workers forked from it, persistent ones too (see :class:`SharedEpoch`)."""
-        self._epoch.value = args.whole(epoch, "epoch")
+        self._epoch.value = args.count(epoch, "epoch")  # seeds the order with the seed: non-negative
 
     def __len__(self) -> int:
         """The rows of this rank (over all its workers); with a ``batch_size``, its batches (its
