@@ -239,6 +239,7 @@ def test_marks_without_scores_are_empty() -> None:
     [
         ({"uid": "g0"}, [0, 1, 2]),
         ({"uid": ["g0", HOSTILE]}, [0, 1, 2, 3, 4, 5]),
+        ({"uid": np.array(["g0", HOSTILE])}, [0, 1, 2, 3, 4, 5]),  # was searched as the array's str: no row
         ({"score": 0.5}, [3, 4, 5]),
         ({"score": (0.4, None)}, [0, 2, 3, 4, 5]),
         ({"score": (None, 0.5), "uid": "g0"}, [1]),

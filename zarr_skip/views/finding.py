@@ -46,7 +46,7 @@ def _score_mask(scores: np.ndarray, score: Any) -> np.ndarray:
 
 
 def _uid_mask(uids: np.ndarray, uid: Any) -> np.ndarray:
-    wanted = [str(u) for u in uid] if isinstance(uid, (list, tuple, set, frozenset)) else [str(uid)]
+    wanted = [str(u) for u in uid] if isinstance(uid, (list, tuple, set, frozenset, np.ndarray)) else [str(uid)]
     return np.isin(uids, np.array(wanted, dtype=object))
 
 
