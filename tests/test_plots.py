@@ -117,6 +117,21 @@ def test_scores_per_step_and_for_one_step(jagged: tuple[zs.Cache, CountingStore]
     assert means[lengths > 0] == pytest.approx(sums[lengths > 0] / lengths[lengths > 0])
 
 
+def test_scores_of_no_rows_are_none(fingerprint: dict[str, Any]) -> None:
+    """A step (or mini-batch) of no rows, or token rows all empty, has no score to sum: numpy
+    could not reshape its empty values (a bare ValueError from ``find(best=...)`` too)."""
+    cache = zs.open_cache(CountingStore(), fingerprint)
+    cache.write(1, make_batch(0))
+    rows = [torch.zeros(0), torch.zeros(0)]
+    empty = {**make_batch(2), "responses": torch.nested.nested_tensor(rows, layout=torch.jagged)}
+    cache.write(2, empty)
+    view = cache.load(1)
+    for column in ("scores", "old_log_probs", "responses"):
+        assert plots.row_scores(view, column).shape == (0,)
+    assert view.find(best=2).rows.tolist() == [] and view.find(score=(0, 1)).rows.tolist() == []
+    assert plots.row_scores(cache.load(2), "responses").tolist() == [0.0, 0.0]
+
+
 def test_missing_or_unplottable_columns_raise(
     jagged: tuple[zs.Cache, CountingStore], fingerprint: dict[str, Any]
 ) -> None:

@@ -42,6 +42,12 @@ def _numpy(value: Any) -> np.ndarray:
     return arr.astype(np.float64)
 
 
+def _by_row(data: np.ndarray) -> np.ndarray:
+    """``data`` (rows first) as one flat row a row: ``reshape(rows, -1)``, which numpy cannot
+    do of no rows (a step, or a mini-batch, of none; token rows all empty)."""
+    return data.reshape(len(data), int(np.prod(data.shape[1:], dtype=np.int64)))
+
+
 def pick(view: StepView, column: str | None, candidates: Sequence[str], what: str) -> str:
     if column is not None:
         view[column]  # KeyError naming the columns when absent
@@ -101,7 +107,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
     col = view[name]
     kind = col.spec.kind
     if kind in ("tensor", "ndarray"):
-        data = _numpy(col[:]).reshape(len(col), -1)
+        data = _by_row(_numpy(col[:]))
         reduced: np.ndarray = data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
         return reduced
     if kind not in ("nested", "rows"):
@@ -112,7 +118,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
         values = _numpy(value.values())
     else:
         values = np.concatenate([_numpy(r) for r in value]) if len(value) else np.empty(0)
-    values = values.reshape(int(lengths.sum()), -1).sum(axis=1)
+    values = _by_row(values).sum(axis=1)
     owner = np.repeat(np.arange(len(lengths)), lengths)
     sums = np.bincount(owner, weights=values, minlength=len(lengths))
     if reduce == "sum":
