@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -440,6 +441,19 @@ def test_resolve_through_the_store(location: Any, fingerprint: dict, batch: dict
     assert [cache.resolve(s, action="repeat") for s in (1, 2, 3, 4, 5, 9)] == [2, 2, 2, 2, 5, 5]
     with pytest.raises(zs.ConfigError, match="action"):
         cache.resolve(2, action="random")
+
+
+def test_a_numpy_step_number_loads_and_resolves(tmp_path: Path, fingerprint: dict) -> None:
+    """A step taken from an array or a table (``np.int64``) was refused by load() and resolve()
+    ("expected a non-negative int, got np.int64(2)"), though info() and the datasets take it."""
+    cache = zs.open_cache(tmp_path, fingerprint)
+    cache.write(2, make_batch(3))
+    steps = np.array(cache.steps())
+    view = cache.load(steps[0])
+    assert type(view.step) is int and view.step == 2 and len(view) == 3
+    assert cache.resolve(np.int64(2)) == 2 and cache.resolve(np.uint8(7), action="repeat") == 2
+    with pytest.raises(zs.ConfigError, match="non-negative int"):
+        cache.load(np.int64(-1))
 
 
 def test_new_run_replaces_an_interrupted_runs_leftovers(location: Any, fingerprint: dict, caplog: Any) -> None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+import numpy as np
 from zarr.abc.store import Store
 
 from zarr_skip import maintenance, tables
@@ -72,6 +73,15 @@ _TRAINING_DEFAULTS: dict[str, object] = {
 
 #: seconds a writer may go without a heartbeat before its mini-batch counts as abandoned
 DEFAULT_LEASE = 60.0
+
+
+def _step(step: Any) -> int:
+    """``step`` as a step number: a numpy integer (from an array or a table) as its int;
+    ConfigError unless a non-negative int."""
+    if isinstance(step, np.integer):
+        step = int(step)
+    layout.step_name(step)
+    return cast(int, step)
 
 
 def open_cache(
@@ -417,7 +427,7 @@ class Cache:
     @keyword_only
     def resolve(self, step: int, *, action: ResolveAction = "cache") -> int | None:
         """The step to load for ``step``: see :func:`zarr_skip.format.state.resolve`."""
-        layout.step_name(step)
+        step = _step(step)
         if action == "cache":
             found = self.status([step]) if self._exp() else []
             return step if found and found[0].complete else None
@@ -433,7 +443,7 @@ class Cache:
         IncompleteStepError
             The step exists but is not complete.
         """
-        exp = self._exp()
+        step, exp = _step(step), self._exp()
         path = layout.join(exp, layout.step_name(step))
         if not exp:
             raise StepNotFoundError(self._missing(step))
