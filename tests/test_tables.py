@@ -249,6 +249,19 @@ def test_reductions_are_checked_before_anything_is_read() -> None:
     assert cache.load(1).to_pandas(["row"], reduce={"advantages": "first"})["advantages_first"].notna().all()
 
 
+def test_a_padded_step_of_no_rows_is_a_table_of_no_rows() -> None:
+    """A padded step with no rows: its mask could not be reshaped (a bare ValueError from
+    to_pandas, and from cache.table for the whole cache)."""
+    from zarr_skip.synthetic import Preset, padded_batch
+
+    cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
+    cache.write(1, padded_batch(Preset(rows=4, max_prompt=8, max_response=16, n=4), seed=1, step=1))
+    cache.write(2, {name: value[:0] for name, value in cache.load(1).to_dict().items()})
+    empty = cache.load(2).to_pandas(reduce={"old_log_probs": "mean"})
+    assert len(empty) == 0 and "response_length" in empty and "old_log_probs_mean" in empty
+    assert cache.table()["step"].tolist() == [1, 1, 1, 1]
+
+
 def test_a_mask_narrower_than_its_column_is_not_used() -> None:
     cache = zs.open_cache(CountingStore(), dict(FINGERPRINT))
     responses = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])

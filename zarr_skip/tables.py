@@ -274,7 +274,9 @@ class _Tokens:
         if mask is None or (mask, "whole") not in self.arrays:
             return None
         data = self._stored(mask)["data"]
-        return data.reshape(len(data), -1)[:, :width].astype(bool) if data.shape[1:] >= (width,) else None
+        if data.shape[1:] < (width,):
+            return None
+        return data.reshape(len(data), int(np.prod(data.shape[1:])))[:, :width].astype(bool)  # (rows, -1): 0 rows too
 
     def lengths(self, name: str) -> np.ndarray:
         col = self.view[name]
