@@ -305,6 +305,18 @@ def test_pages(view: zs.StepView) -> None:
     assert text.splitlines()[2:4] == ["  row      0  3 tokens · score 1 · advantage +0.7 · gsm8k", "          w1 w2"]
 
 
+def test_a_row_of_a_list_out_of_range_is_a_typed_error(view: zs.StepView) -> None:
+    """``page.rollout(k)`` past the page (or not an int) raised numpy's bare IndexError."""
+    page = view.page(1, size=4)
+    assert page.rollout(-1).row == 5 and page.rollout(0).row == 4
+    with pytest.raises(zs.RowIndexError, match="k 2 out of range for 2 rows"):
+        page.rollout(2)
+    with pytest.raises(zs.ConfigTypeError, match="k: expected an int"):
+        page.rollout(1.0)  # type: ignore[arg-type]
+    with pytest.raises(zs.RowIndexError, match="k 0 out of range for 0 rows"):
+        view.find(uid="nope").rollout(0)
+
+
 def test_a_padded_batch_drops_its_padding() -> None:
     from zarr_skip.synthetic import padded_batch
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zarr_skip.errors import RowIndexError
+from zarr_skip.format import args
 from zarr_skip.views._html import Markup, badge, esc, legend, message, token_spans, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
 from zarr_skip.views.limits import IDS_SHOWN, PAGE_CHARS, TOKENS_SHOWN, clip_text, more
@@ -251,7 +252,8 @@ class Rows:
         return self._rollouts
 
     def rollout(self, k: int) -> RolloutView:
-        """The ``k``-th of these rows in full."""
+        """The ``k``-th of these rows in full (negative ``k`` from the end)."""
+        k = args.row(k, len(self.rows), "k", f"step {self.view.step}: rollout")
         return RolloutView(self._reader, int(self.rows[k]))
 
 
