@@ -98,6 +98,13 @@ def test_a_relative_location_travels_as_the_callers_directory(local: Path, monke
     assert clone.source.location == str(local) and keys([clone[0]]) == [ALL_ROWS[0]]
 
 
+def test_a_step_named_twice_gives_its_rows_once(local: Path) -> None:
+    # every row once an epoch, as the exports and the CLI read `3 3` (its rows came twice)
+    wanted = [k for k in ALL_ROWS if k[0] in (1, 3)]
+    assert keys(RolloutDataset(local, columns=["score"], steps=[3, 1, 3])) == sorted(wanted, key=lambda k: k[0] != 3)
+    assert sorted(keys(RolloutIterableDataset(local, columns=["score"], steps=[1, 3, 1]))) == sorted(wanted)
+
+
 def test_map_through_dataloader_workers(local: Path) -> None:
     ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, np.int64(3)])
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_rollouts)

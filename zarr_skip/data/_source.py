@@ -78,7 +78,7 @@ class RolloutSource:
         self.experiment = None if experiment is None else args.name(experiment, "experiment")
         options = checks.check_mapping(storage_options, "storage_options")
         self.storage_options = None if options is None else dict(options)
-        self._steps = checks.check_steps(steps, one=True)
+        self._steps = checks.check_steps(steps, one=True, unique=True)  # a step named twice is read once
         self._columns = args.columns(columns)
         self._cache: Cache | None = None
         self._pid = os.getpid()

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from zarr_skip.data._source import RolloutSource
 from zarr_skip.errors import MissingExtraError
-from zarr_skip.format import checks
 
 if TYPE_CHECKING:
     import ray.data
@@ -72,7 +71,6 @@ def read_rollouts(
 
     from zarr_skip.integrations._ray_source import RolloutDatasource
 
-    steps = checks.check_steps(steps, one=True, unique=True)  # a step named twice is read once
     source = RolloutSource(
         location, experiment=experiment, steps=steps, columns=columns, storage_options=storage_options
     )
