@@ -99,24 +99,7 @@ def cmd_show(ctx: Context) -> int:
     info = cache.info(step)
     view = cache.load(step)
     n = ctx.args.rows
-    columns = []
-    for col_name in view.columns:
-        col = view[col_name]
-        spec = col.spec
-        columns.append(
-            {
-                "name": col_name,
-                "kind": spec.kind,
-                "dtype": spec.dtype,
-                "shape": list(spec.shape),
-                "container": spec.container,
-                "section": spec.section,
-                "nbytes": col.nbytes,
-                "nbytes_stored": col.nbytes_stored,
-                "raw_nbytes": col.nbytes,  # deprecated: nbytes
-                "head": render_rows(col, n),
-            }
-        )
+    columns = [_column_doc(view, col_name, n) for col_name in view.columns]
     if ctx.json:
         ctx.emit(
             {
@@ -164,6 +147,24 @@ def cmd_show(ctx: Context) -> int:
             for i, text in enumerate(c["head"]):
                 ctx.say(f"  {i:>3}  {text}")
     return 0
+
+
+def _column_doc(view: Any, col_name: str, n: int) -> dict[str, Any]:
+    """What ``show`` says of one column: its kind, dtype, shape, sizes and first ``n`` rows."""
+    col = view[col_name]
+    spec = col.spec
+    return {
+        "name": col_name,
+        "kind": spec.kind,
+        "dtype": spec.dtype,
+        "shape": list(spec.shape),
+        "container": spec.container,
+        "section": spec.section,
+        "nbytes": col.nbytes,
+        "nbytes_stored": col.nbytes_stored,
+        "raw_nbytes": col.nbytes,  # deprecated: nbytes
+        "head": render_rows(col, n),
+    }
 
 
 def _check_steps_exist(cache: Any, name: str, steps: list[int]) -> None:
