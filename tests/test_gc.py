@@ -153,3 +153,19 @@ def test_gc_never_deletes_a_step_whose_records_it_cannot_read(
     assert "step 2 has unreadable records; nothing of it is removed" in caplog.text
     keys.write(record, good)
     assert 2 in cache.steps()
+
+
+def test_gc_waits_before_removing_a_step_whose_only_run_is_not_recorded_yet(on_disk: zs.Cache, tmp_path: Path) -> None:
+    """A brand-new run makes its directory before its record lands: its step is not removed
+    as abandoned at once (it was, with the claim the new writer was making), only once old."""
+    cache = on_disk
+    fresh = tmp_path / cache.experiment / "9" / "r-new" / "0"
+    fresh.mkdir(parents=True)
+    assert cache.gc().removed == ()
+    assert fresh.is_dir()
+    old = time.time() - 3600
+    for d in (fresh, fresh.parent, fresh.parent.parent):
+        os.utime(d, (old, old))
+    report = cache.gc()
+    assert [(r.step, r.reason.split(":")[0]) for r in report.removed if r.step == 9] == [(9, "abandoned")]
+    assert not fresh.parent.parent.exists()

@@ -72,3 +72,9 @@ def test_strays_wait_for_their_age_and_damaged_steps_are_kept_whole() -> None:
     assert plan.removals == () and plan.strays == ()
     # retention retires a complete step whatever else is wrong with it
     assert _paths(plan_gc([damaged, _complete(11)], now=NOW, lease=LEASE, keep_last=1)) == ["e/10"]
+
+
+def test_a_step_without_any_run_record_waits_for_its_age_like_strays() -> None:
+    creating = StepScan(12, "e/12", strays=["r-new"])  # the new run's record is not visible yet
+    plan = plan_gc([creating], now=NOW, lease=LEASE)
+    assert plan.removals == () and [r.path for r in plan.strays] == ["e/12"]

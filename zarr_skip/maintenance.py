@@ -400,8 +400,9 @@ class GcPlan:
     removals: tuple[Removal, ...]
     #: steps some live writer is still writing (kept)
     writing: tuple[int, ...]
-    #: names below a step without a run record: a crashed creation, or a brand-new run whose
-    #: record is not visible yet, so removed only once older than the temp-file age
+    #: names below a step without a run record (or steps without any): a crashed creation, or
+    #: a brand-new run whose record is not visible yet, so removed only once older than the
+    #: temp-file age
     strays: tuple[Removal, ...]
 
 
@@ -435,6 +436,10 @@ def plan_gc(
             # an unreadable record may be a stale view through a shared mount of a complete
             # step: keep everything and let verify() tell what is wrong
             logger.warning("gc: step %d has unreadable records; nothing of it is removed", scan.step)
+        elif info.state == ABANDONED and scan.step not in pinned and not scan.runs:
+            # no run record visible: a crashed creation, or a brand-new run's first record not
+            # visible yet (its directory exists first): removed only once old, as strays are
+            strays.append(Removal(scan.path, "abandoned: no recorded run (crashed creation)", scan.step))
         elif info.state == ABANDONED and scan.step not in pinned:
             removals.append(Removal(scan.path, "abandoned: incomplete and no live writer", scan.step))
         else:
