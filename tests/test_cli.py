@@ -274,6 +274,24 @@ def test_gc_asks_on_a_terminal(
     assert (3 in states(loc)) == (answer == "n\n")
 
 
+def test_gc_removes_only_what_it_showed_before_the_confirmation(
+    loc: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step completing while the question waits would make --keep-last retire one more: the
+    answer applies to the list shown, nothing else is removed."""
+    from zarr_skip.cli._context import Context
+
+    def confirm_late(self: Context, question: str) -> bool:
+        zs.open_cache(loc, ROLLOUT).write(6, make_batch(4, seed=6))  # meanwhile, step 6 completes
+        return True
+
+    monkeypatch.setattr(Context, "confirm", confirm_late)
+    code, out, _ = run(capsys, "gc", loc, "-e", "rollout", "--keep-last", "1")
+    assert code == 0 and "would remove" in out
+    assert states(loc) == {2: "complete", 4: "writing", 6: "complete"}  # 2 was not listed: kept
+    assert f"removed {Path(loc) / EXP / '1'}" in out and f"removed {Path(loc) / EXP / '2'}" not in out
+
+
 def test_rm(loc: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "rm", loc, "2", "9", "-e", "rollout", "--yes")
     assert code == 2 and "step(s) 9 not found" in err and 2 in states(loc)

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -490,12 +490,15 @@ def gc(
     pin: Iterable[int] = (),
     dry_run: bool = False,
     partial_age: float | None = None,
+    only: Collection[str] | None = None,
 ) -> GcReport:
     """Remove dead data: never a live writer's, never a complete step outside retention.
 
     Applies :func:`plan_gc` to the experiment's steps, with the records of runs that never
     recorded themselves and the temp files (``*.partial``) of killed writers older than
-    ``partial_age`` seconds (default: the lease); with ``dry_run`` only reports.
+    ``partial_age`` seconds (default: the lease); with ``dry_run`` only reports. ``only``: the
+    paths of an earlier report that were shown and confirmed; what the plan finds now beyond
+    them (a step completed meanwhile moves retention) is left alone.
     """
     if storage.read_only and not dry_run:
         raise ReadOnlyCacheError(f"{storage.where}: opened read-only; gc needs a writable handle")
@@ -512,6 +515,8 @@ def gc(
         if layout.is_temp(key) and not any(key.startswith(p + "/") for p in removing):
             if _mtime_age(storage, key, now) >= age:
                 removals.append(Removal(key, "temp file of a killed writer"))
+    if only is not None:
+        removals = [r for r in removals if r.path in only]
     for r in removals:
         logger.info("gc%s: %s (%s)", " (dry run)" if dry_run else "", storage.key_path(r.path), r.reason)
         if not dry_run:

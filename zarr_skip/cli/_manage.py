@@ -34,7 +34,8 @@ def _say_gc(ctx: Context, docs: list[dict[str, Any]], done: bool) -> None:
 
 
 def cmd_gc(ctx: Context) -> int:
-    """Show what gc would remove, then (confirmed) remove it."""
+    """Show what gc would remove, then (confirmed) remove it, and nothing else."""
+    from zarr_skip import maintenance
     from zarr_skip.cli._context import UsageError
 
     a = ctx.args
@@ -42,9 +43,11 @@ def cmd_gc(ctx: Context) -> int:
     if not found:
         raise UsageError(f"no zarr_skip experiments at {a.location}")
     plan: dict[str, dict[str, Any]] = {}
+    shown: dict[str, set[str]] = {}  # what the confirmation is about: nothing found later goes
     for name in found:
         cache = ctx.open(name)
-        plan[name] = _gc_doc(cache, name, cache.gc(keep_last=a.keep_last, pin=a.pin, dry_run=True))
+        report = cache.gc(keep_last=a.keep_last, pin=a.pin, dry_run=True)
+        plan[name], shown[name] = _gc_doc(cache, name, report), {r.path for r in report.removed}
     total = sum(len(d["removals"]) for d in plan.values())
     _say_gc(ctx, list(plan.values()), done=False)
     if a.dry_run or total == 0:
@@ -67,7 +70,10 @@ def cmd_gc(ctx: Context) -> int:
     with ctx.bar("gc", "experiment", total=len(todo)) as bar:
         for k, name in enumerate(todo, 1):
             cache = ctx.open(name, fingerprint=found[name])
-            done.append(_gc_doc(cache, name, cache.gc(keep_last=a.keep_last, pin=a.pin)))
+            report = maintenance.gc(
+                cache.storage, cache.experiment, lease=cache.lease, keep_last=a.keep_last, pin=a.pin, only=shown[name]
+            )
+            done.append(_gc_doc(cache, name, report))
             bar.to(k)
     _say_gc(ctx, done, done=True)
     if ctx.json:
