@@ -443,3 +443,17 @@ def test_tokenizer_paths_prefer_the_tokenizer_then_name_the_model(tmp_path: Path
     assert tokenizer_paths({"trainer": {}}) == {}
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.model\.path: expected a path"):
         tokenizer_paths({"actor_rollout_ref": {"model": {"path": 3}}})
+
+
+# ---------------------------------------------------------------------------
+# the verl integration's own settings (zarr_skip.integrations.verl.install / ZARR_SKIP_*; no verl needed)
+
+
+@pytest.mark.parametrize("value", ["endpoint_url=http://minio:9000", ["endpoint_url"], 3])
+def test_verl_storage_options_that_are_no_mapping_are_refused_at_install(value: Any) -> None:
+    """They were taken, and open_cache refused them only at the first listed step, mid-training."""
+    from zarr_skip.integrations._verl_options import Options
+
+    with pytest.raises(ConfigError, match=r"storage_options: expected a mapping"):
+        Options(storage_options=value)
+    assert Options(storage_options={"endpoint_url": "http://minio:9000"}).storage_options is not None
