@@ -457,3 +457,18 @@ def test_verl_storage_options_that_are_no_mapping_are_refused_at_install(value: 
     with pytest.raises(ConfigError, match=r"storage_options: expected a mapping"):
         Options(storage_options=value)
     assert Options(storage_options={"endpoint_url": "http://minio:9000"}).storage_options is not None
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("ZARR_SKIP_COMPRESSION", "zsdt"), ("ZARR_SKIP_ON_GROUP_MISMATCH", "Error")],
+)
+def test_verl_settings_from_the_environment_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """Set through Ray's env_vars, a bad value named only the install() argument."""
+    from zarr_skip.integrations._verl_options import options
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=rf"^{variable}: .*'{value}'"):
+        options()

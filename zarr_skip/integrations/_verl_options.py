@@ -100,5 +100,11 @@ def options() -> Options:
     }
     merged = {k: v for k, v in env.items() if v is not None}
     with _lock:
-        merged.update(_explicit)
+        explicit = dict(_explicit)
+    for name in merged.keys() - explicit.keys():  # a value from the environment: name its variable
+        try:
+            replace(Options(), **{name: merged[name]})
+        except ConfigError as exc:
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()}: {exc}") from None
+    merged.update(explicit)
     return replace(Options(), **merged)
