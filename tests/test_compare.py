@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_signals import expected_signals
+from test_signals import expected_signals, uneven_groups
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
@@ -103,3 +103,15 @@ def test_compare_two_experiments_of_one_cache(tmp_path: Path, capsys: pytest.Cap
     assert (doc["a"]["experiment"], doc["b"]["experiment"]) == (a.experiment, b.experiment)
     assert [s["step"] for s in doc["steps"]] == [2]
     assert doc["steps"][0]["b"]["accuracy"] == pytest.approx(expected_signals(b.load(2))[None]["accuracy"])
+
+
+def test_compare_names_the_groups_of_the_same_score_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = []
+    for name in ("a", "b"):
+        cache = zs.open_cache(tmp_path / name, {"experiment_name": name, "project_name": "p"})
+        cache.write(1, uneven_groups())
+        paths.append(str(tmp_path / name))
+    code, out, err = run(capsys, "compare", *paths)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("  same-score groups"))
+    assert line.split()[2:] == ["50%", "of", "4", "50%", "of", "4"]  # 2 of the 4 groups of 2+ answers, not of 8

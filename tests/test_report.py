@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _browser import Browser, missing
-from test_signals import expected_signals
+from test_signals import expected_signals, uneven_groups
 
 import zarr_skip as zs
 from zarr_skip.cli.main import main
@@ -418,3 +418,10 @@ def test_the_report_command_writes_report_html_by_default(
     assert code == 0, err
     page = (tmp_path / "report.html").read_text()
     assert stdout.startswith("wrote report.html (") and "<script>" not in page and 'id="step-1"' in page
+
+
+def test_the_same_score_share_names_the_groups_it_is_of(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    cache.write(1, uneven_groups())
+    page = report_html(cache, [1], plots=False)
+    assert '<td class="zs-num" data-v="0.5">50.0% of 4</td>' in page  # 2 of the 4 groups of 2+ answers, not of 8

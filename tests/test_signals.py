@@ -115,3 +115,27 @@ def test_padded_responses_without_a_mask_have_no_lengths(tmp_path: Path) -> None
     cache.write(1, {"responses": torch.arange(8).reshape(2, 4), "score": torch.tensor([0.0, 1.0])})
     (s,) = step_signals(cache.load(1))
     assert s.rows == 2 and s.accuracy == 0.5 and s.length_mean is None and s.truncated is None
+
+
+def uneven_groups() -> dict[str, Any]:
+    """A step of 8 groups: 4 of two answers (2 all 1, 2 mixed) and 4 of one answer (all 1)."""
+    import torch
+
+    scores = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    uids = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "f", "g", "h"]
+    return {
+        "responses": torch.ones(len(scores), 4, dtype=torch.int64),
+        "response_mask": torch.ones(len(scores), 4, dtype=torch.int64),
+        "score": torch.tensor(scores),
+        "uid": uids,
+    }
+
+
+def test_same_score_groups_say_how_many_groups_they_are_a_share_of(tmp_path: Path) -> None:
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, uneven_groups())
+    (s,) = step_signals(cache.load(1))
+    assert s.groups == 8 and s.same_score_groups == 0.5 and s.scored_groups == 4  # 2 of the 4 groups of 2+
+    assert s.to_dict()["scored_groups"] == 4
+    one = signals(1, np.array([1.0, np.nan, 0.0]), None, uids=np.array(["a", "a", "b"], dtype=object))
+    assert one.groups == 2 and one.same_score_groups is None and one.scored_groups == 0

@@ -67,7 +67,7 @@ LINES: list[tuple[str, Callable[[StepSignals], str]]] = [
     ("length: mean", lambda s: _num(s.length_mean)),
     ("length: correct / wrong", lambda s: f"{_num(s.length_correct)} / {_num(s.length_wrong)}" if s.binary else "-"),
     ("truncated", lambda s: _pct(s.truncated)),
-    ("same-score groups", lambda s: f"{_pct(s.same_score_groups)} of {s.groups}" if s.groups else "-"),
+    ("same-score groups", lambda s: f"{_pct(s.same_score_groups)} of {s.scored_groups}" if s.scored_groups else "-"),
 ]
 
 

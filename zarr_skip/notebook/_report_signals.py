@@ -92,7 +92,7 @@ def _cells(s: StepSignals) -> list[tuple[str, str]]:
         _num(s.score_mean),
         _num(s.score_std),
         _pct(s.accuracy),
-        (f"{same[0]} of {s.groups}" if s.groups else "-", same[1]),
+        (f"{same[0]} of {s.scored_groups}" if s.scored_groups else "-", same[1]),
         _num(s.length_mean),
         _num(s.length_correct),
         _num(s.length_wrong),

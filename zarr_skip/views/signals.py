@@ -53,6 +53,8 @@ class StepSignals:
     groups : GRPO groups (distinct ``uid`` values; 0 without a ``uid`` column).
     same_score_groups : share of the groups of more than one row whose scores are all equal
         (``None`` without such groups or without scores).
+    scored_groups : the groups ``same_score_groups`` is a share of: those with two or more
+        finite scores (groups of one answer, or of one scored answer, carry no comparison).
     """
 
     step: int
@@ -70,6 +72,7 @@ class StepSignals:
     truncated: float | None
     groups: int
     same_score_groups: float | None
+    scored_groups: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-able dict (``None`` for what is unknown)."""
@@ -80,13 +83,14 @@ def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if values.size else None
 
 
-def _same_score_share(scores: np.ndarray, uids: np.ndarray | None) -> tuple[int, float | None]:
-    """Distinct groups, and the share of groups (of 2+ rows) whose finite scores are all equal."""
+def _same_score_share(scores: np.ndarray, uids: np.ndarray | None) -> tuple[int, float | None, int]:
+    """Distinct groups, the share of groups (of 2+ finite scores) whose finite scores are all
+    equal, and how many groups that share is of."""
     if uids is None:
-        return 0, None
+        return 0, None, 0
     keys, inverse = np.unique(uids.astype(str), return_inverse=True)
     if not scores.size or not np.isfinite(scores).any():
-        return len(keys), None
+        return len(keys), None, 0
     same = total = 0
     for g in range(len(keys)):
         found = scores[inverse == g]
@@ -95,7 +99,7 @@ def _same_score_share(scores: np.ndarray, uids: np.ndarray | None) -> tuple[int,
             continue
         total += 1
         same += int(found.min() == found.max())
-    return len(keys), (same / total if total else None)
+    return len(keys), (same / total if total else None), total
 
 
 def signals(
@@ -130,7 +134,7 @@ def signals(
     truncated = None
     if max_length is not None and length is not None and length.size:
         truncated = float((length >= max_length).mean())
-    groups, same = _same_score_share(score, None if uids is None else np.asarray(uids, dtype=object))
+    groups, same, scored = _same_score_share(score, None if uids is None else np.asarray(uids, dtype=object))
     return StepSignals(
         step=int(step),
         data_source=data_source,
@@ -147,6 +151,7 @@ def signals(
         truncated=truncated,
         groups=groups,
         same_score_groups=same,
+        scored_groups=scored,
     )
 
 
