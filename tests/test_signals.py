@@ -139,3 +139,19 @@ def test_same_score_groups_say_how_many_groups_they_are_a_share_of(tmp_path: Pat
     assert s.to_dict()["scored_groups"] == 4
     one = signals(1, np.array([1.0, np.nan, 0.0]), None, uids=np.array(["a", "a", "b"], dtype=object))
     assert one.groups == 2 and one.same_score_groups is None and one.scored_groups == 0
+
+
+def test_the_rewards_verls_agent_loop_returns_are_the_scores(tmp_path: Path) -> None:
+    import torch
+
+    scores = [1.0, 0.0, 1.0, 1.0]  # rm_scores: token-level, the score on the last response token
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    rm = torch.zeros(4, 4, dtype=torch.bfloat16)
+    rm[torch.arange(4), mask.sum(1) - 1] = torch.tensor(scores, dtype=torch.bfloat16)
+    batch = {"responses": mask * 7, "response_mask": mask, "rm_scores": rm, "uid": ["a", "a", "b", "b"]}
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, batch)
+    view = cache.load(1)
+    (s,) = step_signals(view)
+    assert s.score_column == "rm_scores" and s.binary and s.accuracy == 0.75 and s.same_score_groups == 0.5
+    assert view.group("a").best == [0] and view.group("a").worst == [1]

@@ -21,8 +21,17 @@ __all__ = ["LENGTH_COLUMNS", "SCORE_COLUMNS", "lengths_and_width", "pick", "resp
 
 #: columns tried, in order, for response lengths when none is named
 LENGTH_COLUMNS = ("responses", "response_mask")
-#: columns tried, in order, for scores when none is named
-SCORE_COLUMNS = ("token_level_scores", "token_level_rewards", "scores", "score", "rewards", "reward", "acc")
+#: columns tried, in order, for scores when none is named (``rm_scores``: verl's agent loop's own rewards)
+SCORE_COLUMNS = (
+    "token_level_scores",
+    "token_level_rewards",
+    "scores",
+    "score",
+    "rewards",
+    "reward",
+    "acc",
+    "rm_scores",
+)
 _BLOCK = 4096  # rows of a padded mask read at a time
 
 

@@ -28,8 +28,18 @@ if TYPE_CHECKING:
 
 __all__ = ["SIGNAL_SCORE_COLUMNS", "StepSignals", "by_source", "signals", "step_signals"]
 
-#: columns tried, in order, for a row's score: per-row values first, then token-level ones (summed)
-SIGNAL_SCORE_COLUMNS = ("score", "scores", "reward", "rewards", "acc", "token_level_scores", "token_level_rewards")
+#: columns tried, in order, for a row's score: per-row values first, then token-level ones (summed;
+#: ``rm_scores`` is what verl's agent loop returns when it computes the rewards itself)
+SIGNAL_SCORE_COLUMNS = (
+    "score",
+    "scores",
+    "reward",
+    "rewards",
+    "acc",
+    "token_level_scores",
+    "token_level_rewards",
+    "rm_scores",
+)
 
 
 @dataclass(frozen=True, slots=True)
