@@ -125,7 +125,7 @@ def test_the_report_shows_whole_groups_up_to_rows_and_ids_without_a_tokenizer(ca
     assert page.count('class="zs-card') == 2 * N  # the group that reaches 5 rows is kept whole
     assert "no tokenizer: token ids shown" in page and "<figure" not in page
     assert "showing 8 (2 groups)" in page
-    with pytest.raises(ValueError, match=r"steps \[7\]: not complete"):
+    with pytest.raises(zs.ConfigError, match=r"steps \[7\]: not complete"):  # a ZarrSkipError
         report_html(cache, [7])
 
 

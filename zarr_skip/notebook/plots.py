@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from zarr_skip.cache import Cache
+from zarr_skip.errors import ConfigError, ConfigTypeError
 from zarr_skip.lazy import StepView
 from zarr_skip.notebook.trends import matplotlib_module, plot_trend, run_labels
 from zarr_skip.views.measures import SCORE_COLUMNS, lengths_and_width, pick, response_lengths, row_scores
@@ -102,18 +103,18 @@ def _views(source: Source, steps: Sequence[int] | None) -> list[StepView]:
     """The step views a plot covers: a cache's ``steps`` (default: its complete ones)."""
     if isinstance(source, StepView):
         if steps is not None:
-            raise ValueError("steps: only with a cache (a step view is one step)")
+            raise ConfigError("steps: only with a cache (a step view is one step)")
         return [source]
     if isinstance(source, Cache):
         chosen = list(steps) if steps is not None else _subsample(source.steps())
         if not chosen:
-            raise ValueError(f"{source.location}: no complete step to plot")
+            raise ConfigError(f"{source.location}: no complete step to plot")
         return [source.load(s) for s in chosen]
     views = cast("list[StepView]", list(source))
     if not views or not all(isinstance(v, StepView) for v in views):
-        raise TypeError("source: expected a Cache, a StepView or a non-empty list of StepViews")
+        raise ConfigTypeError("source: expected a Cache, a StepView or a non-empty list of StepViews")
     if steps is not None:
-        raise ValueError("steps: only with a cache")
+        raise ConfigError("steps: only with a cache")
     return views
 
 
@@ -129,7 +130,7 @@ def _max_length(source: Source, width: int | None, max_length: int | None) -> in
 
 def _check_kind(kind: str) -> None:
     if kind not in ("box", "violin"):
-        raise ValueError(f"kind: expected 'box' or 'violin', got {kind!r}")
+        raise ConfigError(f"kind: expected 'box' or 'violin', got {kind!r}")
 
 
 def _distribution(ax: Axes, data: list[np.ndarray], labels: list[str], kind: str) -> None:
@@ -247,7 +248,7 @@ def plot_truncation(
     found = [lengths_and_width(v, column) for v in views]
     limit = _max_length(source, found[0][1], max_length)
     if limit is None:
-        raise ValueError("max_length: unknown for jagged step views; pass max_length=")
+        raise ConfigError("max_length: unknown for jagged step views; pass max_length=")
     shares = np.array([float((f[0] >= limit).mean()) if f[0].size else 0.0 for f in found])
     fig, ax = _axes(ax)
     x = np.arange(len(views))
@@ -321,7 +322,7 @@ def plot_minibatches(source: Source, *, steps: Sequence[int] | None = None, ax: 
         views = _views(source, steps)
     entries = sorted([(v.step, v) for v in views] + [(i.step, i) for i in partial], key=lambda e: e[0])
     if not entries:
-        raise ValueError(f"{getattr(source, 'location', source)}: no step to plot")
+        raise ConfigError(f"{getattr(source, 'location', source)}: no step to plot")
     fig, ax = _axes(ax)
     colours = _matplotlib().colormaps["tab10"]
     indices: set[int] = set()

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zarr_skip.errors import ConfigError, MissingExtraError, StorageError
+from zarr_skip.errors import AmbiguousExperimentError, ConfigError, MissingExtraError, StorageError
 from zarr_skip.notebook._report_rollouts import step_section
 from zarr_skip.notebook._report_signals import figure_html, signals_section, sources_section
 from zarr_skip.notebook.trends import matplotlib_module, run_signals
@@ -168,7 +168,7 @@ def _chosen(cache: Cache, steps: Sequence[int] | None, complete: list[int]) -> l
     chosen = list(steps) if steps is not None else complete[-1:]
     missing = [s for s in chosen if s not in complete]
     if missing:
-        raise ValueError(f"steps {missing}: not complete in {cache.experiment!r} (complete: {complete or 'none'})")
+        raise ConfigError(f"steps {missing}: not complete in {cache.experiment!r} (complete: {complete or 'none'})")
     return chosen
 
 
@@ -215,7 +215,7 @@ def report_html(
         without it).
     """
     if cache.experiment is None:
-        raise ValueError(f"{cache.location}: holds several experiments; open one with experiment=NAME")
+        raise AmbiguousExperimentError(f"{cache.location}: holds several experiments; open one with experiment=NAME")
     infos = cache.status()
     complete = [i.step for i in infos if i.complete]
     chosen = _chosen(cache, steps, complete)

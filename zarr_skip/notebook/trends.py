@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from zarr_skip.cache import Cache
-from zarr_skip.errors import MissingExtraError
+from zarr_skip.errors import AmbiguousExperimentError, ConfigError, ConfigTypeError, MissingExtraError
 from zarr_skip.views.signals import StepSignals, step_signals
 
 if TYPE_CHECKING:
@@ -96,11 +96,13 @@ def run_signals(
     """The signals of each cache's complete steps (or of ``steps``, those each holds complete)."""
     runs = [caches] if isinstance(caches, Cache) else list(caches)
     if not runs or not all(isinstance(c, Cache) for c in runs):
-        raise TypeError("caches: expected a Cache or a non-empty list of Caches")
+        raise ConfigTypeError("caches: expected a Cache or a non-empty list of Caches")
     out = []
     for cache, label in zip(runs, run_labels(runs), strict=True):
         if cache.experiment is None:
-            raise ValueError(f"{cache.location}: holds several experiments; open one with experiment=NAME")
+            raise AmbiguousExperimentError(
+                f"{cache.location}: holds several experiments; open one with experiment=NAME"
+            )
         complete = cache.steps()
         chosen = [s for s in steps if s in complete] if steps is not None else _subsample(complete)
         found = tuple(tuple(step_signals(cache.load(s), max_length=max_length)) for s in chosen)
@@ -151,7 +153,7 @@ def plot_trend(
     by_source : a line per data source (the whole step otherwise).
     """
     if signal not in SIGNALS:
-        raise ValueError(f"signal: expected one of {', '.join(SIGNALS)}, got {signal!r}")
+        raise ConfigError(f"signal: expected one of {', '.join(SIGNALS)}, got {signal!r}")
     found = list(runs) if isinstance(runs, Sequence) and runs and isinstance(runs[0], RunSignals) else None
     data = cast("list[RunSignals]", found) if found is not None else run_signals(cast("Any", runs), steps)
     mpl = matplotlib_module()
@@ -175,7 +177,7 @@ def plot_trend(
             _line(ax, rows, signal, name, colour, "-" if len(data) == 1 else cast("str", styles[k % len(styles)]))
             lines += 1
     if not lines:
-        raise ValueError("no complete step to plot in " + ", ".join(r.label for r in data))
+        raise ConfigError("no complete step to plot in " + ", ".join(r.label for r in data))
     title, ylabel = SIGNALS[signal]
     binary = all(s.binary for run in data for step in run.steps for s in step)
     if signal == "score" and binary:
