@@ -398,3 +398,14 @@ def test_a_page_of_a_big_step_reads_only_its_rows() -> None:
     assert not chunk_keys(store)
     view.rollout(6025, tokenizer=FakeDecoder())._repr_html_()
     assert 0 < sum(store.reads[k] for k in chunk_keys(store)) <= 20
+
+
+def test_a_groups_summary_leaves_out_scores_that_are_not_finite() -> None:
+    from zarr_skip.views._rows import Rollout
+    from zarr_skip.views.groups import group_html, group_text
+
+    ids = np.zeros(1, dtype=np.int64)
+    group = [Rollout(1, i, ids, 1, score=s) for i, s in enumerate([float("nan"), 1.0, 0.0])]
+    head = group_text("g", group).splitlines()[0]  # was: mean score nan, from nan to nan
+    assert head.endswith("3 responses; mean score 0.5, from 0 to 1; 1 without a finite score; lengths all 1 tokens")
+    assert "mean score 0.5, from 0 to 1; 1 without a finite score" in group_html("g", group)

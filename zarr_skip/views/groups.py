@@ -68,9 +68,12 @@ def marks(rollouts: list[Rollout]) -> dict[int, str]:
 
 def _summary(uid: str, rollouts: list[Rollout]) -> list[str]:
     out = [f"{len(rollouts)} responses"]
-    scores = [r.score for r in rollouts if r.score is not None]
+    scores = [r.score for r in rollouts if r.score is not None and np.isfinite(r.score)]
     if scores:
         out.append(f"mean score {np.mean(scores):.4g}, from {min(scores):.4g} to {max(scores):.4g}")
+    unscored = sum(r.score is not None and not np.isfinite(r.score) for r in rollouts)
+    if unscored:
+        out.append(f"{unscored} without a finite score")
     if rollouts and rollouts[0].max_length is not None:
         out.append(f"{sum(r.truncated for r in rollouts)} truncated")
     lengths = [r.length for r in rollouts]
