@@ -425,3 +425,20 @@ def test_the_same_score_share_names_the_groups_it_is_of(tmp_path: Path) -> None:
     cache.write(1, uneven_groups())
     page = report_html(cache, [1], plots=False)
     assert '<td class="zs-num" data-v="0.5">50.0% of 4</td>' in page  # 2 of the 4 groups of 2+ answers, not of 8
+
+
+def test_a_nan_score_is_neither_correct_nor_wrong_nor_in_the_mean(tmp_path: Path) -> None:
+    import torch
+
+    cache = zs.open_cache(tmp_path / "cache", FP)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    scores = torch.tensor([float("nan"), 1.0, 0.0, 1.0])
+    cache.write(1, {"responses": mask * 7, "response_mask": mask, "score": scores, "uid": ["a", "a", "b", "b"]})
+    page = report_html(cache, [1], plots=False)
+    assert "mean score of those shown 0.6667" in page  # was: nan
+    assert re.findall(r'<tr data-row="(\d)" data-correct="(\w*)"', page) == [
+        ("0", ""),  # the filter's "wrong" took it
+        ("1", "yes"),
+        ("2", "no"),
+        ("3", "yes"),
+    ]

@@ -81,7 +81,7 @@ def _answer(r: Rollout) -> str:
 
 def _list_row(r: Rollout, truth: str | None) -> str:
     answer = _answer(r)
-    correct = "" if r.score is None else "yes" if r.score > 0 else "no"
+    correct = "" if r.score is None or not np.isfinite(r.score) else "yes" if r.score > 0 else "no"
     cells: list[tuple[object, str, bool]] = [
         (r.row, str(r.row), True),
         ((r.uid or "")[:8], r.uid or "", False),
@@ -118,7 +118,7 @@ def _head(view: StepView, groups: list[tuple[str | None, np.ndarray]], rollouts:
     shown = sum(len(r) for _, r in groups)
     what = f"{len(groups)} group{'s' if len(groups) != 1 else ''}" if groups and groups[0][0] is not None else "rows"
     head = f"{len(view)} rows; showing {shown} ({what})"
-    scores = [r.score for r in rollouts if r.score is not None]
+    scores = [r.score for r in rollouts if r.score is not None and np.isfinite(r.score)]
     if scores:
         head += f"; mean score of those shown {np.mean(scores):.4g}"
     limit = rollouts[0].max_length if rollouts else None
