@@ -73,7 +73,7 @@ def test_compare_prints_both_runs_side_by_side(
     assert "step 3 " in out and "step 2 " not in out
     sa, sb = expected_signals(a.load(3))[None], expected_signals(b.load(3))[None]
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("accuracy"))
-    assert line.split()[1:] == [f"{sa['accuracy']:.0%}", f"{sb['accuracy']:.0%}"]
+    assert line.split()[1:] == [f"{sa['accuracy']:.1%}", f"{sb['accuracy']:.1%}"]
     assert "[synthetic/arithmetic]" in out or "[synthetic/word_problems]" in out
     assert png.read_bytes().startswith(b"\x89PNG") and f"wrote {png}" in out
 
@@ -114,4 +114,20 @@ def test_compare_names_the_groups_of_the_same_score_share(tmp_path: Path, capsys
     code, out, err = run(capsys, "compare", *paths)
     assert code == 0, err
     line = next(ln for ln in out.splitlines() if ln.startswith("  same-score groups"))
-    assert line.split()[2:] == ["50%", "of", "4", "50%", "of", "4"]  # 2 of the 4 groups of 2+ answers, not of 8
+    assert line.split()[2:] == ["50.0%", "of", "4", "50.0%", "of", "4"]  # 2 of the 4 groups of 2+ answers, not of 8
+
+
+def test_compare_does_not_round_a_small_truncation_away(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    paths = []
+    for name, long in (("a", 1), ("b", 0)):  # 1 response of 256 at the limit (0.4%), against none
+        lengths = torch.tensor([4] * long + [2] * (256 - long))
+        mask = (torch.arange(4)[None, :] < lengths[:, None]).long()
+        cache = zs.open_cache(tmp_path / name, {"experiment_name": name, "project_name": "p"})
+        cache.write(1, {"responses": mask * 7, "response_mask": mask})
+        paths.append(str(tmp_path / name))
+    code, out, err = run(capsys, "compare", *paths)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("  truncated"))
+    assert line.split()[1:] == ["0.4%", "0.0%"]  # was: 0% and 0%

@@ -52,7 +52,7 @@ def _open(ctx: Context, location: str, experiment: str | None) -> tuple[str, Cac
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
+    return "-" if x is None else f"{x:.1%}"
 
 
 def _num(x: float | None) -> str:
