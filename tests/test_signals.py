@@ -155,3 +155,20 @@ def test_the_rewards_verls_agent_loop_returns_are_the_scores(tmp_path: Path) -> 
     (s,) = step_signals(view)
     assert s.score_column == "rm_scores" and s.binary and s.accuracy == 0.75 and s.same_score_groups == 0.5
     assert view.group("a").best == [0] and view.group("a").worst == [1]
+
+
+def test_padded_responses_with_an_attention_mask_only_have_lengths(tmp_path: Path) -> None:
+    import torch
+
+    from zarr_skip.views.measures import response_lengths
+
+    lengths = torch.tensor([4, 2, 1, 3])  # verl's rollout output: prompts, responses, attention_mask, no response_mask
+    response = (torch.arange(4)[None, :] < lengths[:, None]).long()
+    attention = torch.cat([torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 1, 1]]), response], dim=1)
+    batch = {"prompts": torch.full((4, 3), 5), "responses": response * 7, "attention_mask": attention}
+    cache = zs.open_cache(tmp_path / "c", {**FP, "max_response_length": 4})
+    cache.write(1, {**batch, "score": torch.tensor([0.0, 1.0, 1.0, 0.0]), "uid": ["a", "a", "b", "b"]})
+    view = cache.load(1)
+    assert response_lengths(view).tolist() == [4, 2, 1, 3]
+    (s,) = step_signals(view)
+    assert s.length_mean == 2.5 and s.length_correct == 1.5 and s.length_wrong == 3.5 and s.truncated == 0.25

@@ -82,13 +82,29 @@ def lengths_and_width(view: StepView, column: str | None) -> tuple[np.ndarray, i
         return lengths_and_width(view, "response_mask")
     if len(col.spec.shape) != 1:
         raise ConfigTypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
+    width = int(col.spec.shape[0])
+    if column is None and name == "responses" and _covers(view, "attention_mask", width):
+        return _nonzero(view["attention_mask"], width), width  # verl's rollout without a response_mask
     if not name.endswith("mask"):
         raise ConfigTypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
+    return _nonzero(col, width), width
+
+
+def _covers(view: StepView, mask: str, width: int) -> bool:
+    """``mask`` is a padded mask of one axis whose last ``width`` entries can be the response's."""
+    if mask not in view:
+        return False
+    spec = view[mask].spec
+    return not spec.jagged and len(spec.shape) == 1 and spec.shape[0] >= width
+
+
+def _nonzero(col: Any, width: int) -> np.ndarray:
+    """Per row, the non-zero entries among the last ``width`` of padded mask ``col``."""
     out = np.empty(len(col), dtype=np.int64)
     for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
-        block = col[start : start + _BLOCK]
+        block = col[start : start + _BLOCK][:, -width:] if width else col[start : start + _BLOCK][:, :0]
         out[start : start + len(block)] = np.asarray((block != 0).sum(-1))
-    return out, int(col.spec.shape[0])
+    return out
 
 
 def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
@@ -98,7 +114,8 @@ def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
     ----------
     view : the step.
     column : a jagged column (its stored lengths, no token read) or a padded mask (its
-        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``.
+        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``, else
+        the response's part (the last entries) of ``attention_mask``.
     """
     return lengths_and_width(view, column)[0]
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zarr_skip.errors import ConfigTypeError
 from zarr_skip.views.measures import response_lengths, row_scores
 from zarr_skip.views.records import max_response_length
 
@@ -174,9 +175,12 @@ def _score_column(view: StepView) -> str | None:
 
 def _lengths(view: StepView) -> np.ndarray | None:
     """Response lengths, or ``None`` when unknown: no responses, or padded ones without a mask."""
-    if "response_mask" in view or ("responses" in view and view["responses"].spec.jagged):
+    if "response_mask" not in view and "responses" not in view:
+        return None
+    try:
         return response_lengths(view).astype(np.float64)
-    return None
+    except ConfigTypeError:  # padded responses without a mask
+        return None
 
 
 def _strings(view: StepView, name: str) -> np.ndarray | None:
