@@ -172,3 +172,32 @@ def test_padded_responses_with_an_attention_mask_only_have_lengths(tmp_path: Pat
     assert response_lengths(view).tolist() == [4, 2, 1, 3]
     (s,) = step_signals(view)
     assert s.length_mean == 2.5 and s.length_correct == 1.5 and s.length_wrong == 3.5 and s.truncated == 0.25
+
+
+def test_a_multi_turn_response_counts_its_tool_tokens(tmp_path: Path) -> None:
+    """verl's agent loop masks the tool's tokens inside a response out of the loss
+    (``response_mask`` 0 there): they are the response's tokens all the same, as verl counts
+    them; a response is its tokens up to its mask's last 1 (it was the count of 1s)."""
+    import numpy as np
+    import torch
+
+    from zarr_skip.views.measures import response_lengths
+    from zarr_skip.views.text import token_ids
+
+    mask = torch.tensor([[1, 0, 0, 1, 1, 0], [1, 1, 0, 1, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    responses = torch.arange(1, 25).reshape(4, 6) * (torch.arange(6)[None, :] < torch.tensor([[5], [6], [2], [0]]))
+    batch = {"responses": responses, "response_mask": mask, "score": torch.tensor([1.0, 0.0, 1.0, 0.0])}
+    cache = zs.open_cache(tmp_path / "c", {**FP, "max_response_length": 6})
+    cache.write(1, {**batch, "prompts": torch.full((4, 2), 9), "uid": ["a", "a", "b", "b"]})
+    view = cache.load(1)
+    assert response_lengths(view).tolist() == [5, 6, 2, 0]  # was [3, 5, 2, 0]
+    (s,) = step_signals(view)
+    assert s.truncated == 0.25 and s.length_mean == 13 / 4  # row 1 fills the 6 tokens: truncated
+    ids = token_ids(view, "responses")
+    assert [r.tolist() for r in ids] == [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12], [13, 14], []]
+    shown = view.rollout(1).rollout
+    assert shown.response_ids.tolist() == [7, 8, 9, 10, 11, 12] and shown.length == 6 and shown.truncated
+    table = cache.table()
+    assert table["response_length"].tolist() == [5, 6, 2, 0]
+    assert table["truncated"].tolist() == [False, True, False, False]
+    assert np.array_equal(np.asarray(view["response_mask"][:]), mask.numpy())  # stored as it was

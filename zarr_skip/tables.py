@@ -40,7 +40,7 @@ from zarr_skip.store.reads import Range, read_ranges
 from zarr_skip.store.storage import Storage
 from zarr_skip.views import schema
 from zarr_skip.views.records import max_response_length
-from zarr_skip.views.text import mask_of, strip_padding
+from zarr_skip.views.text import mask_of, mask_tokens, strip_padding
 
 if TYPE_CHECKING:
     import pandas
@@ -276,7 +276,7 @@ class _Tokens:
         data = self._stored(mask)["data"]
         if data.shape[1:] < (width,):
             return None
-        return data.reshape(len(data), int(np.prod(data.shape[1:])))[:, :width].astype(bool)  # (rows, -1): 0 rows too
+        return mask_tokens(name, data.reshape(len(data), int(np.prod(data.shape[1:])))[:, :width])  # 0 rows too
 
     def lengths(self, name: str) -> np.ndarray:
         col = self.view[name]

@@ -24,7 +24,7 @@ from zarr_skip.errors import ColumnNotFoundError, ConfigError, RowIndexError
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.limits import TOKENS_SHOWN
 from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
-from zarr_skip.views.text import chat_messages, decode_ids, token_ids
+from zarr_skip.views.text import chat_messages, decode_ids, token_ids, valid_lengths
 from zarr_skip.views.tokenizers import Decoder
 
 if TYPE_CHECKING:
@@ -234,11 +234,11 @@ class RolloutReader:
         response = values["responses"]
         if not self.padded:
             return int(response.shape[0]) if hasattr(response, "shape") else len(response)
-        if "response_mask" in values:
-            return int(_ints(values["response_mask"]).reshape(-1).astype(bool).sum())
+        if "response_mask" in values:  # up to its last token: a multi-turn response's tool tokens count
+            return int(valid_lengths(_ints(values["response_mask"]).reshape(-1))[0])
         if "attention_mask" in values:
             width = int(np.asarray(response.shape)[0])
-            return int(_ints(values["attention_mask"]).reshape(-1)[-width:].astype(bool).sum())
+            return int(valid_lengths(_ints(values["attention_mask"]).reshape(-1)[-width:])[0])
         return int(response.shape[0])
 
     def _prompt_ids(self, values: dict[str, Any]) -> np.ndarray | None:

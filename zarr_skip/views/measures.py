@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ColumnNotFoundError, ConfigError, ConfigTypeError
+from zarr_skip.views.text import valid_lengths
 
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
@@ -84,10 +85,10 @@ def lengths_and_width(view: StepView, column: str | None) -> tuple[np.ndarray, i
         raise ConfigTypeError(f"column {name!r}: a padded response column has one axis per row, got {col.spec.shape}")
     width = int(col.spec.shape[0])
     if column is None and name == "responses" and _covers(view, "attention_mask", width):
-        return _nonzero(view["attention_mask"], width), width  # verl's rollout without a response_mask
+        return _mask_lengths(view["attention_mask"], width), width  # verl's rollout without a response_mask
     if not name.endswith("mask"):
         raise ConfigTypeError(f"column {name!r} is padded: name its mask (column='response_mask') to count tokens")
-    return _nonzero(col, width), width
+    return _mask_lengths(col, width), width
 
 
 def _covers(view: StepView, mask: str, width: int) -> bool:
@@ -98,12 +99,13 @@ def _covers(view: StepView, mask: str, width: int) -> bool:
     return not spec.jagged and len(spec.shape) == 1 and spec.shape[0] >= width
 
 
-def _nonzero(col: Any, width: int) -> np.ndarray:
-    """Per row, the non-zero entries among the last ``width`` of padded mask ``col``."""
+def _mask_lengths(col: Any, width: int) -> np.ndarray:
+    """Per row, the entries up to the last non-zero one among the last ``width`` of padded mask
+    ``col`` (:func:`~zarr_skip.views.text.valid_lengths`: a multi-turn response's tool tokens count)."""
     out = np.empty(len(col), dtype=np.int64)
     for start in range(0, len(col), _BLOCK):  # a block of rows at a time bounds the memory used
         block = col[start : start + _BLOCK][:, -width:] if width else col[start : start + _BLOCK][:, :0]
-        out[start : start + len(block)] = np.asarray((block != 0).sum(-1))
+        out[start : start + len(block)] = valid_lengths(np.asarray(block))
     return out
 
 
@@ -114,8 +116,9 @@ def response_lengths(view: StepView, column: str | None = None) -> np.ndarray:
     ----------
     view : the step.
     column : a jagged column (its stored lengths, no token read) or a padded mask (its
-        non-zero entries per row). Default: ``responses`` when jagged, else ``response_mask``, else
-        the response's part (the last entries) of ``attention_mask``.
+        entries per row up to its last non-zero one). Default: ``responses`` when jagged,
+        else ``response_mask``, else the response's part (the last entries) of
+        ``attention_mask``.
     """
     return lengths_and_width(view, column)[0]
 

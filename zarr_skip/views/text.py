@@ -34,10 +34,13 @@ __all__ = [
     "decode_column",
     "decode_ids",
     "mask_of",
+    "mask_tokens",
     "require_tokenizer",
     "row_index",
     "strip_padding",
     "token_ids",
+    "valid_lengths",
+    "valid_tokens",
 ]
 
 #: which rows to read: one row, a slice, row numbers, or None for all
@@ -83,6 +86,26 @@ def _as_rows(value: Any) -> list[np.ndarray]:
     return [np.asarray(v) for v in value]
 
 
+def valid_lengths(mask: np.ndarray) -> np.ndarray:
+    """Per row of a right-padded mask (rows, width): its tokens up to and including its last
+    non-zero entry (0 for none). A multi-turn response's ``response_mask`` is 0 on the tool's
+    tokens inside it: they are the response's tokens all the same, as verl counts them."""
+    found = np.asarray(mask) != 0
+    if found.ndim == 1:
+        found = found[None, :]
+    width = found.shape[1]
+    last = width - np.argmax(found[:, ::-1], axis=1) if width else np.zeros(len(found), dtype=np.int64)
+    return np.where(found.any(axis=1), last, 0).astype(np.int64)
+
+
+def valid_tokens(mask: np.ndarray) -> np.ndarray:
+    """The positions of :func:`valid_lengths`: True up to each row's last non-zero entry."""
+    found = np.asarray(mask)
+    rows = found if found.ndim == 2 else found[None, :]
+    out = np.arange(rows.shape[1])[None, :] < valid_lengths(rows)[:, None]
+    return out if found.ndim == 2 else out[0]
+
+
 def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray]:
     """The token ids of ``column`` for ``rows``, padding dropped.
 
@@ -101,8 +124,15 @@ def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray
         masks = _as_rows(view[mask_name][idx])
         width = len(values[0]) if values else 0
         if masks and len(masks[0]) >= width:  # an attention mask covers prompt then response
-            return [v[m[:width].astype(bool)] for v, m in zip(values, masks, strict=True)]
+            return [v[mask_tokens(column, m[:width])] for v, m in zip(values, masks, strict=True)]
     return strip_padding(view, column, values)
+
+
+def mask_tokens(column: str, mask: np.ndarray) -> np.ndarray:
+    """Which entries of padded ``column`` are its tokens, by its mask (:func:`mask_of`): a
+    left-padded prompt's non-zero ones, any other column's up to its last non-zero one
+    (:func:`valid_tokens`)."""
+    return np.asarray(mask).astype(bool) if column in _MASKS else valid_tokens(mask)
 
 
 def strip_padding(view: StepView, column: str, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
