@@ -201,3 +201,18 @@ def test_a_multi_turn_response_counts_its_tool_tokens(tmp_path: Path) -> None:
     assert table["response_length"].tolist() == [5, 6, 2, 0]
     assert table["truncated"].tolist() == [False, True, False, False]
     assert np.array_equal(np.asarray(view["response_mask"][:]), mask.numpy())  # stored as it was
+
+
+def test_per_token_values_of_a_multi_turn_response_reduce_over_its_mask(tmp_path: Path) -> None:
+    """A reduction is what the loss sees (verl's masked mean): the tool's tokens, masked out,
+    are not in it, though they are in the response's length."""
+    import torch
+
+    mask = torch.tensor([[1, 0, 0, 1, 0, 0], [1, 1, 1, 1, 0, 0]])
+    logp = torch.tensor([[-1.0, 9, 9, -3, 0, 0], [-1.0, -1, -1, -1, 0, 0]])
+    batch = {"responses": torch.ones(2, 6, dtype=torch.long) * mask.cumsum(1).clamp(max=1), "response_mask": mask}
+    cache = zs.open_cache(tmp_path / "c", {**FP, "max_response_length": 6})
+    cache.write(1, {**batch, "old_log_probs": logp, "uid": ["a", "a"]})
+    table = cache.table(reduce={"old_log_probs": "mean"})
+    assert table["old_log_probs_mean"].tolist() == [-2.0, -1.0]
+    assert table["response_length"].tolist() == [4, 4]

@@ -129,10 +129,11 @@ def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray
 
 
 def mask_tokens(column: str, mask: np.ndarray) -> np.ndarray:
-    """Which entries of padded ``column`` are its tokens, by its mask (:func:`mask_of`): a
-    left-padded prompt's non-zero ones, any other column's up to its last non-zero one
-    (:func:`valid_tokens`)."""
-    return np.asarray(mask).astype(bool) if column in _MASKS else valid_tokens(mask)
+    """Which entries of padded ``column`` count, by its mask (:func:`mask_of`): the response's
+    token ids up to the mask's last non-zero entry (:func:`valid_tokens`: a multi-turn
+    response's tool tokens are its tokens), a left-padded prompt's and any per-token value's
+    (log-probs, advantages: what the loss sees) where the mask is non-zero."""
+    return valid_tokens(mask) if column == "responses" else np.asarray(mask).astype(bool)
 
 
 def strip_padding(view: StepView, column: str, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
