@@ -216,3 +216,25 @@ def test_per_token_values_of_a_multi_turn_response_reduce_over_its_mask(tmp_path
     table = cache.table(reduce={"old_log_probs": "mean"})
     assert table["old_log_probs_mean"].tolist() == [-2.0, -1.0]
     assert table["response_length"].tolist() == [4, 4]
+
+
+def test_every_view_takes_the_same_score(tmp_path: Path) -> None:
+    """A step with a per-row ``score`` and ``token_level_scores`` that differ: the signals, the
+    rollouts, ``find`` and the plots' scores all take ``score`` (the rollouts, ``find`` and the
+    plots took the token-level sums, so the report's figures and its list disagreed)."""
+    import torch
+
+    from zarr_skip.views.measures import row_scores
+
+    tls = torch.zeros(4, 3)
+    tls[:, 2] = torch.tensor([0.0, 5.0, 0.0, 5.0])
+    batch = {"responses": torch.ones(4, 3, dtype=torch.long), "response_mask": torch.ones(4, 3, dtype=torch.long)}
+    cache = zs.open_cache(tmp_path / "c", {**FP, "max_response_length": 3})
+    batch |= {"score": torch.tensor([1.0, 0.0, 1.0, 0.0]), "token_level_scores": tls, "uid": list("aabb")}
+    cache.write(1, batch)
+    view = cache.load(1)
+    (s,) = step_signals(view)
+    assert s.score_mean == 0.5 and s.accuracy == 0.5
+    assert row_scores(view).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert view.rollout(0).rollout.score == 1.0
+    assert list(view.find(best=1).rows) == [0]

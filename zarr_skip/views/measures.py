@@ -22,15 +22,17 @@ __all__ = ["LENGTH_COLUMNS", "SCORE_COLUMNS", "lengths_and_width", "pick", "resp
 
 #: columns tried, in order, for response lengths when none is named
 LENGTH_COLUMNS = ("responses", "response_mask")
-#: columns tried, in order, for scores when none is named (``rm_scores``: verl's agent loop's own rewards)
+#: columns tried, in order, for a row's score when none is named, by every view (signals,
+#: report, plots, rollouts, ``find``): per-row values first, then token-level ones summed per
+#: row (``rm_scores``: what verl's agent loop returns when it computes the rewards itself)
 SCORE_COLUMNS = (
+    "score",
+    "scores",
+    "reward",
+    "rewards",
+    "acc",
     "token_level_scores",
     "token_level_rewards",
-    "scores",
-    "score",
-    "rewards",
-    "reward",
-    "acc",
     "rm_scores",
 )
 _BLOCK = 4096  # rows of a padded mask read at a time

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zarr_skip.errors import ConfigTypeError
-from zarr_skip.views.measures import response_lengths, row_scores
+from zarr_skip.views.measures import SCORE_COLUMNS, response_lengths, row_scores
 from zarr_skip.views.records import max_response_length
 
 if TYPE_CHECKING:
@@ -29,18 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SIGNAL_SCORE_COLUMNS", "StepSignals", "by_source", "signals", "step_signals"]
 
-#: columns tried, in order, for a row's score: per-row values first, then token-level ones (summed;
-#: ``rm_scores`` is what verl's agent loop returns when it computes the rewards itself)
-SIGNAL_SCORE_COLUMNS = (
-    "score",
-    "scores",
-    "reward",
-    "rewards",
-    "acc",
-    "token_level_scores",
-    "token_level_rewards",
-    "rm_scores",
-)
+#: columns tried, in order, for a row's score (one order for every view)
+SIGNAL_SCORE_COLUMNS = SCORE_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
