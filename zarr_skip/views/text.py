@@ -76,14 +76,23 @@ def row_index(rows: Rows, n: int, where: str = "") -> slice | np.ndarray:
 
 
 def _as_rows(value: Any) -> list[np.ndarray]:
-    """A column's rows (NestedTensor, tensor, array or list of them) as 1-d int arrays."""
+    """A column's rows (NestedTensor, tensor, array or list of them) as 1-d arrays (a dtype
+    numpy lacks, bf16 or fp8, as float32)."""
     if hasattr(value, "is_nested") and value.is_nested:
-        return [t.numpy() for t in nested_rows(value)]
+        return [_numpy(t) for t in nested_rows(value)]
     if hasattr(value, "numpy") and hasattr(value, "dim"):  # torch.Tensor
-        return list(value.numpy()) if value.dim() == 2 else [value.numpy()]
+        return list(_numpy(value)) if value.dim() == 2 else [_numpy(value)]
     if isinstance(value, np.ndarray) and value.dtype != object:
         return list(value) if value.ndim == 2 else [value]
     return [np.asarray(v) for v in value]
+
+
+def _numpy(tensor: Any) -> np.ndarray:
+    """A tensor as numpy; bf16 and fp8, which numpy has not, as float32 (exact)."""
+    try:
+        return np.asarray(tensor.numpy())
+    except TypeError:  # "Got unsupported ScalarType BFloat16"
+        return np.asarray(tensor.float().numpy())
 
 
 def valid_lengths(mask: np.ndarray) -> np.ndarray:
