@@ -3,6 +3,7 @@ against the values ``load()`` hands back, computed here with plain Python."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -155,6 +156,10 @@ def test_the_rewards_verls_agent_loop_returns_are_the_scores(tmp_path: Path) -> 
     (s,) = step_signals(view)
     assert s.score_column == "rm_scores" and s.binary and s.accuracy == 0.75 and s.same_score_groups == 0.5
     assert view.group("a").best == [0] and view.group("a").worst == [1]
+    # the table's and the exports' score too (it was missing from both)
+    assert cache.table()["score"].tolist() == scores
+    cache.export(tmp_path / "r.jsonl", steps=1)
+    assert [json.loads(line)["score"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == scores
 
 
 def test_padded_responses_with_an_attention_mask_only_have_lengths(tmp_path: Path) -> None:
@@ -238,3 +243,18 @@ def test_every_view_takes_the_same_score(tmp_path: Path) -> None:
     assert row_scores(view).tolist() == [1.0, 0.0, 1.0, 0.0]
     assert view.rollout(0).rollout.score == 1.0
     assert list(view.find(best=1).rows) == [0]
+
+
+def test_token_level_scores_in_bf16_export_their_sums(tmp_path: Path) -> None:
+    """bf16, which numpy has not, reduced per row by the export (a bare TypeError: 'Got
+    unsupported ScalarType BFloat16') as by the table."""
+    import torch
+
+    tls = torch.zeros(2, 3, dtype=torch.bfloat16)
+    tls[:, 2] = torch.tensor([0.5, 1.0], dtype=torch.bfloat16)
+    batch = {"responses": torch.ones(2, 3, dtype=torch.long), "response_mask": torch.ones(2, 3, dtype=torch.long)}
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, {**batch, "token_level_scores": tls, "uid": ["a", "a"]})
+    cache.export(tmp_path / "r.jsonl", steps=1)
+    assert [json.loads(line)["score"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [0.5, 1.0]
+    assert cache.table()["score"].tolist() == [0.5, 1.0]

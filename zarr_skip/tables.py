@@ -139,8 +139,8 @@ class _Plan:
             self._token_source(schema.LENGTH_FIELDS[field], field, values=False)
         elif field == "truncated" and "responses" in view and max_response_length(view) is not None:
             self._token_source("responses", field, values=False)
-        elif field in schema.DEFAULT_REDUCTIONS and schema.DEFAULT_REDUCTIONS[field].column in view:
-            if not self._token_source(schema.DEFAULT_REDUCTIONS[field].column, field, strict=False):
+        elif (r := schema.default_reduction(field, view.columns)) is not None:
+            if not self._token_source(r.column, field, strict=False):
                 return
         else:
             return
@@ -237,7 +237,8 @@ def _frame(plan: _Plan, arrays: dict[tuple[str, str], list[np.ndarray]]) -> dict
         elif field == "truncated":
             computed[field] = tokens.lengths("responses") >= (max_response_length(view) or 0)
         else:
-            r = schema.DEFAULT_REDUCTIONS[field]
+            r = schema.default_reduction(field, view.columns)
+            assert r is not None  # the plan asked for it
             computed[field] = schema.reduce_rows(*tokens.values(r.column), r.how)
     for name in plan.lengths:
         computed[schema.length_name(name)] = tokens.lengths(name)

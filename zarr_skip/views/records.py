@@ -150,8 +150,9 @@ def rollout_columns(
     for field in schema.LENGTH_FIELDS:
         if field not in per_row and field in lengths:
             computed[field] = lengths[field]
-    for field, r in schema.DEFAULT_REDUCTIONS.items():
-        if field not in per_row and r.column in view:
+    for field in schema.DEFAULT_REDUCTIONS:
+        r = schema.default_reduction(field, view.columns)
+        if field not in per_row and r is not None:
             computed[field] = _reduced(view, r.column, idx, r.how)
     placed = schema.place_names(computed, stored)
     out: dict[str, Any] = {}

@@ -57,10 +57,11 @@ __all__ = [
     "PREFIX",
     "REDUCTIONS",
     "Reduce",
+    "Reduction",
     "STORED_FIELDS",
     "TABLE_FIELDS",
-    "Reduction",
     "check_reduce",
+    "default_reduction",
     "length_name",
     "place_names",
     "reduce_rows",
@@ -106,12 +107,21 @@ class Reduction:
     how: str
 
 
-#: the well-known verl columns reduced by default (when no stored per-row column is the field)
+#: the well-known verl columns reduced by default (when no stored per-row column is the
+#: field), the first of a field's that a step holds (``rm_scores``: the rewards verl's agent
+#: loop returns when it computes them itself)
 DEFAULT_REDUCTIONS = {
-    "score": Reduction("token_level_scores", "sum"),
-    "reward": Reduction("token_level_rewards", "sum"),
-    "advantage": Reduction("advantages", "mean"),
+    "score": (Reduction("token_level_scores", "sum"), Reduction("rm_scores", "sum")),
+    "reward": (Reduction("token_level_rewards", "sum"),),
+    "advantage": (Reduction("advantages", "mean"),),
 }
+
+
+def default_reduction(field: str, columns: Collection[str]) -> Reduction | None:
+    """The reduction that makes ``field`` of a step with ``columns``, if any (:data:`DEFAULT_REDUCTIONS`)."""
+    return next((r for r in DEFAULT_REDUCTIONS.get(field, ()) if r.column in columns), None)
+
+
 #: ``reduce=`` of a table: token column -> one of :data:`REDUCTIONS`
 Reduce = Mapping[str, str] | None
 #: what ``reduce=`` may ask for, per row over its values (NaN for a row without values,
