@@ -433,6 +433,18 @@ def test_deeply_nested_json_is_a_metadata_error(three: Any, where: str) -> None:
     assert not zs.open_cache(root).verify().ok
 
 
+@pytest.mark.parametrize("where", ["root", "experiment"])
+def test_a_number_longer_than_python_parses_is_a_metadata_error(three: Any, fingerprint: dict, where: str) -> None:
+    """An int of more than 4300 digits is valid JSON that ``json.loads`` refuses with a plain
+    ValueError: it is damage, reported as such naming the file, never an untyped error."""
+    root, _ = three
+    path = root / "zarr.json" if where == "root" else root / EXP / "zarr.json"
+    path.write_text(path.read_text().replace("{", '{"x":' + "7" * 5000 + ",", 1))
+    for opening in (lambda: zs.open_cache(root).load(1), lambda: zs.open_cache(root, fingerprint).load(1)):
+        with pytest.raises(zs.MetadataError, match=rf"{re.escape(str(path))}: not valid JSON"):
+            opening()
+
+
 # -- point 7: the experiment record ---------------------------------------------------------------
 
 

@@ -421,7 +421,7 @@ def parse_json(blob: bytes | None, where: str) -> dict[str, Any] | None:
         return None
     try:
         doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # bad UTF-8 or JSON, or an int of more digits than Python parses
         raise MetadataError(f"{where}: not valid JSON ({exc})") from None
     except (RecursionError, MemoryError) as exc:  # nesting or size no record of ours has
         raise MetadataError(f"{where}: metadata too deeply nested or too large ({type(exc).__name__})") from None
