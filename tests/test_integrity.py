@@ -377,6 +377,24 @@ def test_a_huge_shape_in_a_record_is_a_metadata_error_not_a_memory_error(three: 
         assert not view.verify(1).ok
 
 
+def _crafted_values(root: Path, fn: Any) -> zs.Cache:
+    """The cache at ``root`` with ``fn`` applied to a record's ``responses/values`` entry
+    (checksum recomputed)."""
+    _edit(_record_path(root, 1, 0), layout.PART_ATTR, lambda rec: fn(rec["columns"]["responses"]["arrays"]["values"]))
+    return zs.open_cache(root)
+
+
+def test_a_block_index_of_no_blocks_but_a_checksum_is_a_metadata_error(three: Any) -> None:
+    def crafted(a: dict[str, Any]) -> None:
+        a["blocks"], a["block_crc32c"] = [[] for _ in a["sizes"]], [[1] for _ in a["sizes"]]
+
+    cache = _crafted_values(three[0], crafted)
+    with pytest.raises(zs.MetadataError, match="responses/values: block_crc32c must list"):
+        cache.load(1)["responses"][:]
+    (problem,) = cache.verify().problems
+    assert problem.kind == "metadata" and "responses/values: block_crc32c" in problem.error
+
+
 def test_a_summary_expecting_two_million_minibatches_builds_no_keys(fingerprint: dict) -> None:
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)

@@ -297,7 +297,7 @@ def _check_blocks(blocks: Any, sums: Any, sizes: list[int], where: str) -> None:
             raise MetadataError(f"{where}: each chunk's blocks and block_crc32c must be lists of ints")
         if not starts and not crcs:
             continue
-        if len(crcs) != len(starts) + 1 or min(crcs) < 0 or max(crcs) >> 32:
+        if not starts or len(crcs) != len(starts) + 1 or min(crcs) < 0 or max(crcs) >> 32:
             raise MetadataError(f"{where}: block_crc32c must list one 32-bit value per block and one for the header")
         ends = [*starts, size - CRC_BYTES]
         if starts[0] != blosc_frames.table_bytes(len(starts)) or any(b <= a_ for a_, b in pairwise(ends)):
