@@ -395,6 +395,19 @@ def test_a_block_index_of_no_blocks_but_a_checksum_is_a_metadata_error(three: An
     assert problem.kind == "metadata" and "responses/values: block_crc32c" in problem.error
 
 
+def test_a_values_shape_beyond_a_float_is_a_metadata_error(three: Any) -> None:
+    """The chunk count of a shape is counted in ints: 10**400 values (a float cannot hold it)
+    are refused like any shape its chunk sizes do not fit, not an OverflowError."""
+
+    def crafted(a: dict[str, Any]) -> None:
+        a["shape"][0] = 10**400
+
+    cache = _crafted_values(three[0], crafted)
+    with pytest.raises(zs.MetadataError, match=r"responses/values: \d+ chunk sizes for 1000000000"):
+        cache.load(1)["responses"][:]
+    assert not cache.verify().ok
+
+
 def test_a_summary_expecting_two_million_minibatches_builds_no_keys(fingerprint: dict) -> None:
     store = CountingStore()
     cache = zs.open_cache(store, fingerprint)

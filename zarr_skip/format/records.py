@@ -256,7 +256,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> None:
     sizes = a.get("sizes")
     if not isinstance(sizes, list):
         raise MetadataError(f"{where}: sizes must be a list")
-    n_chunks = math.ceil(dims[0] / chunk) if math.prod(dims) else 0
+    n_chunks = -(-dims[0] // chunk) if math.prod(dims) else 0  # exact for any int (no float)
     if len(sizes) != n_chunks:
         raise MetadataError(f"{where}: {len(sizes)} chunk sizes for {dims[0]} rows in chunks of {chunk}")
     chunk_raw = chunk * math.prod(dims[1:]) * dtype.itemsize
