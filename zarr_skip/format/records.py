@@ -42,6 +42,8 @@ MAX_NDIM = 32
 MAX_RATIO = 1 << 16
 #: bytes a chunk may decode to beyond ``MAX_RATIO * size`` (headers of tiny chunks)
 RATIO_SLACK = 1 << 16
+#: times (seconds since the epoch) a record may hold lie strictly between -MAX_TIME and MAX_TIME
+MAX_TIME = 1e300
 #: the crc32c trailer every chunk ends with
 CRC_BYTES = 4
 
@@ -113,6 +115,9 @@ def check_summary(summary: Mapping[str, Any], where: str) -> None:
     for key in ("rows", "nbytes"):
         count(summary.get(key), key, where)
     count(summary.get("raw_nbytes", 0), "raw_nbytes", where)
+    completed = summary.get("completed", 0.0)
+    if isinstance(completed, bool) or not isinstance(completed, (int, float)) or not -MAX_TIME < completed < MAX_TIME:
+        raise MetadataError(f"{where}: the summary's completed must be a time in seconds, got {completed!r:.40}")
     if not isinstance(summary.get("run"), str):
         raise MetadataError(f"{where}: the summary's run must be a string")
 

@@ -318,7 +318,7 @@ def run_record(blob: bytes | None, where: str, here: Place | None = None, *, str
         _check_checksum(doc, where, "run record")
         record = RunRecord.from_json(doc)
         records.count(record.expected, "expected", where, low=1, high=records.MAX_EXPECTED)
-    except (MetadataError, KeyError, TypeError, ValueError) as exc:
+    except (MetadataError, KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: a time past a float
         logger.warning("ignoring unreadable run record %s: %s", where, exc)
         return None
     if here is not None:
@@ -338,7 +338,7 @@ def _part_record(blob: bytes | None, where: str, here: Place) -> PartRecord | No
     try:
         doc = attribute(parse_json(blob, where), layout.PART_ATTR, where)
         record = None if doc is None else PartRecord.from_json(doc)
-    except (MetadataError, KeyError, TypeError, ValueError) as exc:
+    except (MetadataError, KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: a time past a float
         logger.warning("ignoring unreadable mini-batch record %s: %s", where, exc)
         return None
     if doc is not None:
