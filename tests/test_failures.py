@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +155,24 @@ def test_a_server_ignoring_conditional_puts_is_detected(
     assert "ignores conditional creates" in caplog.text
     assert cache.storage.claim_settle == 0.5
     assert cache.steps() == [1]
+
+
+def test_gc_on_a_read_only_location_is_a_typed_error(tmp_path: Path, fingerprint: dict) -> None:
+    """A killed writer's temp file that gc cannot delete (the location refuses writes) is a
+    ReadOnlyCacheError naming it, as every other write refused there, not a bare OSError."""
+    mnt = tmp_path / "ro"
+    reason = _mount_tmpfs(mnt, "4m")
+    if reason is not None:
+        pytest.skip(f"cannot mount a tmpfs here ({reason})")
+    try:
+        cache = zs.open_cache(mnt, fingerprint)
+        cache.write(1, make_batch(4))
+        temp = mnt / cache.experiment / "1" / "zarr.json.0123456789abcdef.partial"
+        temp.write_bytes(b"{")
+        os.utime(temp, (0, 0))  # a killed writer's, long ago
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with pytest.raises(zs.ReadOnlyCacheError, match=f"{temp}: the location refuses writes"):
+            zs.open_cache(mnt, fingerprint).gc()
+        assert temp.exists() and zs.open_cache(mnt).steps() == [1]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -380,10 +380,13 @@ class Storage:
 
     def delete(self, key: str) -> None:
         self._check_writable(key)
-        if self._tree is not None:
-            self._tree.delete(key)
-            return
-        self.run(self.store.delete(_contained(key)))
+        try:
+            if self._tree is not None:
+                self._tree.delete(key)
+                return
+            self.run(self.store.delete(_contained(key)))
+        except OSError as exc:
+            raise storage_error(exc, self.key_path(key)) from exc
 
 
 async def gather_limited(
