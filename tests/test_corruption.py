@@ -157,3 +157,18 @@ def test_a_damaged_shard_index_is_found_by_verify(sharded: Any) -> None:
     assert cache.load(3)["responses"][:] is not None
     (problem,) = cache.verify(3).problems
     assert problem.kind == "ChecksumError" and "index" in problem.error
+
+
+def test_a_flipped_bit_in_the_zip_directory_is_found_by_verify(written: Any) -> None:
+    """A bit flip in the version a data file's central directory says a member needs (the
+    chunks untouched): reads go on (zarr_skip reads by the record), verify reports the file
+    (zarr's ZipStore could not open it), never an untyped NotImplementedError."""
+    root, cache, info = written
+    (path,) = (root / info.path).glob("*.zip")
+    data = bytearray(path.read_bytes())
+    data[data.rfind(b"PK\x01\x02") + 6] ^= 0x40  # version needed to extract: 2.0 becomes 8.4
+    path.write_bytes(bytes(data))
+    assert len(cache.load(5)["input_ids"][:]) == 12
+    problems = cache.verify(5).problems
+    assert problems and {(p.minibatch, p.path) for p in problems} == {(1, str(path))}
+    assert all("not a readable ZIP data file" in p.error for p in problems)

@@ -158,14 +158,18 @@ def members_of(blob: bytes) -> dict[str, tuple[int, int]]:
     (for ``verify``: each must be where the record says). Raises ``zipfile.BadZipFile`` or
     ``ValueError`` for a file that is not a ZIP of stored members."""
     found: dict[str, tuple[int, int]] = {}
-    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        for info in zf.infolist():
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"member {info.filename!r} is compressed")
-            head = blob[info.header_offset : info.header_offset + 30]
-            if len(head) < 30 or head[:4] != b"PK\x03\x04":
-                raise ValueError(f"member {info.filename!r}: no local header at {info.header_offset}")
-            name_len = int.from_bytes(head[26:28], "little")
-            extra_len = int.from_bytes(head[28:30], "little")
-            found[info.filename] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+            infos = zf.infolist()
+    except NotImplementedError as exc:  # a version or feature field no data file of ours holds
+        raise ValueError(f"not a ZIP of stored members ({exc})") from None
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"member {info.filename!r} is compressed")
+        head = blob[info.header_offset : info.header_offset + 30]
+        if len(head) < 30 or head[:4] != b"PK\x03\x04":
+            raise ValueError(f"member {info.filename!r}: no local header at {info.header_offset}")
+        name_len = int.from_bytes(head[26:28], "little")
+        extra_len = int.from_bytes(head[28:30], "little")
+        found[info.filename] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
     return found
