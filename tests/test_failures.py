@@ -176,3 +176,34 @@ def test_gc_on_a_read_only_location_is_a_typed_error(tmp_path: Path, fingerprint
         assert temp.exists() and zs.open_cache(mnt).steps() == [1]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+class FullClaimStore(LocalStore):
+    """A LocalStore whose exclusive creates of mini-batch claims fail with ENOSPC once armed."""
+
+    armed = False
+
+    async def set_if_not_exists(self, key: str, value: Any) -> None:
+        if self.armed and key.endswith("/0/zarr.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await super().set_if_not_exists(key, value)
+
+
+def test_disk_full_at_the_claim_leaves_no_writing_step(tmp_path: Path, fingerprint: dict) -> None:
+    """The store refuses the claim of the first mini-batch, after the run's record was stored:
+    the step is not left 'writing' while this process lives, and the retry writes it. (On a
+    local directory the claim's directory, made before its record, stays, and with it the
+    run's record: another writer of the run may be claiming in it, so it is not removed.)"""
+    root = tmp_path / "cache"
+    store = FullClaimStore(root)
+    cache = zs.open_cache(store, fingerprint)
+    cache.write(1, make_batch(4))
+    store.armed = True
+    with pytest.raises(zs.StorageError, match="no space left"):
+        cache.write(2, make_batch(4), expected=2)
+    store.armed = False
+    states = {i.step: i.state for i in zs.open_cache(root).status()}
+    assert states == {1: "complete"}, states
+    assert not (root / cache.experiment / "2").exists()  # no debris
+    cache.write(2, make_batch(4), expected=1)
+    assert cache.steps() == [1, 2]

@@ -164,7 +164,11 @@ def write_part(
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
     while True:
-        index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected, token)
+        try:
+            index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected, token)
+        except BaseException:  # a claim the store refused (disk full): no 'writing' run left behind
+            _forget_run_if_empty(storage, step_path, ctx.run)
+            raise
         taken.add(index)
         part_path = layout.join(run_path, str(index))
         record_key = layout.meta_key(part_path)
