@@ -72,6 +72,15 @@ def test_lists_and_groups_are_bounded(loc: Path, what: str) -> None:
     assert "more characters" in html
 
 
+def test_a_group_as_text_is_bounded(loc: Path) -> None:
+    """``repr(view.group(uid))`` (IPython's text of a group) clipped the texts as the rollout's
+    repr does: it printed the 1 MB prompt message and the whole response, 2.2 MB of text."""
+    view = zs.open_cache(loc).load(1)
+    text = repr(view.group(view["uid"][0]))
+    assert len(text) < 1 * MB, len(text)
+    assert text.count("more characters") == 2  # the prompt message and the huge response
+
+
 @pytest.mark.parametrize("tokens", [False, True])
 def test_the_report_is_bounded(loc: Path, tmp_path: Path, capsys: Any, tokens: bool) -> None:
     out = tmp_path / "r.html"

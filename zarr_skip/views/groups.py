@@ -13,6 +13,7 @@ import numpy as np
 from zarr_skip.errors import ConfigTypeError, GroupNotFoundError, RowIndexError
 from zarr_skip.views._html import Markup, badge, esc, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
+from zarr_skip.views.limits import clip_text
 from zarr_skip.views.rollouts import (
     TEXT_IDS,
     Rows,
@@ -112,15 +113,15 @@ def group_text(uid: str, rollouts: list[Rollout]) -> str:
     lines = [f"step {step}, group {uid}: " + "; ".join(_summary(uid, rollouts))]
     if rollouts and rollouts[0].prompt_messages:
         for role, content in rollouts[0].prompt_messages:
-            lines += [f"  [{role}]"] + wrapped(content, "    ")
+            lines += [f"  [{role}]"] + wrapped("".join(clip_text(content)), "    ")
     elif rollouts and rollouts[0].prompt_text is not None:
-        lines += wrapped(rollouts[0].prompt_text)
+        lines += wrapped("".join(clip_text(rollouts[0].prompt_text)))
     marked = marks(rollouts)
     for r in rollouts:
         mark = {"best": "  ★ best", "worst": "  ✗ worst"}.get(marked.get(r.row, ""), "")
         lines.append(f"- row {r.row}: " + " · ".join(t for t, _, _ in badge_items(r)) + mark)
         text = r.response_text if r.response_text is not None else ids_text(r.response_ids, TEXT_IDS)
-        lines += wrapped(text, "    ")
+        lines += wrapped("".join(clip_text(text)), "    ")
     return "\n".join(lines)
 
 
