@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import zarr_skip as zs
@@ -109,3 +110,31 @@ def test_tokenizer_option_overrides_the_recorded_one(tmp_path: Path, batch: dict
     assert decoded(batch, 0).splitlines()[0][:50] in out
     code, _, err = run(capsys, "show", str(tmp_path / "c"), "1", "--text", "--tokenizer", "Qwen/Qwen2.5-7B")
     assert code == 2 and "never downloads" in err
+
+
+def _strict(text: str) -> Any:
+    """``text`` parsed as strict JSON (RFC 8259: no NaN or Infinity, which jq, JavaScript and
+    Go refuse)."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_with_nan_scores(tmp_path: Path, batch: dict[str, Any], capsys: Any) -> None:
+    """A NaN score (or an infinite one, or NaN in meta_info) was printed as ``NaN`` /
+    ``Infinity``, which is not JSON: the document failed in every strict parser. Numbers JSON
+    cannot hold are now ``null``."""
+    hostile = dict(batch)
+    hostile["score"] = np.array([np.nan, np.inf, -np.inf] + [0.5] * 13, dtype=np.float32)
+    cache = zs.open_cache(tmp_path / "c", FP)
+    cache.write(1, hostile, meta_info={"temperature": float("nan"), "top": [1.0, float("inf")]})
+    loc = str(tmp_path / "c")
+    tokenizer = str(TOKENIZER_PATH)
+    code, out, err = run(capsys, "show", loc, "1", "--text", "--rows", "4", "--json", "--tokenizer", tokenizer)
+    assert code == 0, err
+    assert [r["score"] for r in _strict(out)["rollouts"]] == [None, None, None, 0.5]
+    code, out, err = run(capsys, "show", loc, "1", "--json")
+    assert code == 0, err
+    assert _strict(out)["meta_info"] == {"temperature": None, "top": [1.0, None]}

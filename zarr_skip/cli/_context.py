@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,8 +50,9 @@ class Context:
         print(terminal_safe(LOG_FORMAT % {"levelname": "WARNING", "message": text}), file=sys.stderr)
 
     def emit(self, doc: Any) -> None:
-        """The ``--json`` document (stdout)."""
-        print(json.dumps(doc, indent=2, default=str, allow_nan=True), file=sys.stdout)
+        """The ``--json`` document (stdout): strict JSON, numbers it cannot hold (NaN,
+        infinities) as ``null``."""
+        print(json.dumps(_finite(doc), indent=2, default=str, allow_nan=False), file=sys.stdout)
 
     @contextlib.contextmanager
     def quiet(self, logger: str) -> Iterator[None]:
@@ -188,6 +190,17 @@ class Context:
             )
         ((name, fp),) = found.items()
         return name, fp
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinities: not JSON) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # -- arguments -------------------------------------------------------------------------------
