@@ -133,3 +133,41 @@ def test_a_library_warning_is_printed_escaped(loc: Path, capsys: Any, tmp_path: 
 def test_terminal_safe(text: str, shown: str) -> None:
     assert terminal_safe(text) == shown
     assert not RAW.findall(terminal_safe(text))
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What a Python or IPython prompt prints for a cache, a step, a column and the rollout
+    views of a hostile step (meta_info with control characters and a lone surrogate too)."""
+    from IPython.lib.pretty import pretty
+
+    root = tmp_path_factory.mktemp("hostile_views") / "cache"
+    cache = zs.open_cache(root, FP, experiment=EXPERIMENT)
+    cache.write(1, _hostile_batch(), meta_info={"note" + PAYLOAD: "bad\ud800" + PAYLOAD})
+    cache.set_attributes({"tokenizer": str(TOKENIZER_PATH)})
+    view = zs.open_cache(root, experiment=EXPERIMENT).load(1)
+    return {
+        "pretty(cache)": pretty(cache),
+        "pretty(view)": pretty(view),
+        "pretty(column)": pretty(view[COLUMN]),
+        "pretty(data_source)": pretty(view["data_source"]),
+        "repr(rollout)": repr(view.rollout(0)),
+        "repr(group)": repr(view.group(row=0)),
+        "repr(page)": repr(view.page(0)),
+        "repr(find)": repr(view.find()),
+    }
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["pretty(cache)", "pretty(view)", "pretty(column)", "pretty(data_source)"]
+    + ["repr(rollout)", "repr(group)", "repr(page)", "repr(find)"],
+)
+def test_views_as_text_show_stored_values_escaped(drawn: dict[str, str], what: str) -> None:
+    """``view.rollout(0)`` (or a group, a page, a step) at a Python prompt printed the stored
+    uid, data source, chat role, meta_info and response with their control characters raw (a
+    window title set, the screen cleared), and a lone surrogate made the print raise
+    UnicodeEncodeError; they are shown escaped, as the CLI shows them."""
+    text = drawn[what]
+    assert not RAW.findall(text), (RAW.findall(text), text[:2000])
+    text.encode("utf-8")  # no lone surrogate: the terminal can print it

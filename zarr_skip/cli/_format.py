@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TextIO
 
+from zarr_skip.format.escapes import terminal_text
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.views.display import human_bytes
 
@@ -19,22 +19,12 @@ WIDTH = 100  # characters of one rendered value
 HEAD = 8  # elements shown of one row
 
 
-#: what a terminal would act on rather than show: C0 controls but newline and tab (ESC
-#: included), DEL, C1 controls; and lone surrogates, which no terminal encoding can write
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    c = ord(match.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
 def terminal_safe(text: str) -> str:
     """``text`` with everything a terminal would act on shown escaped (``\\x1b``, ``\\x9b``,
     ``\\ud800``): a cache written by someone else cannot set the window title, write the
     clipboard or clear the screen through ``show``, ``ls`` or a message. Every line the
     command prints outside ``--json`` goes through it (:class:`~zarr_skip.cli._context.Context`)."""
-    return _UNSAFE.sub(_escape, text)
+    return terminal_text(text)
 
 
 class SafeFormatter(logging.Formatter):

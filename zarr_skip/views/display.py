@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from zarr_skip.errors import ZarrSkipError
+from zarr_skip.format.escapes import terminal_text
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.store.catalog import list_steps
 
@@ -218,11 +219,11 @@ def cache_text(cache: Cache) -> str:
                 return lines[0] + "\nno experiments stored"
             lines.append(f"{len(found)} experiments; open one with open_cache(location, experiment=NAME):")
             lines += [f"  {name}  {_compact(fp, 200)}" for name, fp in found.items()]
-            return "\n".join(lines)
+            return terminal_text("\n".join(lines))
         total, first, last = _step_listing(cache, MAX_STEPS)
     except (ZarrSkipError, OSError) as exc:
         logger.warning("cannot read the status of %s: %s", cache.location, exc)
-        return lines[0] + f"\nerror reading the status: {exc}"
+        return terminal_text(lines[0] + f"\nerror reading the status: {exc}")
     now = time.time()
     lines.append(_totals(total, first + last, not last))
     if total:
@@ -230,7 +231,7 @@ def cache_text(cache: Cache) -> str:
         if last:
             rows += [_gap(total, first, last)] + [_step_row(i, now) for i in last]
         lines += _text_table(_STEP_HEADERS, rows, left=(1,))
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 def cache_html(cache: Cache) -> str:
@@ -330,7 +331,7 @@ def step_text(view: StepView) -> str:
     lines.append("mini-batches:")
     lines += ["  " + s for s in _text_table(["index", "run", "rows", "stored", "raw"], _part_rows(view), left=(1,))]
     lines.append(f"meta_info: {_compact(view.meta_info, 400)}")
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 def step_html(view: StepView) -> str:
@@ -443,7 +444,7 @@ def column_text(col: LazyColumn) -> str:
         lines.append(f"  {i:>3}  " + (f"len {n:>5}  " if jagged else "") + text)
     if note:
         lines.append("  " + note)
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 def column_html(col: LazyColumn) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from zarr_skip.errors import ConfigTypeError, GroupNotFoundError, RowIndexError
+from zarr_skip.format.escapes import terminal_text
 from zarr_skip.views._html import Markup, badge, esc, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
 from zarr_skip.views.limits import clip_text
@@ -152,4 +153,4 @@ class GroupView(Rows):
         return group_html(self.uid, self.rollouts())
 
     def __repr__(self) -> str:
-        return group_text(self.uid, self.rollouts())
+        return terminal_text(group_text(self.uid, self.rollouts()))

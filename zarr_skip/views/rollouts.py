@@ -15,6 +15,7 @@ import numpy as np
 
 from zarr_skip.errors import RowIndexError
 from zarr_skip.format import args
+from zarr_skip.format.escapes import terminal_text
 from zarr_skip.views._html import Markup, badge, esc, legend, message, token_spans, wrap
 from zarr_skip.views._rows import Rollout, RolloutReader
 from zarr_skip.views.limits import IDS_SHOWN, PAGE_CHARS, TOKENS_SHOWN, clip_text, more
@@ -222,7 +223,7 @@ class RolloutView:
         return rollout_html(self.rollout)
 
     def __repr__(self) -> str:
-        return rollout_text(self.rollout)
+        return terminal_text(rollout_text(self.rollout))
 
 
 class Rows:
@@ -291,4 +292,4 @@ class RolloutList(Rows):
         for r in self.rollouts():
             lines.append(f"  row {r.row:>6}  " + " · ".join(t for t, _, _ in badge_items(r)))
             lines.append("          " + _preview(r))
-        return "\n".join(lines)
+        return terminal_text("\n".join(lines))
