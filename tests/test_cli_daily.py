@@ -100,6 +100,22 @@ def test_steps_take_latest_and_negative_indices(loc: str, tmp_path: Path, capsys
     assert code == 0 and zs.open_cache(loc).steps() == [1, 2]
 
 
+def test_steps_after_an_option(loc: str, tmp_path: Path, capsys: Any) -> None:
+    """``report LOC -e NAME -1`` said 'unrecognized arguments: -1' (steps after an option were
+    taken only when none began with '-'), and ``verify LOC -e NAME 1`` refused any step there."""
+    name = zs.open_cache(loc).experiment
+    assert name is not None
+    out = tmp_path / "r.html"
+    code, got, err = run(capsys, "report", loc, "-e", name, "-1", "1", "-o", str(out), "--no-plots", "--json")
+    assert code == 0, err
+    assert json.loads(got)["steps"] == [3, 1] and out.is_file()
+    code, got, err = run(capsys, "verify", loc, "-e", name, "-2", "1", "--json")
+    assert code == 0, err
+    assert json.loads(got)["experiments"][0]["steps"] == [2, 1]
+    code, _, err = run(capsys, "verify", loc, "-e", name, "1", "--nope")
+    assert code == 2 and "unrecognized arguments: 1 --nope" in err  # an unknown option still is one
+
+
 def test_dash_o_is_an_output_everywhere(loc: str, tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "o.parquet"
     pytest.importorskip("pyarrow")

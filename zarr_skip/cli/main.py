@@ -219,6 +219,7 @@ def _add_verify(sub: Any) -> None:
     )
     p.add_argument("location", metavar="LOCATION")
     p.add_argument("steps", metavar="STEP", nargs="*", help="steps (N, A-B, latest, -K); default: all complete steps")
+    p.set_defaults(trailing_steps=True)
 
 
 def _add_gc_rm(sub: Any) -> None:
@@ -359,13 +360,18 @@ def _exit_code(exc: BaseException) -> int:
     return 2 if isinstance(exc, USAGE_ERRORS) else 1
 
 
+def _step_token(arg: str) -> bool:
+    """``arg`` is a STEP (``12``, ``10-20``, ``latest``, ``-K``), not an option."""
+    return not arg.startswith("-") or arg[1:].isdigit()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zarr-skip`` with ``argv`` (default: the process arguments); return the exit code."""
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra and getattr(args, "trailing_steps", False) and not any(x.startswith("-") for x in extra):
-            args.steps = [*args.steps, *extra]  # `report LOC -e NAME 3 5 -o F`: steps after an option
+        if extra and getattr(args, "trailing_steps", False) and all(_step_token(x) for x in extra):
+            args.steps = [*args.steps, *extra]  # `report LOC -e NAME 3 -1 -o F`: steps after an option
         elif extra:
             parser.parse_args(argv)  # argparse's own message for what it does not know
         args.storage_options = parse_storage_options(args.storage_option)
