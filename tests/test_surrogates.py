@@ -104,6 +104,20 @@ def test_views_render_encodable_html_and_the_value_is_unchanged(loc: Path) -> No
     assert cache.verify().ok
 
 
+def test_step_and_column_html_are_encodable(loc: Path, tmp_path: Path) -> None:
+    """A step's HTML (its meta_info) and a JSON column's preview held the lone surrogate raw:
+    Jupyter could not encode the output and showed an error instead of the table."""
+    view = zs.open_cache(loc).load(1)
+    html = view["note"]._repr_html_()
+    html.encode("utf-8")
+    assert SHOWN in html
+    cache = zs.open_cache(tmp_path / "c", {"n": 2})
+    cache.write(1, text_rollouts(2, 2, seed=1, max_response=16), meta_info={"m" + BAD: [BAD]})
+    html = zs.open_cache(tmp_path / "c").load(1)._repr_html_()
+    html.encode("utf-8")
+    assert f"m{SHOWN}" in html
+
+
 def test_utf8_text_and_value() -> None:
     assert utf8_text("plain é") == "plain é"
     assert utf8_text("a\ud800b\udfff") == "a\\ud800b\\udfff"

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from zarr_skip.errors import ZarrSkipError
-from zarr_skip.format.escapes import terminal_text
+from zarr_skip.format.escapes import terminal_text, utf8_text
 from zarr_skip.format.specs import nested_rows
 from zarr_skip.store.catalog import list_steps
 
@@ -113,7 +113,8 @@ def _compact(value: Any, limit: int = TEXT_CHARS) -> str:
 
 
 def _esc(text: Any) -> str:
-    return text if isinstance(text, _Html) else html.escape(str(text), quote=True)
+    """``text`` as HTML text, a lone surrogate shown as ``\\ud800`` (so the page can be encoded)."""
+    return text if isinstance(text, _Html) else html.escape(utf8_text(str(text)), quote=True)
 
 
 def row_shape(spec: ColumnSpec) -> str:
