@@ -258,3 +258,29 @@ def test_token_level_scores_in_bf16_export_their_sums(tmp_path: Path) -> None:
     cache.export(tmp_path / "r.jsonl", steps=1)
     assert [json.loads(line)["score"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [0.5, 1.0]
     assert cache.table()["score"].tolist() == [0.5, 1.0]
+
+
+def test_padded_responses_with_an_attention_mask_only_in_records_and_tables(tmp_path: Path, capsys: Any) -> None:
+    """The same step in ``show --text``, exports and ``table()``: every response counted its
+    padding (length 4 of 4, all truncated) and kept it in its ids; they now take the
+    response's part of ``attention_mask``, as the signals and rollout views do."""
+    import torch
+
+    from zarr_skip.cli.main import main
+
+    lengths = torch.tensor([4, 2, 1, 3])
+    response = (torch.arange(4)[None, :] < lengths[:, None]).long()
+    attention = torch.cat([torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 1, 1]]), response], dim=1)
+    batch = {"prompts": torch.full((4, 3), 5), "responses": response * 7, "attention_mask": attention}
+    cache = zs.open_cache(tmp_path / "c", {**FP, "max_response_length": 4})
+    cache.write(1, {**batch, "uid": ["a", "a", "b", "b"]})
+    assert main(["show", str(tmp_path / "c"), "1", "--text", "--rows", "4", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)["rollouts"]
+    assert [r["response_length"] for r in records] == [4, 2, 1, 3]
+    assert [r["truncated"] for r in records] == [True, False, False, False]
+    assert [r["response_ids"] for r in records][1] == [7, 7]
+    assert [r["prompt_length"] for r in records] == [2, 3, 1, 2]
+    pytest.importorskip("pandas")
+    table = cache.table()
+    assert table["response_length"].tolist() == [4, 2, 1, 3] and table["truncated"].tolist() == [1, 0, 0, 0]
+    assert table["prompt_length"].tolist() == [2, 3, 1, 2]

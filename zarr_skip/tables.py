@@ -40,7 +40,7 @@ from zarr_skip.store.reads import Range, read_ranges
 from zarr_skip.store.storage import Storage
 from zarr_skip.views import schema
 from zarr_skip.views.records import max_response_length
-from zarr_skip.views.text import mask_of, mask_tokens, strip_padding
+from zarr_skip.views.text import mask_tokens, padded_mask, strip_padding
 
 if TYPE_CHECKING:
     import pandas
@@ -161,7 +161,8 @@ class _Plan:
         if spec.jagged:
             self._ask(name, "whole" if values else "lengths")
             return True
-        mask = mask_of(self.view, name)
+        found = padded_mask(self.view, name, spec.shape[0])
+        mask = None if found is None else found[0]
         if mask is not None and self.view[mask].spec.shape[:1] < spec.shape[:1]:
             mask = None  # narrower than the column: it does not say where its tokens are
         if values or mask is None:
@@ -271,13 +272,14 @@ class _Tokens:
         return self._seen[name]
 
     def _mask(self, name: str, width: int) -> np.ndarray | None:
-        mask = mask_of(self.view, name)
-        if mask is None or (mask, "whole") not in self.arrays:
+        found = padded_mask(self.view, name, width)
+        if found is None or (found[0], "whole") not in self.arrays:
             return None
-        data = self._stored(mask)["data"]
+        data = self._stored(found[0])["data"]
         if data.shape[1:] < (width,):
             return None
-        return mask_tokens(name, data.reshape(len(data), int(np.prod(data.shape[1:])))[:, :width])  # 0 rows too
+        flat = data.reshape(len(data), int(np.prod(data.shape[1:])))  # (rows, -1): 0 rows too
+        return mask_tokens(name, flat[:, flat.shape[1] - width :] if found[1] else flat[:, :width])
 
     def lengths(self, name: str) -> np.ndarray:
         col = self.view[name]

@@ -35,6 +35,7 @@ __all__ = [
     "decode_ids",
     "mask_of",
     "mask_tokens",
+    "padded_mask",
     "require_tokenizer",
     "row_index",
     "strip_padding",
@@ -128,21 +129,36 @@ def token_ids(view: StepView, column: str, rows: Rows = None) -> list[np.ndarray
     values = _as_rows(col[idx])
     if col.spec.jagged:
         return values
-    mask_name = mask_of(view, column)
-    if mask_name is not None:
-        masks = _as_rows(view[mask_name][idx])
-        width = len(values[0]) if values else 0
+    width = len(values[0]) if values else 0
+    found = padded_mask(view, column, width)
+    if found is not None:
+        masks = _as_rows(view[found[0]][idx])
         if masks and len(masks[0]) >= width:  # an attention mask covers prompt then response
-            return [v[mask_tokens(column, m[:width])] for v, m in zip(values, masks, strict=True)]
+            cut = [m[len(m) - width :] if found[1] else m[:width] for m in masks]
+            return [v[mask_tokens(column, m)] for v, m in zip(values, cut, strict=True)]
     return strip_padding(view, column, values)
 
 
 def mask_tokens(column: str, mask: np.ndarray) -> np.ndarray:
-    """Which entries of padded ``column`` count, by its mask (:func:`mask_of`): the response's
-    token ids up to the mask's last non-zero entry (:func:`valid_tokens`: a multi-turn
-    response's tool tokens are its tokens), a left-padded prompt's and any per-token value's
-    (log-probs, advantages: what the loss sees) where the mask is non-zero."""
+    """Which entries of padded ``column`` count, by its mask (:func:`padded_mask`): the
+    response's token ids up to the mask's last non-zero entry (:func:`valid_tokens`: a
+    multi-turn response's tool tokens are its tokens), a left-padded prompt's and any per-token
+    value's (log-probs, advantages: what the loss sees) where the mask is non-zero."""
     return valid_tokens(mask) if column == "responses" else np.asarray(mask).astype(bool)
+
+
+def padded_mask(view: StepView, column: str, width: int) -> tuple[str, bool] | None:
+    """``(mask, tail)``: the mask of the padded ``column`` (``width`` wide) and whether its last
+    ``width`` entries (not its first) mark the valid tokens; None without one. That is
+    :func:`mask_of`, else, for the response's columns of a step with no ``response_mask``
+    (verl's rollout output), the response's part of ``attention_mask``: its last entries."""
+    name = mask_of(view, column)
+    if name is not None:
+        return name, False
+    if column in _MASKS or "response_mask" in view or "attention_mask" not in view:
+        return None
+    spec = view["attention_mask"].spec
+    return ("attention_mask", True) if not spec.jagged and len(spec.shape) == 1 and spec.shape[0] >= width else None
 
 
 def strip_padding(view: StepView, column: str, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
