@@ -35,7 +35,7 @@ def test_ordinary_names_are_segments(name: str) -> None:
     assert layout.column_name_problem(name) is None
 
 
-@pytest.mark.parametrize("name", [".hidden", "zarr.json", "../x", "a\x00", "x/y", "a\\b"], ids=repr)
+@pytest.mark.parametrize("name", [".hidden", "zarr.json", "../x", "a\x00", "x/y", "a\\b", "a\ud800"], ids=repr)
 def test_column_names_that_could_clash_or_escape_are_refused(name: str) -> None:
     assert layout.column_name_problem(name) is not None
 
@@ -53,7 +53,7 @@ def test_keys_inside_the_cache(key: str) -> None:
 # -- names given by a user ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../x", "a/../../b", "a\x00b", "zarr.json", "..", "a\\b"], ids=repr)
+@pytest.mark.parametrize("name", ["../x", "a/../../b", "a\x00b", "zarr.json", "..", "a\\b", "s\udc80"], ids=repr)
 def test_a_bad_column_name_is_refused_before_anything_is_written(tmp_path: Path, fingerprint: dict, name: str) -> None:
     root = tmp_path / "cache"
     cache = zs.open_cache(root, fingerprint)

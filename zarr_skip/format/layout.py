@@ -216,6 +216,11 @@ def column_name_problem(name: object) -> str | None:
             problem = "starts with a dot"
         elif name == METADATA:
             problem = f"{METADATA!r} is the name of zarr's metadata documents"
+        elif not name.isascii():
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "holds a lone surrogate, which UTF-8 (every key's encoding) cannot store"
     return problem
 
 
