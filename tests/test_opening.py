@@ -158,6 +158,13 @@ def test_opening_a_group_inside_a_cache_names_the_root(tmp_path: Path, fingerpri
         zs.open_cache(tmp_path / "elsewhere")
 
 
+@pytest.mark.parametrize("foreign", ['{"attributes": [1]}', '{"attributes": "x"}', "[]", "7"])
+def test_a_foreign_zarr_json_above_is_no_cache(tmp_path: Path, foreign: str) -> None:
+    (tmp_path / "zarr.json").write_text(foreign)  # any JSON: another tool's (was a bare AttributeError)
+    with pytest.raises(zs.CacheNotFoundError, match="no zarr_skip cache here"):
+        zs.open_cache(tmp_path / "elsewhere")
+
+
 def test_the_cli_hint_for_a_group_inside_a_cache_runs(tmp_path: Path, fingerprint: dict, capsys: Any) -> None:
     import shlex
 

@@ -205,7 +205,8 @@ def root_above(path: str | Path, levels: int = _DEPTH + 2) -> Path | None:
             doc = json.loads((parent / layout.METADATA).read_bytes())
         except (OSError, ValueError):
             continue
-        info = (doc.get("attributes") or {}).get(layout.ROOT_ATTR) if isinstance(doc, dict) else None
+        attrs = doc.get("attributes") if isinstance(doc, dict) else None
+        info = attrs.get(layout.ROOT_ATTR) if isinstance(attrs, dict) else None  # a foreign zarr.json: any JSON
         if isinstance(info, dict) and info.get("format") == layout.FORMAT_NAME:
             return parent
     return None
