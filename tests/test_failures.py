@@ -80,6 +80,29 @@ def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) ->
     assert states == {1: "complete"}, states  # while this process lives, step 2 is no 'writing'
 
 
+class NoSummaryStore(LocalStore):
+    """A LocalStore that refuses (ENOSPC) the step group of step 2, the summary written last."""
+
+    async def set(self, key: str, value: Any) -> None:
+        if key.endswith("/2/zarr.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await super().set(key, value)
+
+
+def test_a_summary_that_cannot_be_stored_does_not_fail_a_stored_write(
+    tmp_path: Path, fingerprint: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mini-batch is stored and the step complete: the write reports that (it raised a
+    StorageError, and its retry then found the step complete), and the step reads as ever."""
+    cache = zs.open_cache(NoSummaryStore(tmp_path), fingerprint)
+    batch = make_batch(4)
+    info = cache.write(2, batch)
+    assert info.step_complete and "its summary could not be stored" in caplog.text
+    fresh = zs.open_cache(tmp_path)
+    assert fresh.steps() == [2] and [i.state for i in fresh.status()] == ["complete"]
+    assert_equal(fresh.load(2).to_dict()["responses"], batch["responses"])
+
+
 def test_read_only_location(tmp_path: Path, fingerprint: dict) -> None:
     mnt = tmp_path / "ro"
     reason = _mount_tmpfs(mnt, "4m")

@@ -39,7 +39,7 @@ from functools import partial
 from typing import Any
 
 from zarr_skip._deprecation import warn_renamed
-from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, ZarrSkipError
+from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, StorageError, ZarrSkipError
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
@@ -618,7 +618,12 @@ def _maybe_complete(
         "completed": max(p.doc.get("completed", 0.0) for p in parts),
     }
     summary["checksum"] = layout.doc_checksum(summary)
-    storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
+    try:
+        storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
+    except StorageError as exc:  # the step is complete: its summary is a cache status reads records without
+        logger.warning(
+            "step %d is complete, but its summary could not be stored (status reads its records): %s", step, exc
+        )
     logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, summary["rows"], ctx.run)
     return True
 
