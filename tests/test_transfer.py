@@ -265,7 +265,7 @@ def test_export_layouts_and_errors(legacy: tuple[Path, dict], tmp_path: Path) ->
     (exp,) = scan_legacy(tmp_path / "flat")
     ((got,),) = [read_step(exp.get_step(5))]
     assert exp.get_step(5).layout == "flat" and got["keys"] == want[5][0]["keys"] + want[5][1]["keys"]
-    with pytest.raises(FileExistsError, match=r"\[5\]"):
+    with pytest.raises(FileExistsError, match=r"\[5\] exist; pass overwrite=True \(on the CLI --overwrite\)"):
         export_steps(tq, [5], tmp_path / "flat")
     export_steps(tq, [5], tmp_path / "flat", overwrite=True)  # nested now: the flat file is gone
     (exp,) = scan_legacy(tmp_path / "flat")

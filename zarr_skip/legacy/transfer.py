@@ -466,7 +466,9 @@ def export_steps(
     exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
     taken = [s for s in wanted if (exp_dir / str(s)).exists()]
     if taken and not overwrite:
-        raise FileExistsError(f"{exp_dir}: step directories {taken} exist; pass overwrite to replace them")
+        raise FileExistsError(
+            f"{exp_dir}: step directories {taken} exist; pass overwrite=True (on the CLI --overwrite) to replace them"
+        )
     results = []
     for n, s in enumerate(wanted, 1):
         results.append(_export_step(cache.load(s), exp_dir / str(s), layout, fp.get("role"), cache.experiment))
