@@ -44,18 +44,18 @@ try:
     from tests._s3server import (
         S3Server,
         _log_tail,
-        _pdeathsig,
         entered_or_skipped,
         find_weed,
+        spawn_logged,
         stop_process,
     )
 except ImportError:  # tests/ on sys.path as plain modules
     from _s3server import (  # type: ignore[no-redef]
         S3Server,
         _log_tail,
-        _pdeathsig,
         entered_or_skipped,
         find_weed,
+        spawn_logged,
         stop_process,
     )
 
@@ -266,15 +266,7 @@ def _start_mount(args: list[str], mnt: Path, cache: Path, log: Path) -> subproce
     mnt.mkdir(exist_ok=True)
     cache.mkdir(exist_ok=True)
     logger.info("mounting: %s", " ".join(args))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_pdeathsig,  # noqa: PLW1509
-        )
-    return proc
+    return spawn_logged(args, log)
 
 
 def _stop_mounts(procs: list[subprocess.Popen[Any]], mountpoints: list[Path]) -> None:

@@ -251,6 +251,20 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def spawn_logged(args: list[str], log_path: Path, cwd: Path | None = None) -> subprocess.Popen[Any]:
+    """Start ``args`` with stdin closed, stdout and stderr into ``log_path``, killed with this
+    process (Linux's parent-death signal)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+        )
+
+
 def _log_tail(path: Path, n: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -322,15 +336,7 @@ def _start_once(
 
     log_path = tmp_dir / f"weed-{attempt}.log"
     logger.info("starting SeaweedFS: %s (log %s)", " ".join(args), log_path)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_dir,
-            preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,  # noqa: PLW1509
-        )
+    proc = spawn_logged(args, log_path, cwd=tmp_dir)
     s3_port = port_map["-s3.port"]
     filer_port = port_map["-filer.port"]
     server = S3Server(

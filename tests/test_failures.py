@@ -55,15 +55,31 @@ def test_disk_full_on_a_real_tmpfs(small_disk: Path, fingerprint: dict) -> None:
     assert_equal(reader.load(1).to_dict(), small)
 
 
-class FullStore(LocalStore):
-    """A LocalStore whose data-file writes (the chunks of a mini-batch) fail with ENOSPC once armed."""
+class RefusingStore(LocalStore):
+    """A LocalStore whose writes of keys ending in ``refused`` fail with ENOSPC once ``armed``:
+    its plain writes, or with ``claims`` its exclusive creates."""
 
+    refused = ""
+    claims = False
     armed = False
 
-    async def set(self, key: str, value: Any) -> None:
-        if self.armed and key.endswith(".zip"):
+    def _check(self, key: str, exclusive: bool) -> None:
+        if self.armed and exclusive == self.claims and key.endswith(self.refused):
             raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def set(self, key: str, value: Any) -> None:
+        self._check(key, exclusive=False)
         await super().set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Any) -> None:
+        self._check(key, exclusive=True)
+        await super().set_if_not_exists(key, value)
+
+
+class FullStore(RefusingStore):
+    """Refuses the data files (the chunks of a mini-batch) once armed."""
+
+    refused = ".zip"
 
 
 def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) -> None:
@@ -80,13 +96,11 @@ def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) ->
     assert states == {1: "complete"}, states  # while this process lives, step 2 is no 'writing'
 
 
-class NoSummaryStore(LocalStore):
-    """A LocalStore that refuses (ENOSPC) the step group of step 2, the summary written last."""
+class NoSummaryStore(RefusingStore):
+    """Refuses the step group of step 2, its summary, written last."""
 
-    async def set(self, key: str, value: Any) -> None:
-        if key.endswith("/2/zarr.json"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        await super().set(key, value)
+    refused = "/2/zarr.json"
+    armed = True
 
 
 def test_a_summary_that_cannot_be_stored_does_not_fail_a_stored_write(
@@ -201,15 +215,11 @@ def test_gc_on_a_read_only_location_is_a_typed_error(tmp_path: Path, fingerprint
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-class FullClaimStore(LocalStore):
-    """A LocalStore whose exclusive creates of mini-batch claims fail with ENOSPC once armed."""
+class FullClaimStore(RefusingStore):
+    """Refuses the claim of mini-batch 0 once armed."""
 
-    armed = False
-
-    async def set_if_not_exists(self, key: str, value: Any) -> None:
-        if self.armed and key.endswith("/0/zarr.json"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        await super().set_if_not_exists(key, value)
+    refused = "/0/zarr.json"
+    claims = True
 
 
 def test_disk_full_at_the_claim_leaves_no_writing_step(tmp_path: Path, fingerprint: dict) -> None:
