@@ -281,6 +281,8 @@ def test_skipconfig_rejects_wrong_role_object() -> None:
         ({"on_group_mismatch": "drop"}, "skip.rollout.on_group_mismatch: expected 'cycle' or 'error', got 'drop'"),
         ({"compression": 5}, "skip.rollout.compression: expected a string, got int 5"),
         ({"run_id": ""}, "skip.rollout.run_id: expected a non-empty string, got ''"),
+        ({"run_id": "my run"}, "skip.rollout.run_id: 'my run' is not valid (start with a letter;"),
+        ({"run_id": "exp/1"}, "skip.rollout.run_id: 'exp/1' is not valid"),
         ({"stpes": [1]}, "skip.rollout.stpes: unknown setting"),
     ],
 )
@@ -459,9 +461,19 @@ def test_verl_storage_options_that_are_no_mapping_are_refused_at_install(value: 
     assert Options(storage_options={"endpoint_url": "http://minio:9000"}).storage_options is not None
 
 
+@pytest.mark.parametrize("value", ["my run", "2026-run", "a/b"])
+def test_verl_run_ids_that_open_cache_refuses_are_refused_at_install(value: str) -> None:
+    """They were taken, and open_cache refused them only at the first listed step, mid-training."""
+    from zarr_skip.integrations._verl_options import Options
+
+    with pytest.raises(ConfigError, match=r"^run_id: .* is not valid"):
+        Options(run_id=value)
+    assert Options(run_id="run-7").run_id == "run-7"
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("ZARR_SKIP_COMPRESSION", "zsdt"), ("ZARR_SKIP_ON_GROUP_MISMATCH", "Error")],
+    [("ZARR_SKIP_COMPRESSION", "zsdt"), ("ZARR_SKIP_ON_GROUP_MISMATCH", "Error"), ("ZARR_SKIP_RUN_ID", "my run")],
 )
 def test_verl_settings_from_the_environment_name_the_variable(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str

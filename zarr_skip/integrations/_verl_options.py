@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zarr_skip.errors import ConfigError
-from zarr_skip.format import checks
+from zarr_skip.format import checks, layout
 from zarr_skip.format.chunks import Compression
 from zarr_skip.trainer.remap import POLICIES
 
@@ -59,6 +59,8 @@ class Options:
             Compression.parse(self.compression)  # raises ConfigError naming the codec
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id.strip()):
             raise ConfigError(f"run_id: expected a non-empty string, got {self.run_id!r}")
+        if self.run_id is not None:
+            layout.check_run_id(self.run_id)  # open_cache would refuse it at the first listed step
         checks.check_mapping(self.storage_options, "storage_options")  # not first at a listed step
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zarr_skip.errors import ConfigError
-from zarr_skip.format import args
+from zarr_skip.format import args, layout
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,10 @@ class RoleConfig:
         _check_choice(self.on_group_mismatch, f"{prefix}.on_group_mismatch", MISMATCH_POLICIES)
         if self.run_id is not None:
             _check_str(self.run_id, f"{prefix}.run_id")
+            try:  # now, not at the first listed step when open_cache would refuse it
+                layout.check_run_id(self.run_id)
+            except ConfigError as exc:
+                raise ConfigError(f"{prefix}.{exc}") from None
 
     def is_listed(self, step: int) -> bool:
         """Return whether ``step`` is one of :attr:`steps`.
