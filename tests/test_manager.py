@@ -390,6 +390,55 @@ def test_rollout_tq_killed_mid_step_regenerates_only_that_step(tmp_path: Path) -
     assert len(view.minibatches) == 4 and len(view) == 16
 
 
+def test_rollout_tq_restart_with_a_fixed_run_id_regenerates_the_interrupted_step(tmp_path: Path) -> None:
+    """With ``skip.rollout_tq.run_id`` set, a restarted trainer is the same run: its step 1 kept
+    the killed trainer's first mini-batch (the same write token returned it, dropping the new
+    one) and added its own second one, so step 1 replayed two runs' prompts mixed."""
+    config = ft.make_config(tmp_path / "c", role="rollout_tq", steps=[1], train_batch_size=8, sync_steps=2)
+    config.skip.rollout_tq.run_id = "my-run"
+
+    def die(step: int, index: int) -> None:
+        raise KeyboardInterrupt  # after mini-batch 0 of step 1 is stored
+
+    with pytest.raises(KeyboardInterrupt):
+        ft.V1Trainer(config, seed=1).fit(1, die)
+    assert _cache(config, "rollout_tq").info(1).done == 1
+
+    SkipManager.reset()
+    run2 = ft.V1Trainer(config, seed=2)
+    run2.fit(1)
+    view = _cache(config, "rollout_tq").load(1)
+    assert len(view.minibatches) == 2 and {e["seed"] for e in view["extra_info"][:]} == {2}
+    run3 = ft.V1Trainer(config, seed=3)
+    run3.fit(1)
+    assert run3.calls == {1: 0}
+    _assert_replayed(run2, run3, [1])
+
+
+def test_rollout_restart_with_a_fixed_run_id_stores_the_step_a_killed_write_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write killed mid-way leaves its claim; the restarted trainer, being the same run, found
+    every mini-batch of the step "written or being written" and never stored it again."""
+    from zarr_skip.store import writer
+
+    config = ft.make_config(tmp_path / "c", role="rollout", steps=[1])
+    config.skip.rollout.run_id = "my-run"
+    with monkeypatch.context() as m:  # a kill during the write: no clean-up runs
+        m.setattr(writer, "_discard", lambda *args: None)
+        m.setattr(writer, "_forget_run_if_empty", lambda *args: None)
+        m.setattr(writer, "_write_arrays", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            ft.run_sync(config, 1, seed=1)
+    assert not _cache(config, "rollout").info(1).complete
+
+    run2 = ft.run_sync(config, 1, seed=2)
+    assert run2.calls == {1: 1} and _cache(config, "rollout").steps() == [1]
+    run3 = ft.run_sync(config, 1, seed=3)
+    assert run3.calls == {1: 0}
+    ft.assert_dataproto_equal(run3.outputs[1], run2.outputs[1])
+
+
 def test_the_trainers_tokenizer_and_model_paths_are_recorded_for_readers(tmp_path: Path) -> None:
     from zarr_skip.synthetic import TOKENIZER_PATH
     from zarr_skip.views import tokenizer_for

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from zarr_skip.errors import ConfigError, StepCompleteError, StorageError
+from zarr_skip.errors import ConfigError, StepCompleteError, StepNotFoundError, StorageError
 from zarr_skip.format.chunks import Compression
 from zarr_skip.format.specs import is_tensordict, share_offsets
 from zarr_skip.trainer.remap import Remap, RemapError, parse_sample_step, remap
@@ -56,7 +56,7 @@ class _Role:
     expected: int  # mini-batches per step: 1, or parameter_sync_step for rollout_tq
     lock: threading.RLock = field(default_factory=threading.RLock)
     missed: set[int] = field(default_factory=set)  # rollout_tq steps whose submit missed in this run
-    stored: dict[int, int] = field(default_factory=dict)  # rollout_tq mini-batches stored in this run
+    stored: dict[int, int] = field(default_factory=dict)  # steps this process writes: mini-batches stored
     handle: Any = None
     #: what the experiment records for readers: the trainer's tokenizer and model paths
     attributes: dict[str, str] = field(default_factory=dict)
@@ -94,6 +94,30 @@ def write_retrying(cache: Any, step: int, batch: Any, *, token: str | bool, **kw
                 raise
             logger.warning("step %d: the store failed (%s); trying the write again with its token", step, exc)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def discard_interrupted(cache: Any, step: int, role: str) -> None:
+    """Delete what an earlier process of this run (a fixed ``run_id``, restarted) left of the
+    incomplete ``step``, before this process writes it: the writer would take those mini-batches
+    (or a killed write's claim) for its own and mix them into, or block, the new step."""
+    try:
+        info = cache.info(step)
+        if info.complete or info.run != cache.run_id:
+            return  # another run's leftovers are discarded by the writer itself
+        logger.warning(
+            "%s: step %d holds %d of %d mini-batch(es) that an earlier process of run %s left unfinished; "
+            "discarding them, the step is generated anew",
+            role,
+            step,
+            info.done,
+            info.expected,
+            info.run,
+        )
+        cache.delete(step)
+    except StepNotFoundError:
+        return
+    except Exception:  # training goes on; storing the step may then fail and be logged
+        logger.exception("%s: could not discard what an earlier process left of step %d", role, step)
 
 
 def record_attributes(cache: Any, attributes: Mapping[str, str]) -> Any:
@@ -295,6 +319,9 @@ class SkipManager:
             cache = rt.cache()
             source = cache.resolve(step, action=rt.cfg.action)
             if source is None:
+                if step not in rt.stored:
+                    discard_interrupted(cache, step, rt.cfg.role)
+                    rt.stored[step] = 0
                 logger.info("%s: step %d not cached; generating and storing it", rt.cfg.role, step)
                 return _MISS
             result = cache.load(source).to_dataproto()
@@ -409,7 +436,9 @@ class SkipManager:
             source = rt.cache().resolve(step, action=rt.cfg.action)
             if source is None:
                 rt.missed.add(step)
-                rt.stored.setdefault(step, 0)
+                if step not in rt.stored:
+                    discard_interrupted(rt.cache(), step, rt.cfg.role)
+                    rt.stored[step] = 0
         if source is None:
             logger.info("rollout_tq: step %d not cached; generating and storing it", step)
             trainer._submit_batch_to_rollout(batch)
