@@ -457,3 +457,28 @@ def test_the_trainers_tokenizer_and_model_paths_are_recorded_for_readers(tmp_pat
     run = ft.run_sync(config, 1, seed=2)
     assert run.calls == {1: 0}  # replayed, and the tokenizer path recorded on top
     assert open_cache(tmp_path / "c").attributes == {"model": str(model), "tokenizer": str(model / "tokenizer.json")}
+
+
+def test_a_step_another_live_process_of_the_run_writes_is_left_to_it(tmp_path: Path) -> None:
+    """Before writing a step, the manager discards what an earlier process of its run left, but
+    never a step that another live process of the run is writing: only once that one is gone."""
+    from helpers import FINGERPRINT
+
+    from zarr_skip.trainer.manager import discard_interrupted
+
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import zarr_skip as zs; from helpers import FINGERPRINT, make_batch\n"
+        f"zs.open_cache({str(tmp_path / 'c')!r}, FINGERPRINT, run_id='my-run').write(1, make_batch(4), expected=2)\n"
+        "print('ready', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        cache = open_cache(tmp_path / "c", FINGERPRINT, run_id="my-run")
+        assert cache.info(1).state == "writing"
+        discard_interrupted(cache, 1, "rollout_tq")
+        assert cache.info(1).done == 1  # the live writer's mini-batch stays
+    finally:
+        child.communicate("")  # it exits: its mini-batch is what an earlier process left
+    discard_interrupted(cache, 1, "rollout_tq")
+    assert cache.steps() == [] and 1 not in [i.step for i in cache.status()]

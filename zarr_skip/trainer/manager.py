@@ -13,6 +13,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,11 @@ def discard_interrupted(cache: Any, step: int, role: str) -> None:
         info = cache.info(step)
         if info.complete or info.run != cache.run_id:
             return  # another run's leftovers are discarded by the writer itself
+        if info.state == "writing" and not _only_this_process(cache, step):
+            logger.warning(
+                "%s: step %d is being written by another live process of run %s; left to it", role, step, info.run
+            )
+            return
         logger.warning(
             "%s: step %d holds %d of %d mini-batch(es) that an earlier process of run %s left unfinished; "
             "discarding them, the step is generated anew",
@@ -118,6 +124,18 @@ def discard_interrupted(cache: Any, step: int, role: str) -> None:
         return
     except Exception:  # training goes on; storing the step may then fail and be logged
         logger.exception("%s: could not discard what an earlier process left of step %d", role, step)
+
+
+def _only_this_process(cache: Any, step: int) -> bool:
+    """Whether every record of this run in ``step`` was written by this very process (an
+    earlier manager of it: re-made after a failure), so that no other live process writes it."""
+    from zarr_skip.format.state import HOST
+    from zarr_skip.store.catalog import scan_step
+
+    scan = scan_step(cache.storage, cache.experiment, step)
+    writers = [(r.host, r.pid) for r in scan.runs if r.run == cache.run_id]
+    writers += [(p.host, p.pid) for p in scan.parts if p.run == cache.run_id]
+    return all(w == (HOST, os.getpid()) for w in writers)
 
 
 def record_attributes(cache: Any, attributes: Mapping[str, str]) -> Any:
