@@ -223,6 +223,22 @@ def test_shuffled_items_keep_each_steps_dtypes(tmp_path: Path) -> None:
     assert_same(collate_rollouts(joined[:6]), collate_rollouts(plain(joined[:6])))
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_shuffled_batches_keep_each_steps_dtypes(tmp_path: Path, batch_size: int) -> None:
+    """Shuffled batches are those of the items collated: a batch of int32 rows only holds
+    int32 token ids. The buffer's blocks were joined for the batches whatever their dtypes, so
+    a batch of step 1's rows came out int64 (the items, not joined, stayed int32)."""
+    where = jagged_steps(tmp_path / "cache")
+    kw: dict[str, Any] = {"shuffle": True, "seed": 5, "buffer_blocks": 2}
+    items = list(RolloutIterableDataset(where, **kw))
+    got = list(RolloutIterableDataset(where, batch_size=batch_size, **kw))
+    want = [collate_rollouts(plain(items[i : i + batch_size])) for i in range(0, len(items), batch_size)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+    assert {torch.int32, torch.int64} <= {b["ids"].dtype for b in got}
+
+
 @pytest.mark.parametrize("pad_value", [0, -1, -0.0])
 def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float

@@ -25,7 +25,7 @@ from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_
 from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, RowItem, assemble, plan_values, zero_bits
 from zarr_skip.format.specs import jagged_parts, torch_numpy, uint_of_size
 
-__all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "joins_as_they_are", "make_batch", "segment"]
+__all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "joins_as_they_are", "make_batch", "segment", "spread"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +178,19 @@ def _join_jagged(parts: list[Jagged]) -> Jagged:
 
 #: a run of a batch: rows ``idx`` of a segment, in the batch's order
 Run = tuple[Segment, np.ndarray]
+
+
+def spread(segments: Sequence[Segment], order: np.ndarray) -> Iterator[Run]:
+    """The runs of ``order`` (rows of ``segments`` counted in turn, as if joined) in their own
+    segments: each stretch of consecutive rows of one segment as one run."""
+    if not len(order):
+        return
+    starts = np.cumsum([0, *(s.rows for s in segments)])
+    which = np.searchsorted(starts, order, side="right") - 1
+    edges = [0, *(np.flatnonzero(np.diff(which)) + 1).tolist(), len(order)]
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        k = int(which[lo])
+        yield segments[k], order[lo:hi] - starts[k]
 
 
 def cut(orders: Iterable[Run], size: int, drop_last: bool) -> Iterator[list[Run]]:

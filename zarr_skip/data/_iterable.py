@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarr_skip.data._batches import Run, Segment, cut, items, join, joins_as_they_are, make_batch, segment
+from zarr_skip.data._batches import Run, Segment, cut, items, join, joins_as_they_are, make_batch, segment, spread
 from zarr_skip.data._malloc import keep_freed_memory
 from zarr_skip.data._plan import buffers, check_rank, resolve_rank, row_span, shard_blocks, shuffled
 from zarr_skip.data._shm import open_through_proc, reachable
@@ -169,16 +169,21 @@ class RolloutIterableDataset(IterableDataset[dict[str, Any]]):
         return [item for seg in segments for item in items(seg)]
 
     def _orders(self, pieces: list[Block], shard: int, epoch: int) -> Iterator[Run]:
-        """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined) with
-        the order its rows are handed on in: the per-row path's order."""
+        """Each segment of rows read (a block; with ``shuffle``, a buffer of blocks joined when
+        that keeps every column's dtype, as for the items, else each block's stretches of the
+        buffer's order) with the order its rows are handed on in: the per-row path's order."""
         if not self.shuffle:
             for block in pieces:
                 yield self._segment(block), np.arange(block.rows)
             return
         for n, group in enumerate(buffers(pieces, self.buffer_blocks)):
-            seg = join([self._segment(block) for block in group])
-            yield seg, shuffled(seg.rows, self.seed, epoch, shard, n)
-            del seg  # before the next buffer is read (a batch's carried rows hold it a little longer)
+            segments = [self._segment(block) for block in group]
+            order = shuffled(sum(s.rows for s in segments), self.seed, epoch, shard, n)
+            if joins_as_they_are(segments):  # as the items are cut: a batch's dtypes are its rows'
+                yield join(segments), order
+            else:
+                yield from spread(segments, order)
+            del segments  # before the next buffer is read (a batch's carried rows hold it a little longer)
 
     def __repr__(self) -> str:
         return (
