@@ -239,6 +239,30 @@ def test_shuffled_batches_keep_each_steps_dtypes(tmp_path: Path, batch_size: int
     assert {torch.int32, torch.int64} <= {b["ids"].dtype for b in got}
 
 
+@pytest.mark.parametrize("pad_value", [float("-inf"), float("nan"), 2.0**70])
+def test_a_pad_value_a_column_cannot_hold_is_a_config_error(local: Path, pad_value: float) -> None:
+    """pad_value is written into every padded column: -inf (to mask log-probs, say) fits the
+    float log-probs but not the int64 token ids, and torch's bare RuntimeError ("value cannot
+    be converted") escaped from collate_rollouts and from the dataset's batches. Now a
+    ConfigError names the column and its dtype; nested columns, never padded, take it."""
+    columns = ["old_log_probs", "responses"]
+    items = list(RolloutIterableDataset(local, columns=columns))[:4]
+    assert len({len(it["responses"]) for it in items}) > 1  # padded
+    for batch in (items, plain(items)):
+        with pytest.raises(ConfigError, match="pad_value=.*column 'responses' holds int64"):
+            collate_rollouts(batch, pad_value=pad_value)
+    ds = RolloutIterableDataset(local, columns=columns, batch_size=4, pad_value=pad_value)
+    with pytest.raises(ConfigError, match="pad_value=.*column 'responses' holds int64"):
+        next(iter(ds))
+    nested = collate_rollouts(items, jagged="nested", pad_value=pad_value)
+    assert nested["responses"].is_nested
+    floats = collate_rollouts([{"old_log_probs": it["old_log_probs"]} for it in items], pad_value=pad_value)
+    short = int(floats["old_log_probs_len"].argmin())
+    tail = floats["old_log_probs"][short, int(floats["old_log_probs_len"][short]) :]
+    assert tail.numel() > 0
+    np.testing.assert_array_equal(tail.numpy(), np.full(tail.shape, pad_value, dtype=np.float32))  # NaN equal
+
+
 @pytest.mark.parametrize("pad_value", [0, -1, -0.0])
 def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float

@@ -22,7 +22,16 @@ import numpy as np
 import torch
 
 from zarr_skip.data._source import INDEX, Block, item_values, split_rows, split_values
-from zarr_skip.data.collate import OFFSETS, Planned, RolloutBatch, RowItem, assemble, plan_values, zero_bits
+from zarr_skip.data.collate import (
+    OFFSETS,
+    Planned,
+    RolloutBatch,
+    RowItem,
+    assemble,
+    check_pad,
+    plan_values,
+    zero_bits,
+)
 from zarr_skip.format.specs import jagged_parts, torch_numpy, uint_of_size
 
 __all__ = ["Dense", "Jagged", "Segment", "cut", "items", "join", "joins_as_they_are", "make_batch", "segment", "spread"]
@@ -275,6 +284,8 @@ def _plan_jagged(
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         planned.append((OFFSETS.format(name), torch.int64, (rows + 1,), functools.partial(_write_array, offsets)))
         return
+    if int(lengths.min()) != longest:
+        check_pad(name, pad_value, dtype)
     write = functools.partial(_write_padded, sources, pad_value if int(lengths.min()) != longest else None)
     planned.append((name, dtype, (rows, longest, *trailing), write))
     if int(lengths.min()) != longest:

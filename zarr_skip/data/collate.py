@@ -338,6 +338,7 @@ def _tensors(name: str, values: list[torch.Tensor], jagged: str, pad_value: floa
             (OFFSETS.format(name), torch.int64, (len(values) + 1,), functools.partial(_write_offsets, lengths))
         )
         return
+    check_pad(name, pad_value, dtype)
     padded = (len(values), max(lengths), *shape[1:])
     planned.append((name, dtype, padded, functools.partial(_write_padded, values, lengths, pad_value)))
     planned.append((f"{name}_len", torch.int64, (len(values),), functools.partial(_write_ints, lengths)))
@@ -357,6 +358,19 @@ def _write_padded(
         out.fill_(pad_value)  # then the rows: on fresh memory faster than row then padding, even through numpy
     for row, (value, n) in enumerate(zip(values, lengths, strict=True)):
         out[row, :n] = value
+
+
+def check_pad(name: str, pad_value: float, dtype: torch.dtype) -> None:
+    """ConfigError unless ``pad_value`` can be written into column ``name``'s ``dtype`` (a NaN,
+    an infinity or a value out of range in an integer or half-precision column: torch's bare
+    RuntimeError while the batch was written)."""
+    try:
+        torch.empty(1, dtype=dtype).fill_(pad_value)
+    except RuntimeError:
+        raise ConfigError(
+            f"pad_value={pad_value!r}: column {name!r} holds {str(dtype).removeprefix('torch.')}, which cannot "
+            "hold it; pass a pad_value that every padded column can hold, or jagged='nested'"
+        ) from None
 
 
 def zero_bits(value: float, dtype: torch.dtype) -> bool:
