@@ -263,6 +263,26 @@ def test_a_pad_value_a_column_cannot_hold_is_a_config_error(local: Path, pad_val
     np.testing.assert_array_equal(tail.numpy(), np.full(tail.shape, pad_value, dtype=np.float32))  # NaN equal
 
 
+def test_python_ints_past_int64_stay_python_ints(tmp_path: Path) -> None:
+    """A column of Python ints (hashes, say) is stored and loaded as they are; batched, those
+    that fit an int64 become a tensor, and a batch holding one past it kept them as its list:
+    it raised numpy's bare ValueError "Overflow when unpacking long long"."""
+    hashes, small = [2**64 - 1, 3, -(2**63), 5], [1, 2, 3, 4]
+    cache = zs.open_cache(tmp_path / "cache", {"t": "ints"})
+    cache.write(1, {"h": hashes, "n": small, "x": torch.zeros(4)}, expected=1)
+    assert cache.load(1)["h"][:] == hashes
+    items = list(RolloutIterableDataset(tmp_path / "cache"))
+    batches = [
+        collate_rollouts(items),
+        collate_rollouts(plain(items)),
+        next(iter(RolloutIterableDataset(tmp_path / "cache", batch_size=4))),
+    ]
+    for batch in batches:
+        assert batch["h"] == hashes
+        assert batch["n"].dtype == torch.int64 and batch["n"].tolist() == small
+    assert collate_rollouts(plain(items[1:3]))["h"].tolist() == hashes[1:3]  # these fit
+
+
 @pytest.mark.parametrize("pad_value", [0, -1, -0.0])
 def test_batches_in_reused_worker_buffers_pad_as_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad_value: float

@@ -287,14 +287,20 @@ def plan_values(
     lists: dict[str, list[Any]],
 ) -> None:
     """Plan column ``name`` of a batch from its rows ``values`` (tensors stacked, padded or
-    nested; Python ints as an int64 tensor), or keep them as a list in ``lists``."""
+    nested; Python ints as an int64 tensor when they all fit one), or keep them as a list in
+    ``lists``."""
     first = values[0]
     if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
         _tensors(name, values, jagged, pad_value, planned)
-    elif isinstance(first, int) and all(type(v) is int for v in values):
+    elif isinstance(first, int) and all(type(v) is int for v in values) and _int64(values):
         planned.append((name, torch.int64, (len(values),), functools.partial(_write_ints, values)))
     else:
         lists[name] = values
+
+
+def _int64(values: list[int]) -> bool:
+    """Whether every one of ``values`` fits an int64 (a hash above 2**63 stays a Python int)."""
+    return -(1 << 63) <= min(values) and max(values) < 1 << 63
 
 
 def assemble(names: list[str], planned: list[Planned], lists: dict[str, list[Any]]) -> RolloutBatch:
