@@ -105,6 +105,20 @@ def test_a_step_named_twice_gives_its_rows_once(local: Path) -> None:
     assert sorted(keys(RolloutIterableDataset(local, columns=["score"], steps=[1, 3, 1]))) == sorted(wanted)
 
 
+def test_no_steps_asked_for_is_an_empty_dataset(local: Path) -> None:
+    """``steps=[]`` (a filter that kept none) gives no rows: the datasets pickle (to spawned
+    DataLoader workers) and iterate, batched too. With no step to take the default columns
+    from, pickling and the batches raised a bare IndexError."""
+    for ds in (
+        RolloutDataset(local, steps=[]),
+        RolloutIterableDataset(local, steps=[]),
+        RolloutIterableDataset(local, steps=[], batch_size=4, shuffle=True),
+    ):
+        assert len(ds) == 0 and len(pickle.loads(pickle.dumps(ds))) == 0
+        assert list(DataLoader(ds, batch_size=None)) == []
+    assert list(RolloutIterableDataset(local, steps=[], batch_size=4)) == []
+
+
 def test_map_through_dataloader_workers(local: Path) -> None:
     ds = RolloutDataset(local, columns=["responses", "score"], steps=[1, np.int64(3)])
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_rollouts)

@@ -141,7 +141,8 @@ class RolloutSource:
     @property
     def columns(self) -> list[str]:
         if self._columns is None:
-            self._columns = self.view(self.steps[0]).columns
+            steps = self.steps  # none when steps=[] was asked for: no rows, of no columns
+            self._columns = self.view(steps[0]).columns if steps else []
         for name in self._columns:
             if name in INDEX:
                 raise ConfigError(f"column {name!r}: the name is taken by the index fields {', '.join(INDEX)}")
