@@ -370,13 +370,21 @@ def check_pad(name: str, pad_value: float, dtype: torch.dtype) -> None:
     """ConfigError unless ``pad_value`` can be written into column ``name``'s ``dtype`` (a NaN,
     an infinity or a value out of range in an integer or half-precision column: torch's bare
     RuntimeError while the batch was written)."""
-    try:
-        torch.empty(1, dtype=dtype).fill_(pad_value)
-    except RuntimeError:
+    if not _holds(pad_value, dtype):
         raise ConfigError(
             f"pad_value={pad_value!r}: column {name!r} holds {str(dtype).removeprefix('torch.')}, which cannot "
             "hold it; pass a pad_value that every padded column can hold, or jagged='nested'"
-        ) from None
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _holds(pad_value: float, dtype: torch.dtype) -> bool:
+    """Whether ``fill_`` writes ``pad_value`` into ``dtype`` (asked once a batch per column)."""
+    try:
+        torch.empty(1, dtype=dtype).fill_(pad_value)
+    except RuntimeError:
+        return False
+    return True
 
 
 def zero_bits(value: float, dtype: torch.dtype) -> bool:
