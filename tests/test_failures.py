@@ -82,20 +82,6 @@ class FullStore(RefusingStore):
     refused = ".zip"
 
 
-def test_disk_full_through_a_store_wrapper(tmp_path: Path, fingerprint: dict) -> None:
-    store = FullStore(tmp_path)
-    cache = zs.open_cache(store, fingerprint)
-    cache.write(1, make_batch(4))
-    store.armed = True
-    with pytest.raises(zs.StorageError, match="no space left"):
-        cache.write(2, make_batch(4), expected=2)
-    store.armed = False
-    assert cache.steps() == [1]
-    assert not (tmp_path / cache.experiment / "2" / cache.run_id / "0").exists()  # no debris
-    states = {i.step: i.state for i in zs.open_cache(tmp_path).status()}
-    assert states == {1: "complete"}, states  # while this process lives, step 2 is no 'writing'
-
-
 class NoSummaryStore(RefusingStore):
     """Refuses the step group of step 2, its summary, written last."""
 
@@ -222,13 +208,16 @@ class FullClaimStore(RefusingStore):
     claims = True
 
 
-def test_disk_full_at_the_claim_leaves_no_writing_step(tmp_path: Path, fingerprint: dict) -> None:
-    """The store refuses the claim of the first mini-batch, after the run's record was stored:
-    the step is not left 'writing' while this process lives, and the retry writes it. (On a
-    local directory the claim's directory, made before its record, stays, and with it the
-    run's record: another writer of the run may be claiming in it, so it is not removed.)"""
+@pytest.mark.parametrize("refusing", [FullStore, FullClaimStore], ids=["data file", "claim"])
+def test_disk_full_through_a_store_leaves_no_writing_step(
+    tmp_path: Path, fingerprint: dict, refusing: type[RefusingStore]
+) -> None:
+    """The store refuses a mini-batch's data file, or its claim (after the run's record was
+    stored): the step is not left 'writing' while this process lives, nothing of it stays, and
+    the retry writes it. (On a local directory a claim's directory, made before its record,
+    stays, and with it the run's record: another writer of the run may be claiming in it.)"""
     root = tmp_path / "cache"
-    store = FullClaimStore(root)
+    store = refusing(root)
     cache = zs.open_cache(store, fingerprint)
     cache.write(1, make_batch(4))
     store.armed = True
