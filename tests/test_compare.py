@@ -78,6 +78,17 @@ def test_compare_prints_both_runs_side_by_side(
     assert png.read_bytes().startswith(b"\x89PNG") and f"wrote {png}" in out
 
 
+def test_compare_takes_latest_and_minus_k_among_the_common_steps(
+    runs: tuple[zs.Cache, zs.Cache], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = runs  # steps 1-3 and 2-4: in common 2 and 3 (-1 was refused: "not taken here")
+    code, out, err = run(capsys, "compare", str(a.location), str(b.location), "--steps", "-1", "-2", "--json")
+    assert code == 0, err
+    assert [s["step"] for s in json.loads(out)["steps"]] == [3, 2]
+    code, _, err = run(capsys, "compare", str(a.location), str(b.location), "--steps", "-3")
+    assert code == 2 and "there are 2 complete step(s) (2, 3)" in err
+
+
 def test_compare_refuses_steps_not_in_both(
     runs: tuple[zs.Cache, zs.Cache], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

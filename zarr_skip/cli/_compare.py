@@ -25,7 +25,7 @@ __all__ = ["EPILOG", "HELP", "add_arguments", "cmd_compare"]
 HELP = "compare two runs step by step: score, accuracy, lengths, truncation, same-score groups"
 EPILOG = """\
 A and B are caches (paths or s3:// URLs); -e picks the experiment in both (--experiment-b in B).
-Steps: those both runs hold complete, or --steps (N, A-B).
+Steps: those both runs hold complete, or --steps (N, A-B, latest, -K: the K-th latest common one).
 
 examples:
   zarr-skip compare runs/baseline runs/lr_2e-6
@@ -100,7 +100,7 @@ def _plot(path: Path, caches: list[Cache], steps: list[int]) -> None:
 def _steps(ctx: Context, names: tuple[str, str], a: Cache, b: Cache) -> list[int]:
     sa, sb = a.steps(), b.steps()
     common = [s for s in sa if s in set(sb)]
-    asked = parse_steps(ctx.args.steps) or None
+    asked = parse_steps(ctx.args.steps, complete=lambda: common) or None  # -K: among the common steps
     if asked is not None:
         missing = [s for s in asked if s not in common]
         if missing:
