@@ -5,6 +5,7 @@ credentials fails at once, without a request to the cloud's instance-metadata ad
 from __future__ import annotations
 
 import http.server
+import re
 import socket
 import threading
 import uuid
@@ -16,6 +17,7 @@ from helpers import make_batch
 
 import zarr_skip as zs
 from zarr_skip.store._s3_errors import backend_error
+from zarr_skip.store.storage import Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
@@ -184,6 +186,11 @@ def test_server_answers_are_told_apart_whatever_the_key_holds(monkeypatch: pytes
                 with pytest.raises(zs.AtomicityError if status == 501 else zs.StorageError) as failed:
                     sync(creating)
                 assert status == 501 or "kept failing" in str(failed.value), failed
+            if status == 503:  # through the cache's storage: the error names the bucket too
+                storage = Storage(ObjectStore(store))
+                storage._probed = True  # the probe of exclusive creates would fail the same way first
+                with pytest.raises(zs.StorageError, match=re.escape(f"conditional PUT of {storage.where}/{key} kept")):
+                    storage.create_if_absent(key, b"ours")
         finally:
             server.shutdown()
             server.server_close()

@@ -50,9 +50,10 @@ async def _back_off(key: str, attempt: int, exc: BaseException | None) -> None:
     await asyncio.sleep(_CREATE_BACKOFF * 2**attempt)
 
 
-def _gave_up(key: str, last: BaseException | None) -> StorageError:
-    """The error once every attempt to create ``key`` failed."""
-    return StorageError(f"conditional PUT of {key!r} kept failing: {_first_line(last)}")
+def _gave_up(key: str, where: str | None, last: BaseException | None) -> StorageError:
+    """The error once every attempt to create ``key`` (at ``where``, its place for a user:
+    bucket and prefix too) failed."""
+    return StorageError(f"conditional PUT of {where or repr(key)} kept failing: {_first_line(last)}")
 
 
 def _check_writable(store: Store) -> None:
@@ -67,7 +68,7 @@ async def _stored_bytes(store: Store, key: str) -> bytes | None:
     return None if buf is None else buf.to_bytes()
 
 
-async def create_if_absent(store: Store, key: str, data: bytes) -> bool:
+async def create_if_absent(store: Store, key: str, data: bytes, where: str | None = None) -> bool:
     """Create ``key`` holding ``data`` only if it does not exist yet.
 
     One conditional ``PUT`` (``If-None-Match: *``): the server decides
@@ -91,6 +92,9 @@ async def create_if_absent(store: Store, key: str, data: bytes) -> bool:
         Key relative to the store root (``"a/b/zarr.json"``).
     data : bytes
         Content of the new object (sent in a single PUT).
+    where : str, optional
+        The key as a user finds it (``s3://bucket/prefix/key``), for the error that says the
+        PUT kept failing.
 
     Returns
     -------
@@ -111,7 +115,7 @@ async def create_if_absent(store: Store, key: str, data: bytes) -> bool:
     _check_writable(store)
     if not isinstance(store, ObjectStore):
         raise TypeError(f"create_if_absent needs a zarr ObjectStore (obstore), not {store!r}")
-    return await _create_obstore(store, key, bytes(data))
+    return await _create_obstore(store, key, bytes(data), where)
 
 
 async def _resolve_after_exists(store: Store, key: str, data: bytes, ambiguous: bool) -> bool:
@@ -129,7 +133,7 @@ async def _resolve_after_exists(store: Store, key: str, data: bytes, ambiguous: 
     return False
 
 
-async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes) -> bool:
+async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes, where: str | None) -> bool:
     import obstore as obs
     from obstore import exceptions as oe
 
@@ -169,7 +173,7 @@ async def _create_obstore(store: ObjectStore[Any], key: str, data: bytes) -> boo
             await _back_off(key, attempt, exc)
         else:
             return True
-    raise _gave_up(key, last) from last
+    raise _gave_up(key, where, last) from last
 
 
 async def probe_conditional_put(store: Store, prefix: str) -> bool:

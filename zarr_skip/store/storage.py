@@ -327,7 +327,7 @@ class Storage:
             else:
                 from zarr_skip.store._s3_claims import create_if_absent
 
-                if not await create_if_absent(store, key, data):
+                if not await create_if_absent(store, key, data, where=self.key_path(key)):
                     return False
         except OSError as exc:
             raise storage_error(exc, self.key_path(key)) from exc
