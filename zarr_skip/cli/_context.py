@@ -6,13 +6,13 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zarr_skip.cli._format import terminal_safe
+from zarr_skip.format.jsonvalues import strict_json
 
 __all__ = ["LOG_FORMAT", "Context", "UsageError", "parse_steps", "parse_storage_options", "relative_step"]
 
@@ -52,7 +52,7 @@ class Context:
     def emit(self, doc: Any) -> None:
         """The ``--json`` document (stdout): strict JSON, numbers it cannot hold (NaN,
         infinities) as ``null``."""
-        print(json.dumps(_finite(doc), indent=2, default=str, allow_nan=False), file=sys.stdout)
+        print(json.dumps(strict_json(doc), indent=2, default=str, allow_nan=False), file=sys.stdout)
 
     @contextlib.contextmanager
     def quiet(self, logger: str) -> Iterator[None]:
@@ -190,17 +190,6 @@ class Context:
             )
         ((name, fp),) = found.items()
         return name, fp
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, infinities: not JSON) replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 # -- arguments -------------------------------------------------------------------------------

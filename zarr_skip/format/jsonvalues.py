@@ -15,8 +15,9 @@ fails it takes the slower exact path.
 from __future__ import annotations
 
 import json
+import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,3 +164,15 @@ def json_rows(rows: Sequence[Any]) -> tuple[list[bytes], str | None]:
                 return [], f"row {i}: {_TOO_DEEP}"
         blobs.append(text.encode("utf-8", "surrogatepass"))
     return blobs, None
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` for strict JSON (jq, JavaScript, TRL's loader): every non-finite float (NaN,
+    infinities, which JSON has not) as None, in mappings and lists at any depth."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

@@ -7,9 +7,10 @@ share of GRPO groups (rows sharing a ``uid``) whose answers all scored the same 
 have zero advantage: they carry no gradient signal).
 
 :func:`signals` is pure (numpy arrays in, :class:`StepSignals` out); :func:`step_signals` reads
-the columns it needs from a step view: the score column (per-row columns first, see
-:data:`SIGNAL_SCORE_COLUMNS`; a token-level one summed per row), the response lengths (stored
-lengths of a jagged column, no token read), ``uid`` and ``data_source``.
+the columns it needs from a step view: the score column (per-row columns first, in the
+order of every view, :data:`~zarr_skip.views.measures.SCORE_COLUMNS`; a token-level one
+summed per row), the response lengths (stored lengths of a jagged column, no token read),
+``uid`` and ``data_source``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,7 @@ from zarr_skip.views.records import max_response_length
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
 
-__all__ = ["SIGNAL_SCORE_COLUMNS", "StepSignals", "by_source", "signals", "step_signals"]
-
-#: columns tried, in order, for a row's score (one order for every view)
-SIGNAL_SCORE_COLUMNS = SCORE_COLUMNS
+__all__ = ["StepSignals", "by_source", "signals", "step_signals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +155,7 @@ def signals(
 
 
 def _score_column(view: StepView) -> str | None:
-    for name in SIGNAL_SCORE_COLUMNS:
+    for name in SCORE_COLUMNS:
         if name in view and view[name].spec.kind in ("tensor", "ndarray", "nested", "rows"):
             return name
     return None

@@ -32,6 +32,7 @@ import numpy as np
 from zarr_skip.errors import ColumnNotFoundError, ConfigError, MissingExtraError, StorageError
 from zarr_skip.format import args
 from zarr_skip.format.escapes import utf8_value
+from zarr_skip.format.jsonvalues import strict_json
 from zarr_skip.views.choosing import best_answers, check_best_of, check_pairs, group_rows, preference_pairs
 from zarr_skip.views.export import check_outside
 from zarr_skip.views.records import chosen_steps, rollout_columns
@@ -307,11 +308,6 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def _finite(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` for strict JSON (which TRL's loader reads): an infinite score as null."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-
-
 def _utf8(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with its text encodable as UTF-8: a lone surrogate written ``\\udxxx``
     (:mod:`zarr_skip.format.escapes`), as rollout exports write it; token ids as they are."""
@@ -329,7 +325,7 @@ def _write(records: list[dict[str, Any]], out: Path, kind: str) -> None:
         else:
             with open(tmp, "w", encoding="utf-8") as f:
                 for record in records:
-                    f.write(json.dumps(_finite(record), ensure_ascii=False, allow_nan=False) + "\n")
+                    f.write(json.dumps(strict_json(record), ensure_ascii=False, allow_nan=False) + "\n")
         os.replace(tmp, out)
     except OSError as exc:
         raise StorageError(f"export: path {str(out)!r}: cannot write it ({exc})") from exc
