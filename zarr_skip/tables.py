@@ -39,6 +39,7 @@ from zarr_skip.format.arrays import as_numpy, numpy_values
 from zarr_skip.store.reads import Range, read_ranges
 from zarr_skip.store.storage import Storage
 from zarr_skip.views import schema
+from zarr_skip.views.measures import by_row
 from zarr_skip.views.records import max_response_length
 from zarr_skip.views.text import mask_tokens, padded_mask, strip_padding
 
@@ -278,7 +279,7 @@ class _Tokens:
         data = self._stored(found[0])["data"]
         if data.shape[1:] < (width,):
             return None
-        flat = data.reshape(len(data), int(np.prod(data.shape[1:])))  # (rows, -1): 0 rows too
+        flat = by_row(data)
         return mask_tokens(name, flat[:, flat.shape[1] - width :] if found[1] else flat[:, :width])
 
     def lengths(self, name: str) -> np.ndarray:

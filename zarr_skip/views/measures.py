@@ -18,7 +18,7 @@ from zarr_skip.views.text import valid_lengths
 if TYPE_CHECKING:
     from zarr_skip.lazy import StepView
 
-__all__ = ["LENGTH_COLUMNS", "SCORE_COLUMNS", "lengths_and_width", "pick", "response_lengths", "row_scores"]
+__all__ = ["LENGTH_COLUMNS", "SCORE_COLUMNS", "by_row", "lengths_and_width", "pick", "response_lengths", "row_scores"]
 
 #: columns tried, in order, for response lengths when none is named
 LENGTH_COLUMNS = ("responses", "response_mask")
@@ -54,7 +54,7 @@ def _numpy(value: Any) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def _by_row(data: np.ndarray) -> np.ndarray:
+def by_row(data: np.ndarray) -> np.ndarray:
     """``data`` (rows first) as one flat row a row: ``reshape(rows, -1)``, which numpy cannot
     do of no rows (a step, or a mini-batch, of none; token rows all empty)."""
     return data.reshape(len(data), int(np.prod(data.shape[1:], dtype=np.int64)))
@@ -138,7 +138,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
     col = view[name]
     kind = col.spec.kind
     if kind in ("tensor", "ndarray"):
-        data = _by_row(_numpy(col[:]))
+        data = by_row(_numpy(col[:]))
         reduced: np.ndarray = data.sum(axis=1) if reduce == "sum" else data.mean(axis=1)
         return reduced
     if kind not in ("nested", "rows"):
@@ -149,7 +149,7 @@ def row_scores(view: StepView, column: str | None = None, reduce: str = "sum") -
         values = _numpy(value.values())
     else:
         values = np.concatenate([_numpy(r) for r in value]) if len(value) else np.empty(0)
-    values = _by_row(values).sum(axis=1)
+    values = by_row(values).sum(axis=1)
     owner = np.repeat(np.arange(len(lengths)), lengths)
     sums = np.bincount(owner, weights=values, minlength=len(lengths))
     if reduce == "sum":
