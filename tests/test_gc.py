@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Keys, make_batch
+from helpers import Keys, assert_equal, make_batch
 
 import zarr_skip as zs
 
@@ -130,6 +130,25 @@ def test_gc_removes_displaced_runs_leftovers(location: Any, fingerprint: dict) -
     report = new.gc()
     assert [r.path.rsplit("/", 1)[-1] for r in report.removed] == [old.run_id]
     assert keys.list(run_dir) == []
+
+
+def test_gc_removes_a_data_file_that_its_complete_minibatch_does_not_name(location: Any, fingerprint: dict) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    info = cache.write(3, make_batch(4))
+    keys = Keys(location)
+    # a writer wrote for this index while claiming it, lost the claim, and was killed before
+    # removing its file: no record will ever name it
+    stray = f"{info.path}/w-killed-writer.zip"
+    keys.write(stray, b"PK torn")
+    before = keys.list()
+    dry = cache.gc(dry_run=True)
+    assert [(r.path, r.reason, r.step) for r in dry.removed] == [
+        (stray, "data file of a writer that lost its claim", 3)
+    ]
+    assert keys.list() == before
+    assert [r.path for r in cache.gc().removed] == [stray]
+    assert keys.list() == [k for k in before if k != stray]
+    assert_equal(cache.load(3).to_dict(), make_batch(4))
 
 
 def test_gc_needs_a_writable_handle(cache: zs.Cache, location: Any) -> None:

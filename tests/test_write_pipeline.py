@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import assert_equal, make_batch
+from helpers import Keys, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
 from zarr_skip.store import _gather, _localfs, chunkjobs, packed, writer
+from zarr_skip.store.storage import Storage
 
 
 def test_compression_starts_before_the_index_is_claimed(
@@ -70,6 +71,64 @@ def test_a_writer_that_loses_its_claim_encodes_again_and_stores_exactly(
     view = zs.open_cache(str(tmp_path), fingerprint).load(1)
     assert_equal(view.minibatches[0].to_dict(), other)
     assert_equal(view.minibatches[1].to_dict(), batch)
+
+
+def test_the_data_file_is_written_while_the_index_is_claimed(
+    location: Any, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writing = threading.Event()
+    publish, claim = Storage.publish_zip, writer._claim
+    claimed_on: list[str] = []
+
+    def traced_publish(self: Storage, *args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        return publish(self, *args, **kwargs)
+
+    def waiting_claim(*args: Any, **kwargs: Any) -> Any:
+        # the claim's requests go beside the data file's, not before them
+        claimed_on.append(threading.current_thread().name)
+        assert writing.wait(30), "the data file was not begun while the index was being claimed"
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(Storage, "publish_zip", traced_publish)
+    monkeypatch.setattr(writer, "_claim", waiting_claim)
+    batch = make_batch(64)
+    zs.open_cache(location, fingerprint).write(1, batch)
+    assert claimed_on and threading.current_thread().name not in claimed_on
+    assert_equal(zs.open_cache(location, fingerprint).load(1).to_dict(), batch)
+
+
+def test_a_writer_that_loses_the_index_it_wrote_for_removes_its_file_and_claims_first_next(
+    location: Any, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = zs.open_cache(location, fingerprint, run_id="shared-run")
+    other = zs.open_cache(location, fingerprint, run_id="shared-run")  # another rank of the run
+    me = mine._run.writer
+    publish, claim = Storage.publish_zip, writer._claim
+    events: list[tuple[str, int]] = []
+    theirs, ours = make_batch(3, seed=1), make_batch(5, seed=2)
+
+    def racing_claim(storage: Any, place: Any, run_path: str, index: int, ctx: Any, *rest: Any) -> Any:
+        if ctx.writer == me:
+            events.append(("claim", index))
+            if len(events) <= 2:  # the other rank takes index 0 while this writer writes for it
+                assert other.write(6, theirs, expected=2).index == 0
+        return claim(storage, place, run_path, index, ctx, *rest)
+
+    def traced_publish(self: Storage, key: str, *args: Any, **kwargs: Any) -> Any:
+        if me in key:
+            events.append(("data", int(key.split("/")[-2])))
+        return publish(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "_claim", racing_claim)
+    monkeypatch.setattr(Storage, "publish_zip", traced_publish)
+    info = mine.write(6, ours, expected=2)
+    assert info.index == 1 and info.step_complete
+    # index 0 written for beside its claim; index 1 claimed first, then written
+    assert set(events[:2]) == {("claim", 0), ("data", 0)} and events[2:] == [("claim", 1), ("data", 1)]
+    keys = Keys(location)
+    assert [k.rsplit("/", 2)[-2] for k in keys.list() if me in k] == ["1"]  # its file for index 0 is gone
+    assert_equal(zs.open_cache(location, fingerprint).load(6).to_dict(), concat([theirs, ours]))
 
 
 def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprint: dict, chunk_jobs: list) -> None:

@@ -83,6 +83,8 @@ class Removal:
     path: str
     reason: str
     step: int | None = None
+    #: a single file (else everything below ``path``)
+    file: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,20 +513,43 @@ def gc(
     # a brand-new run's record may not be visible yet: strays only once old
     removals = [*plan.removals, *(r for r in plan.strays if _mtime_age(storage, r.path, now) >= age)]
     removing = {r.path for r in removals}
-    for key in storage.list_prefix(experiment) if experiment else []:
+    keys = storage.list_prefix(experiment) if experiment else []
+    for key in keys:
         if layout.is_temp(key) and not any(key.startswith(p + "/") for p in removing):
             if _mtime_age(storage, key, now) >= age:
-                removals.append(Removal(key, "temp file of a killed writer"))
+                removals.append(Removal(key, "temp file of a killed writer", file=True))
+    removals += [r for r in lost_data_files(scans, keys) if not any(r.path.startswith(p + "/") for p in removing)]
     if only is not None:
         removals = [r for r in removals if r.path in only]
     for r in removals:
         logger.info("gc%s: %s (%s)", " (dry run)" if dry_run else "", storage.key_path(r.path), r.reason)
         if not dry_run:
-            if layout.is_temp(r.path):
+            if r.file or layout.is_temp(r.path):
                 storage.delete(r.path)
             else:
                 storage.delete_prefix(r.path)
     return GcReport(tuple(removals), dry_run, plan.writing)
+
+
+def lost_data_files(scans: Sequence[StepScan], keys: Iterable[str]) -> list[Removal]:
+    """The data files in complete mini-batches that their records do not name (pure: no I/O).
+
+    A writer writes its data file while its claim is being created; one that lost the claim
+    to another writer removes its file, unless it was killed first. Once the record that
+    stands is complete and names another file, nothing will ever name this one: removed at
+    any age."""
+    named: dict[str, tuple[str, int]] = {}
+    for scan in scans:
+        for p in scan.parts:
+            if p.complete:
+                named[layout.join(scan.path, p.run, str(p.index))] = (str(p.doc.get("data", "")), scan.step)
+    out = []
+    for key in keys:
+        parent, _, name = key.rpartition("/")
+        data = named.get(parent)
+        if data is not None and name.endswith(packed.SUFFIX) and name != data[0]:
+            out.append(Removal(key, "data file of a writer that lost its claim", data[1], file=True))
+    return out
 
 
 def _mtime_age(storage: Storage, key: str, now: float) -> float:

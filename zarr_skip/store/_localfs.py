@@ -33,6 +33,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = 0
+_SIDE: ThreadPoolExecutor | None = None
+_SIDE_PID = 0
+#: threads for requests made beside the pool's work (see :func:`beside`)
+_SIDE_THREADS = 4
 
 
 def workers() -> int:
@@ -55,6 +59,17 @@ def pool() -> ThreadPoolExecutor:
         _POOL = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="zarr-skip")
         _POOL_PID = os.getpid()
     return _POOL
+
+
+def beside(fn: Callable[..., T], *args: object) -> Future[T]:
+    """Run ``fn(*args)`` on a thread beside the pool, never queued behind its work: a
+    mini-batch's claim (a few metadata requests) while the pool compresses the chunks of the
+    data file that the calling thread writes meanwhile. Made anew in a forked child."""
+    global _SIDE, _SIDE_PID
+    if _SIDE is None or _SIDE_PID != os.getpid():
+        _SIDE = ThreadPoolExecutor(max_workers=_SIDE_THREADS, thread_name_prefix="zarr-skip-claim")
+        _SIDE_PID = os.getpid()
+    return _SIDE.submit(fn, *args)
 
 
 def submit(fn: Callable[..., T], *args: object) -> Future[T]:
@@ -423,12 +438,19 @@ class Tree:
                     raise self._refuse(str(d.relative_to(self.root)), real)
             d.mkdir(parents=True, exist_ok=True)
 
-    def create(self, key: str, data: bytes) -> None:
+    def make_dir(self, key: str) -> None:
+        """Make the directory ``key`` (and its missing parents), below the root."""
+        if not self._mkdir_fast(key):
+            self.make_dirs([f"{key}/-"])
+
+    def create(self, key: str, data: bytes, *, dir_made: bool = False) -> None:
         """Create ``key`` holding ``data`` unless it exists: a complete temp file renamed with
         ``RENAME_NOREPLACE`` (one call), or where that is refused hard-linked and unlinked.
-        Its directory is made first: each key created so is the first of a new directory (a
-        run's, a claim's or a completion's record), where a create tried first fails."""
-        self._mkdir_fast(key.rpartition("/")[0])
+        Its directory is made first unless ``dir_made``: each key created so is the first of a
+        new directory (a run's, a claim's or a completion's record), where a create tried
+        first fails."""
+        if not dir_made:
+            self._mkdir_fast(key.rpartition("/")[0])
         tmp, fd = self._temp(key)
         renamed = False
         try:

@@ -295,8 +295,19 @@ class Storage:
             return
         self.run(self.aset(key, data))
 
-    def create_if_absent(self, key: str, data: bytes) -> bool:
+    def make_dir(self, prefix: str) -> None:
+        """Make the directory ``prefix`` of a local directory's cache (a mini-batch's, before
+        its claim and its data file are created in it at once); other stores have none."""
+        self._check_writable(prefix)
+        if self._tree is not None:
+            try:
+                self._tree.make_dir(_contained(prefix))
+            except OSError as exc:
+                raise storage_error(exc, self.key_path(prefix)) from exc
+
+    def create_if_absent(self, key: str, data: bytes, *, dir_made: bool = False) -> bool:
         """Create ``key`` holding ``data`` only if it does not exist; True if this call did.
+        ``dir_made``: its directory exists (:meth:`make_dir`), no need to make it.
 
         ``data`` must be unique to the caller (it carries a writer token): the key is written
         with the store's exclusive create, then read back, and the caller won only if the bytes
@@ -307,7 +318,7 @@ class Storage:
         self._check_writable(key)
         if self._tree is not None:
             try:
-                self._tree.create(key, data)
+                self._tree.create(key, data, dir_made=dir_made)
             except OSError as exc:
                 raise storage_error(exc, self.key_path(key)) from exc
             if self.claim_settle:
@@ -377,6 +388,22 @@ class Storage:
             self.run(self.store.delete_dir(_contained(prefix)))
         except OSError as exc:
             raise storage_error(exc, self.key_path(prefix)) from exc
+
+    def remove_empty_dir(self, prefix: str) -> None:
+        """Remove the directory ``prefix`` of a local store if it is empty: one ``rmdir``,
+        which never takes what another writer has just put in it (then, or where the directory
+        is gone or lies outside the root, nothing happens). Other stores have no directories."""
+        self._check_writable(prefix)
+        store = self.store
+        if not isinstance(store, LocalStore):
+            return
+        root = os.path.realpath(store.root)
+        path = os.path.join(root, _contained(prefix))
+        if os.path.realpath(path).startswith(root + os.sep):
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty (another writer's claim), gone, or refused: gc decides
+                pass
 
     def delete(self, key: str) -> None:
         self._check_writable(key)

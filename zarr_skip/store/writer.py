@@ -10,8 +10,11 @@ The protocol (``docs/format.md`` has the long version):
    leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
    not written here: it is written once, with the summary, when the step completes (step 6).
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
-   exclusively with a writer token (read back: the token that stays wins).
-4. Write every array's metadata and chunks concurrently; the process's heartbeat thread
+   exclusively with a writer token (read back: the token that stays wins), on a thread beside
+   step 4: the claim's requests overlap the data's. The data file is the writer's own name,
+   which no reader opens before a complete record names it; a writer that lost the index
+   removes it and claims the next free index before writing again.
+4. Write every array's metadata and chunks into the data file; the process's heartbeat thread
    refreshes the claim while that takes long (``heartbeats.py``).
 5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
    ``state: complete`` and the manifest (columns, chunk sizes, rows, bytes). This is the only
@@ -44,7 +47,7 @@ from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
 from zarr_skip.format.state import HOST, PartRecord, RunRecord, owner
-from zarr_skip.store import packed
+from zarr_skip.store import _localfs, packed
 from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.heartbeats import Heartbeat
@@ -160,39 +163,26 @@ def write_part(
     if isinstance(scan, MinibatchInfo):
         return scan
     _check_schema(scan, ctx, batch, step)
+    place = records.Place(experiment, step)
     run_path = layout.join(step_path, ctx.run)
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
+    interval = max(lease / 4, 0.05)
+    claiming: Future[Held | None] | None = None  # the first try: the claim beside the data file
     while True:
-        try:
-            index, claim = _claim(storage, records.Place(experiment, step), run_path, taken, ctx, expected, token)
-        except BaseException:  # a claim the store refused (disk full): no 'writing' run left behind
-            _forget_run_if_empty(storage, step_path, ctx.run)
-            raise
+        if claiming is None:
+            index = _first_free(storage, place, run_path, taken, expected)
+            _make_dir(storage, step_path, ctx, layout.join(run_path, str(index)))
+            claiming = _localfs.beside(_claim, storage, place, run_path, index, ctx, expected, token, interval)
+        else:  # lost once: claim first, then write (each index lost costs only its claim)
+            index, claiming = _claim_next(storage, place, run_path, taken, ctx, expected, token, interval)
         taken.add(index)
-        part_path = layout.join(run_path, str(index))
-        record_key = layout.meta_key(part_path)
-        data_path = layout.join(part_path, claim["data"])  # the data file
-        where = f"step {step}, mini-batch {index}"
-        try:
-            with Heartbeat(storage, record_key, claim, max(lease / 4, 0.05), _holds):
-                here = records.Place(experiment, step).to_json()
-                place = dict(here, run=ctx.run, index=index, writer=ctx.writer)
-                manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, place)
-            if not _check_owner(storage, step_path, ctx, where, record_key, claim):
-                # two writers both "won" the exclusive create (seen on shared FUSE mounts);
-                # the record names the other one: give the index up, our data is our own
-                logger.warning("%s: claimed by another writer at the same time; retrying", where)
-                _discard(storage, data_path)
-                continue
-            done = _completed(claim, batch, compression, manifest, (nbytes, raw, size))
-            storage.set(record_key, group_doc({layout.PART_ATTR: done}))
-        except BaseException:
-            _discard(storage, part_path if _holds(storage, record_key, claim) else data_path)
-            _forget_run_if_empty(storage, step_path, ctx.run)
-            raise
-        break
-    logger.debug("stored %s (%d rows, %d bytes) at %s", where, batch.rows, nbytes, part_path)
+        done = _attempt(storage, place, run_path, index, batch, claiming, ctx, compression, jobs)
+        if done is not None:
+            break
+    part_path = layout.join(run_path, str(index))
+    nbytes, raw = done["nbytes"], done["raw_nbytes"]
+    logger.debug("stored step %d, mini-batch %d (%d rows, %d bytes) at %s", step, index, batch.rows, nbytes, part_path)
     known = {p.index: p for p in scan.parts if p.run == ctx.run and p.complete}
     known[index] = PartRecord.from_json(done)
     complete = _maybe_complete(storage, experiment, step, step_path, ctx, expected, known)
@@ -398,41 +388,142 @@ def _record_run(
     return scan_step(storage, experiment, step)
 
 
+#: a claim that stands: its record and the heartbeat refreshing it (entered)
+Held = tuple[dict[str, Any], Heartbeat]
+
+
+def _first_free(storage: Storage, place: records.Place, run_path: str, taken: set[int], expected: int) -> int:
+    """The lowest index below ``expected`` not in ``taken``; StepCompleteError when none is left."""
+    index = next((i for i in range(expected) if i not in taken), None)
+    if index is None:
+        raise StepCompleteError(
+            f"step {place.step}: all {expected} mini-batches of run {run_path.rpartition('/')[2]} are written or "
+            f"being written at {storage.key_path(run_path)}; pass overwrite=True to replace the step"
+        )
+    return index
+
+
 def _claim(
+    storage: Storage,
+    place: records.Place,
+    run_path: str,
+    index: int,
+    ctx: RunContext,
+    expected: int,
+    token: str | None,
+    interval: float,
+) -> Held | None:
+    """Claim mini-batch ``index`` (its directory made) by the exclusive create of its record,
+    and start refreshing it every ``interval`` seconds; None when another writer holds it."""
+    now = time.time()
+    claim = {
+        **place.to_json(),  # the record names its place: moved elsewhere, it is refused
+        "expected": expected,
+        "run": ctx.run,
+        "index": index,
+        "writer": ctx.writer,
+        "data": data_name(ctx),
+        "host": HOST,
+        "pid": os.getpid(),
+        "started": now,
+        "heartbeat": now,
+        "state": "writing",
+        **({} if token is None else {"token": token}),
+    }
+    key = layout.meta_key(layout.join(run_path, str(index)))
+    if not storage.create_if_absent(key, group_doc({layout.PART_ATTR: claim}), dir_made=True):
+        return None
+    return claim, Heartbeat(storage, key, claim, interval, _holds).__enter__()
+
+
+def _claim_next(
     storage: Storage,
     place: records.Place,
     run_path: str,
     taken: set[int],
     ctx: RunContext,
     expected: int,
-    token: str | None = None,
-) -> tuple[int, dict[str, Any]]:
-    for index in range(expected):
-        if index in taken:
-            continue
-        now = time.time()
-        claim = {
-            **place.to_json(),  # the record names its place: moved elsewhere, it is refused
-            "expected": expected,
-            "run": ctx.run,
-            "index": index,
-            "writer": ctx.writer,
-            "data": f"w-{ctx.writer}{packed.SUFFIX}",
-            "host": HOST,
-            "pid": os.getpid(),
-            "started": now,
-            "heartbeat": now,
-            "state": "writing",
-            **({} if token is None else {"token": token}),
-        }
-        key = layout.meta_key(layout.join(run_path, str(index)))
-        if storage.create_if_absent(key, group_doc({layout.PART_ATTR: claim})):
-            return index, claim
+    token: str | None,
+    interval: float,
+) -> tuple[int, Future[Held | None]]:
+    """Claim the lowest free index, trying each in turn (``taken`` grows with those held by
+    others); the index and its claim (a finished future). StepCompleteError when none is left;
+    a claim the store refused removes this run's record if nothing else of it is there."""
+    step_path = run_path.rpartition("/")[0]
+    while True:
+        index = _first_free(storage, place, run_path, taken, expected)
+        claimed: Future[Held | None] = Future()
+        _make_dir(storage, step_path, ctx, layout.join(run_path, str(index)))
+        try:
+            held = _claim(storage, place, run_path, index, ctx, expected, token, interval)
+        except BaseException:  # disk full: no 'writing' run left behind
+            _forget_run_if_empty(storage, step_path, ctx.run)
+            raise
+        if held is not None:
+            claimed.set_result(held)
+            return index, claimed
         taken.add(index)
-    raise StepCompleteError(
-        f"step {place.step}: all {expected} mini-batches of run {ctx.run} are written or being written "
-        f"at {storage.key_path(run_path)}; pass overwrite=True to replace the step"
-    )
+
+
+def _make_dir(storage: Storage, step_path: str, ctx: RunContext, part_path: str) -> None:
+    """Make a mini-batch's directory, before its claim and its data file are created in it
+    (a refused one, disk full, leaves no 'writing' run behind)."""
+    try:
+        storage.make_dir(part_path)
+    except BaseException:
+        _forget_run_if_empty(storage, step_path, ctx.run)
+        raise
+
+
+def data_name(ctx: RunContext) -> str:
+    """The name of ``ctx``'s data file in a mini-batch it writes: the writer's own."""
+    return f"w-{ctx.writer}{packed.SUFFIX}"
+
+
+def _attempt(
+    storage: Storage,
+    place: records.Place,
+    run_path: str,
+    index: int,
+    batch: EncodedBatch,
+    claiming: Future[Held | None],
+    ctx: RunContext,
+    compression: chunks.Compression,
+    jobs: ChunkJobs,
+) -> dict[str, Any] | None:
+    """Store ``batch`` as mini-batch ``index`` of the run (steps 3 to 5 of the protocol) and
+    return its completion record; None when another writer holds the index (this data file
+    discarded). The data file is written while ``claiming`` runs: on a shared file system or
+    an object store the claim's round trips go beside the data's, not before them. The data
+    file is this writer's own name, which no record names before this writer's completion
+    record: until then no reader opens it, whatever the claim's outcome. A failure leaves
+    nothing of the attempt behind (and this run's record only if something else of it is)."""
+    step_path = run_path.rpartition("/")[0]
+    part_path = layout.join(run_path, str(index))
+    record_key, data_path = layout.meta_key(part_path), layout.join(part_path, data_name(ctx))
+    where = f"step {place.step}, mini-batch {index}"
+    held: Held | None = None
+    try:
+        try:
+            here = dict(place.to_json(), run=ctx.run, index=index, writer=ctx.writer)
+            manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, here)
+        finally:
+            held = claiming.result()  # the claim's own failure (disk full) goes up from here
+            if held is not None:
+                held[1].__exit__()
+        if held is None or not _check_owner(storage, step_path, ctx, where, record_key, held[0]):
+            # held by another writer: from the start, or both "won" the exclusive create (seen
+            # on shared FUSE mounts) and the record names the other one; our data is our own
+            logger.warning("%s: claimed by another writer at the same time; retrying", where)
+            _discard(storage, data_path)
+            return None
+        done = _completed(held[0], batch, compression, manifest, (nbytes, raw, size))
+        storage.set(record_key, group_doc({layout.PART_ATTR: done}))
+    except BaseException:
+        _discard(storage, part_path if held is not None and _holds(storage, record_key, held[0]) else data_path)
+        _forget_run_if_empty(storage, step_path, ctx.run)
+        raise
+    return done
 
 
 def _write_arrays(
@@ -629,11 +720,14 @@ def _maybe_complete(
 
 
 def _discard(storage: Storage, part_path: str) -> None:
-    """Remove a mini-batch directory or data file (what of it is there)."""
+    """Remove a mini-batch directory (what of it is there), or a data file and its directory
+    if nothing else is there (no other writer's claim)."""
     try:
-        storage.delete_prefix(part_path)
         if part_path.endswith(packed.SUFFIX):
             storage.delete(part_path)
+            storage.remove_empty_dir(part_path.rpartition("/")[0])
+        else:
+            storage.delete_prefix(part_path)
     except Exception as exc:  # noqa: BLE001 - best effort; gc removes what stays behind
         logger.warning("could not remove the unfinished mini-batch %s: %s", part_path, exc)
 
