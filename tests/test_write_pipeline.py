@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from helpers import Keys, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.errors import StepCompleteError
-from zarr_skip.store import _gather, _localfs, chunkjobs, packed, writer
+from zarr_skip.store import _gather, _localfs, chunkjobs, heartbeats, packed, writer
 from zarr_skip.store.storage import Storage
 
 
@@ -129,6 +130,39 @@ def test_a_writer_that_loses_the_index_it_wrote_for_removes_its_file_and_claims_
     keys = Keys(location)
     assert [k.rsplit("/", 2)[-2] for k in keys.list() if me in k] == ["1"]  # its file for index 0 is gone
     assert_equal(zs.open_cache(location, fingerprint).load(6).to_dict(), concat([theirs, ours]))
+
+
+def test_a_write_interrupted_while_its_claim_is_pending_leaves_no_claim_behind(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beside = _localfs.beside
+
+    class Interrupt(BaseException):
+        """As KeyboardInterrupt (which pytest takes for its own)."""
+
+    class Interrupted(Future):  # type: ignore[type-arg]
+        """The claim's future; the first wait for it is interrupted (Ctrl-C)."""
+
+        def __init__(self, inner: Future) -> None:  # type: ignore[type-arg]
+            super().__init__()
+            self.inner, self.waited = inner, False
+
+        def result(self, timeout: float | None = None) -> Any:
+            if not self.waited:
+                self.waited = True
+                raise Interrupt
+            return self.inner.result(timeout)
+
+    monkeypatch.setattr(_localfs, "beside", lambda *args: Interrupted(beside(*args)))
+    cache = zs.open_cache(str(tmp_path), fingerprint)
+    with pytest.raises(Interrupt):
+        cache.write(1, make_batch(8), expected=2)
+    monkeypatch.setattr(_localfs, "beside", beside)
+    # the claim that stood once the wait was cut short is gone, and nothing refreshes it
+    assert not heartbeats._BEATER._claims
+    assert not [p for p in tmp_path.rglob("zarr.json") if "zarr_skip.part" in p.read_text()]
+    assert zs.open_cache(str(tmp_path)).status() == []
+    assert cache.write(1, make_batch(8), expected=1).step_complete
 
 
 def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprint: dict, chunk_jobs: list) -> None:

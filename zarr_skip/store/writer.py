@@ -520,10 +520,22 @@ def _attempt(
         done = _completed(held[0], batch, compression, manifest, (nbytes, raw, size))
         storage.set(record_key, group_doc({layout.PART_ATTR: done}))
     except BaseException:
+        held = held or _settled(claiming)  # interrupted while waiting: the claim may still stand
         _discard(storage, part_path if held is not None and _holds(storage, record_key, held[0]) else data_path)
         _forget_run_if_empty(storage, step_path, ctx.run)
         raise
     return done
+
+
+def _settled(claiming: Future[Held | None]) -> Held | None:
+    """The claim once it is decided (its heartbeat stopped), None when it failed or was lost."""
+    try:
+        held = claiming.result()
+    except BaseException:  # noqa: BLE001 - the write's own failure is what goes up
+        return None
+    if held is not None:
+        held[1].__exit__()
+    return held
 
 
 def _write_arrays(
