@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import assert_equal, concat, make_batch
+from helpers import Keys, assert_equal, concat, make_batch
 
 import zarr_skip as zs
 from zarr_skip.store import writer
@@ -101,3 +101,57 @@ def test_runs_and_experiments_named_like_temp_files_are_runs_and_experiments(loc
     assert "grpo.partial" in again.experiments()
     assert zs.open_cache(location, experiment="grpo.partial").status()[0].state == "complete"
     assert zs.open_cache(location, fingerprint).status()[0].run == "sweep.partial"
+
+
+def test_a_handles_next_minibatch_lists_the_step_once(
+    location: Any, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only its owner check lists the step (on a shared file system or S3: one round trip)."""
+    from zarr_skip.store.storage import Storage
+
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(4, make_batch(2), expected=3)
+    listed: list[str] = []
+    list_dir, list_and_get = Storage.list_dir, Storage.list_and_get
+
+    def counted_dir(self: Storage, prefix: str) -> list[str]:
+        listed.append(prefix)
+        return list_dir(self, prefix)
+
+    def counted_and_get(self: Storage, prefixes: Any, keys: Any) -> Any:
+        prefixes = list(prefixes)
+        listed.extend(prefixes)
+        return list_and_get(self, prefixes, keys)
+
+    monkeypatch.setattr(Storage, "list_dir", counted_dir)
+    monkeypatch.setattr(Storage, "list_and_get", counted_and_get)
+    cache.write(4, make_batch(2, seed=1), expected=3)
+    step_path = f"{cache.experiment}/4"
+    assert listed.count(step_path) == 1, listed
+
+
+def test_a_newer_run_between_a_handles_writes_refuses_the_next_and_keeps_none_of_it(
+    location: Any, fingerprint: dict
+) -> None:
+    mine = zs.open_cache(location, fingerprint)
+    mine.write(9, make_batch(2), expected=3)
+    newer = zs.open_cache(location, fingerprint)  # a restarted trainer: a newer run takes the step
+    newer.write(9, make_batch(3, seed=1), expected=2)
+    with pytest.raises(zs.DisplacedWriterError, match="step 9, mini-batch 1: run .* took the step over"):
+        mine.write(9, make_batch(2, seed=2), expected=3)
+    keys = Keys(location)
+    assert not [k for k in keys.list() if mine.run_id in k]  # nothing of the refused write stays
+    newer.write(9, make_batch(3, seed=3), expected=2)
+    assert_equal(
+        zs.open_cache(location, fingerprint).load(9).to_dict(), concat([make_batch(3, seed=1), make_batch(3, seed=3)])
+    )
+
+
+def test_a_step_deleted_by_the_handle_is_written_anew(location: Any, fingerprint: dict, scans: list[int]) -> None:
+    cache = zs.open_cache(location, fingerprint)
+    cache.write(3, make_batch(2), expected=2)
+    cache.delete(3)
+    first = cache.write(3, make_batch(2, seed=1), expected=2)
+    assert first.index == 0 and scans == [3, 3]
+    assert cache.write(3, make_batch(2, seed=2), expected=2).step_complete
+    assert_equal(cache.load(3).to_dict(), concat([make_batch(2, seed=1), make_batch(2, seed=2)]))

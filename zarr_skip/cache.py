@@ -400,6 +400,7 @@ class Cache:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only")
         path = layout.join(self._exp(), layout.step_name(step))
         logger.info("deleting step %d at %s", step, self._storage.key_path(path))
+        self._memo.forget()  # a next write to the step scans it anew
         self._storage.delete_prefix(path)
 
     # -- reading ----------------------------------------------------------------------------

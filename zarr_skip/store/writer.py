@@ -5,7 +5,7 @@ The protocol (``docs/format.md`` has the long version):
 1. Scan the step's metadata. A complete step is refused (``StepCompleteError``) unless
    ``overwrite``, which deletes it first. A step owned by a newer run is refused
    (``DisplacedWriterError``). A handle whose last write went to this step goes on from the
-   scan that write left (:class:`StepMemo`), after listing the step for a newer run.
+   scan that write left (:class:`StepMemo`), without a request.
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
    leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
    not written here: it is written once, with the summary, when the step completes (step 6).
@@ -106,11 +106,13 @@ class StepMemo:
     successful write left it (this run's records, and the mini-batch it stored).
 
     The next write of the same handle to the same step (same ``expected``, no ``overwrite``)
-    goes on from it instead of scanning the step again: a step of ``n`` mini-batches written
-    by one handle is scanned once, not ``n`` times (three rounds of requests each, on a shared
-    file system or an object store). What the scan would have found since is found anyway:
-    another writer's claim by the exclusive create of the next index, a newer run by the owner
-    check before the completion record (:func:`_check_owner`). A write that fails forgets it.
+    goes on from it instead of scanning or listing the step again: a step of ``n`` mini-batches
+    written by one handle is scanned once, not ``n`` times (three rounds of requests each, on a
+    shared file system or an object store). What the scan would have found since is found
+    anyway: another writer's claim by the exclusive create of the next index, a newer run (or
+    this run's record removed) by the owner check before the completion record
+    (:func:`_check_owner`), which then removes what the write stored. A write that fails, and
+    the handle's :meth:`Cache.delete <zarr_skip.Cache.delete>`, forget it.
     """
 
     def __init__(self) -> None:
@@ -124,6 +126,10 @@ class StepMemo:
             scan = self._scan if self._key == key else None
             self._key = self._scan = None
         return scan
+
+    def forget(self) -> None:
+        with self._lock:
+            self._key = self._scan = None
 
     def keep(self, key: tuple[str, int, int], scan: StepScan) -> None:
         with self._lock:
@@ -226,11 +232,11 @@ def _continued(
     storage: Storage, step_path: str, ctx: RunContext, scan: StepScan | None, token: str | None
 ) -> StepScan | None:
     """``scan``, the step as this handle's last write left it (:class:`StepMemo`), unless this
-    write must scan the step: a newer run recorded there or this run's record gone (one
-    listing; the scan then says which), or a token this handle has already stored."""
+    write must scan the step: a token this handle has already stored. A newer run, or this
+    run's record gone, is found by the owner check before the completion record."""
     if scan is None or (token is not None and any(p.doc.get("token") == token for p in scan.parts)):
         return None
-    return None if _newer_run(storage, step_path, ctx) is not None else scan
+    return scan
 
 
 def _check_schema(scan: StepScan, ctx: RunContext, batch: EncodedBatch, step: int) -> None:
@@ -665,7 +671,10 @@ def _check_owner(
         names, blob = storage.list_dir(step_path), None
     newer = _newer_run(storage, step_path, ctx, names)
     if newer == "":
-        raise DisplacedWriterError(f"{where}: this run's records were removed by a newer run")
+        raise DisplacedWriterError(
+            f"{where}: this run's record was removed from the step while this run was writing "
+            f"(by a newer run, or the step deleted) at {storage.key_path(step_path)}"
+        )
     if newer is not None:
         raise DisplacedWriterError(f"{where}: run {newer} took the step over while this run ({ctx.run}) was writing")
     return _is_claim(blob, record_key, claim)
