@@ -165,6 +165,30 @@ def test_a_write_interrupted_while_its_claim_is_pending_leaves_no_claim_behind(
     assert cache.write(1, make_batch(8), expected=1).step_complete
 
 
+def test_the_step_summary_is_written_while_the_completion_group_is_created(
+    location: Any, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary_written = threading.Event()
+    create, store = Storage.create_if_absent, Storage.set
+
+    def traced_set(self: Storage, key: str, data: bytes) -> None:
+        store(self, key, data)
+        if b"zarr_skip.complete" in data:
+            summary_written.set()
+
+    def waiting_create(self: Storage, key: str, data: bytes, **kwargs: Any) -> bool:
+        if b"zarr_skip.completion" in data:  # one round trip of the two, not one after the other
+            assert summary_written.wait(30), "the summary was not written while the step's completion was created"
+        return create(self, key, data, **kwargs)
+
+    monkeypatch.setattr(Storage, "set", traced_set)
+    monkeypatch.setattr(Storage, "create_if_absent", waiting_create)
+    cache = zs.open_cache(location, fingerprint)
+    assert [cache.write(2, make_batch(3, seed=i), expected=2).step_complete for i in range(2)] == [False, True]
+    (info,) = zs.open_cache(location).status()
+    assert (info.complete, info.rows) == (True, 6)
+
+
 def test_a_refused_write_leaves_no_compression_behind(tmp_path: Path, fingerprint: dict, chunk_jobs: list) -> None:
     cache = zs.open_cache(str(tmp_path), fingerprint)
     cache.write(1, make_batch(6))

@@ -21,8 +21,9 @@ The protocol (``docs/format.md`` has the long version):
    completion marker: a writer killed before it leaves an incomplete mini-batch.
 6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
    exclusively: of the writers that see the step complete at once, the one whose create
-   stands is told ``step_complete=True`` and writes the step's group with its summary attribute
-   (a cache for fast status; its content is the same whichever writer writes it).
+   stands is told ``step_complete=True``. Each writes the step's group with its summary
+   attribute meanwhile (a cache for fast status; its content is the same whichever writer
+   writes it).
 """
 
 from __future__ import annotations
@@ -715,14 +716,28 @@ def _maybe_complete(
     if parts is None or _newer_run(storage, step_path, ctx) is not None:  # or this run's record gone
         return False
     # every writer that sees the step complete gets here; the one whose exclusive create of
-    # the completion group stands is told so (and writes the summary), the others are not
+    # the completion group stands is told so, the others are not. The summary is the same
+    # whoever writes it: written while the completion group is created, not after it
     mark = {"writer": ctx.writer, "token": secrets.token_hex(8), "completed": time.time()}
     token_key = layout.meta_key(layout.join(step_path, ctx.run, layout.COMPLETION))
-    if not storage.create_if_absent(token_key, group_doc({layout.COMPLETION_ATTR: mark})):
-        return False
+    marking = _localfs.beside(storage.create_if_absent, token_key, group_doc({layout.COMPLETION_ATTR: mark}))
+    try:
+        rows = _write_summary(storage, records.Place(experiment, step), step_path, ctx.run, expected, parts)
+    finally:
+        told = marking.result()
+    if told:
+        logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, rows, ctx.run)
+    return told
+
+
+def _write_summary(
+    storage: Storage, place: records.Place, step_path: str, run: str, expected: int, parts: list[PartRecord]
+) -> int:
+    """Store the complete step's summary (a cache: status reads the records without it, so a
+    failure is logged, not raised); return its rows."""
     summary = {
-        **records.Place(experiment, step).to_json(),
-        "run": ctx.run,
+        **place.to_json(),
+        "run": run,
         "expected": expected,
         "rows": sum(p.rows for p in parts),
         "nbytes": sum(p.nbytes for p in parts),
@@ -732,12 +747,11 @@ def _maybe_complete(
     summary["checksum"] = layout.doc_checksum(summary)
     try:
         storage.set(layout.meta_key(step_path), group_doc({layout.STEP_ATTR: summary}))
-    except StorageError as exc:  # the step is complete: its summary is a cache status reads records without
+    except StorageError as exc:
         logger.warning(
-            "step %d is complete, but its summary could not be stored (status reads its records): %s", step, exc
+            "step %d is complete, but its summary could not be stored (status reads its records): %s", place.step, exc
         )
-    logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, summary["rows"], ctx.run)
-    return True
+    return int(summary["rows"])
 
 
 def _discard(storage: Storage, part_path: str) -> None:
