@@ -518,9 +518,13 @@ def _attempt(
             held = claiming.result()  # the claim's own failure (disk full) goes up from here
             if held is not None:
                 held[1].__exit__()
-        if held is None or not _check_owner(storage, step_path, ctx, where, record_key, held[0]):
-            # held by another writer: from the start, or both "won" the exclusive create (seen
-            # on shared FUSE mounts) and the record names the other one; our data is our own
+        if held is None:  # another writer of the run holds the index (this one's scan is older)
+            logger.info("%s: claimed by another writer of the run; trying the next index", where)
+            _discard(storage, data_path)
+            return None
+        if not _check_owner(storage, step_path, ctx, where, record_key, held[0]):
+            # both "won" the exclusive create (seen on shared FUSE mounts) and the record
+            # names the other one: give the index up, our data is our own
             logger.warning("%s: claimed by another writer at the same time; retrying", where)
             _discard(storage, data_path)
             return None
