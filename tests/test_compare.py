@@ -102,6 +102,21 @@ def test_compare_refuses_steps_not_in_both(
     assert code == 2 and "does not exist" in err
 
 
+def test_compare_takes_the_steps_of_a_range_that_both_runs_hold(
+    runs: tuple[zs.Cache, zs.Cache], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = runs  # steps 1-3 and 2-4
+    code, out, err = run(capsys, "compare", str(a.location), str(b.location), "--steps", "1-4", "--json")
+    assert code == 0, err
+    assert [s["step"] for s in json.loads(out)["steps"]] == [2, 3]
+    assert "2 step(s) of the range not complete in both runs, left out: 1, 4" in err
+    # a step named alone must be in both; a range with none in both is refused
+    code, _, err = run(capsys, "compare", str(a.location), str(b.location), "--steps", "2-3", "4")
+    assert code == 2 and "step(s) 4: not complete in both runs" in err
+    code, _, err = run(capsys, "compare", str(a.location), str(b.location), "--steps", "5-9")
+    assert code == 2 and "step(s) 5, 6, 7, 8, 9: not complete in both runs" in err
+
+
 def test_compare_two_experiments_of_one_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _run(tmp_path / "c", "base", [1, 2], 1)
     b = _run(tmp_path / "c", "tuned", [2], 2)

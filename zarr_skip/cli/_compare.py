@@ -25,7 +25,8 @@ __all__ = ["EPILOG", "HELP", "add_arguments", "cmd_compare"]
 HELP = "compare two runs step by step: score, accuracy, lengths, truncation, same-score groups"
 EPILOG = """\
 A and B are caches (paths or s3:// URLs); -e picks the experiment in both (--experiment-b in B).
-Steps: those both runs hold complete, or --steps (N, A-B, latest, -K: the K-th latest common one).
+Steps: those both runs hold complete, or --steps (N, A-B, latest, -K: the K-th latest common one;
+of a range A-B, the steps complete in both runs).
 
 examples:
   zarr-skip compare runs/baseline runs/lr_2e-6
@@ -86,6 +87,12 @@ def _doc(found: list[StepSignals]) -> dict[str, Any]:
     return whole
 
 
+def _listed(steps: list[int], most: int = 20) -> str:
+    """``steps`` for a message: the first ``most``, and how many more."""
+    more = f" and {len(steps) - most} more" if len(steps) > most else ""
+    return ", ".join(map(str, steps[:most])) + more
+
+
 def _plot(path: Path, caches: list[Cache], steps: list[int]) -> None:
     from zarr_skip.notebook.trends import SIGNALS, matplotlib_module, plot_trend, run_signals
 
@@ -98,16 +105,26 @@ def _plot(path: Path, caches: list[Cache], steps: list[int]) -> None:
 
 
 def _steps(ctx: Context, names: tuple[str, str], a: Cache, b: Cache) -> list[int]:
+    """The steps to compare: those of ``--steps`` (a step named alone must be complete in both
+    runs; of a range ``A-B``, those that are, the others named on stderr), else the common ones."""
     sa, sb = a.steps(), b.steps()
     common = [s for s in sa if s in set(sb)]
+    held = set(common)
+    ranges = [t for t in ctx.args.steps if t.partition("-")[0].isdigit() and "-" in t]
+    in_ranges = set(parse_steps(ranges) or [])
     asked = parse_steps(ctx.args.steps, complete=lambda: common) or None  # -K: among the common steps
     if asked is not None:
-        missing = [s for s in asked if s not in common]
-        if missing:
+        missing = [s for s in asked if s not in held and s not in in_ranges]
+        skipped = [s for s in asked if s not in held and s in in_ranges]
+        asked = [s for s in asked if s in held]
+        if missing or not asked:
             raise UsageError(
-                f"step(s) {', '.join(map(str, missing))}: not complete in both runs "
+                f"step(s) {_listed(missing or skipped)}: not complete in both runs "
                 f"(A {names[0]}: {sa[-20:] or 'none'}; B {names[1]}: {sb[-20:] or 'none'})"
             )
+        if skipped:
+            left = _listed(skipped)
+            ctx.note(f"compare: {len(skipped)} step(s) of the range not complete in both runs, left out: {left}")
         return asked
     if not common:
         raise UsageError(
