@@ -65,3 +65,20 @@ def test_the_cases_the_issue_names(cache: tuple[zs.Cache, Path]) -> None:
     with pytest.raises(zs.GroupNotFoundError):
         view.group("no-such-uid")
     assert handle.steps() == [1]
+
+
+def test_a_column_named_twice_is_refused_by_name(cache: tuple[zs.Cache, Path]) -> None:
+    """A dict of columns holds each once: the second name was most likely meant as another."""
+    from zarr_skip.data import RolloutDataset
+
+    handle, root = cache
+    calls = {
+        "to_dict": lambda: handle.load(1).to_dict(["uid", "responses", "uid"]),
+        "table": lambda: handle.table(columns=["uid", "uid"]),
+        "rescore": lambda: handle.rescore(len, columns=["uid", "uid"]),
+        "RolloutDataset": lambda: RolloutDataset(root, columns=["uid", "uid"]),
+    }
+    for what, call in calls.items():
+        with pytest.raises(zs.ConfigError, match=r"columns: 'uid' named twice"):
+            call()
+            pytest.fail(what)

@@ -198,6 +198,9 @@ def columns(value: Any, known: Iterable[str] | None = None, name: str = "columns
                 raise ConfigTypeError(f"{_at(where)}{name}: expected column names (str), got {_shown(v)}")
         else:
             column(v, names, name, where)
+    twice = sorted({v for v in out if out.count(v) > 1})
+    if twice:  # a dict of columns holds each once: the second was most likely meant as another
+        raise ConfigError(f"{_at(where)}{name}: {', '.join(map(repr, twice))} named twice")
     return out
 
 
