@@ -419,3 +419,17 @@ def test_every_configuration_gives_each_row_once_and_len_batches(local: Path, mo
         assert len(seen) == len(set(seen)) and set(seen) <= set(ALL_ROWS)
         if not drop_last:
             assert sorted(seen) == ALL_ROWS
+
+
+@pytest.mark.parametrize(
+    ("dtype", "pad_value"), [(torch.uint8, -1), (torch.int64, 2.5), (torch.bool, -100), (torch.int8, 300)]
+)
+def test_a_pad_value_an_exact_column_would_change_is_a_config_error(dtype: torch.dtype, pad_value: float) -> None:
+    """torch's fill_ wraps -1 into uint8 as 255, cuts 2.5 to 2 in int64 and makes -100 True in a
+    bool mask, silently: the padding then reads as data."""
+    items = [{"mask": torch.ones(3, dtype=dtype)}, {"mask": torch.ones(1, dtype=dtype)}]
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ConfigError, match=f"pad_value={pad_value!r}: column 'mask' holds {name}"):
+        collate_rollouts(items, pad_value=pad_value)
+    kept = collate_rollouts(items, pad_value=0)  # a value the column holds as it is
+    assert kept["mask"].dtype == dtype and kept["mask"][1, 1:].tolist() == [0, 0]

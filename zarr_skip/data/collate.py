@@ -369,7 +369,8 @@ def _write_padded(
 def check_pad(name: str, pad_value: float, dtype: torch.dtype) -> None:
     """ConfigError unless ``pad_value`` can be written into column ``name``'s ``dtype`` (a NaN,
     an infinity or a value out of range in an integer or half-precision column: torch's bare
-    RuntimeError while the batch was written)."""
+    RuntimeError while the batch was written; in an integer or bool column, a value it would
+    change: -1 in uint8 wraps to 255, 2.5 in int64 is cut to 2, -100 in bool is True)."""
     if not _holds(pad_value, dtype):
         raise ConfigError(
             f"pad_value={pad_value!r}: column {name!r} holds {str(dtype).removeprefix('torch.')}, which cannot "
@@ -379,12 +380,13 @@ def check_pad(name: str, pad_value: float, dtype: torch.dtype) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _holds(pad_value: float, dtype: torch.dtype) -> bool:
-    """Whether ``fill_`` writes ``pad_value`` into ``dtype`` (asked once a batch per column)."""
+    """Whether ``fill_`` writes ``pad_value`` into ``dtype``, unchanged where ``dtype`` is exact
+    (integers, bool); rounded where it is a float (asked once a batch per column)."""
     try:
-        torch.empty(1, dtype=dtype).fill_(pad_value)
+        one = torch.empty(1, dtype=dtype).fill_(pad_value)
     except RuntimeError:
         return False
-    return True
+    return dtype.is_floating_point or dtype.is_complex or bool(one.item() == pad_value)
 
 
 def zero_bits(value: float, dtype: torch.dtype) -> bool:
