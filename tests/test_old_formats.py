@@ -67,3 +67,38 @@ def test_an_old_cache_verifies_clean_and_takes_new_steps(old_cache: tuple[int, P
     assert_equal(cache.load(5).to_dict(), fx.batch(5, 0))
     assert_equal(cache.load(0).minibatches[1].to_dict(), fx.batch(0, 1))
     assert zs.open_cache(where).verify().ok
+
+
+def test_an_old_chunk_file_grown_far_past_its_record_is_refused_without_being_read_whole(
+    old_cache: tuple[int, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Formats 2 and 3 keep each chunk in a file of its own: a reader (and verify) reads one
+    byte more than the record names, so a file grown by 64 MiB (a hostile or replaced cache)
+    is refused, naming it, without 64 MiB read or held."""
+    from zarr_skip.store.storage import Storage
+
+    version, where = old_cache
+    chunk = sorted(where.rglob("responses/values/c*"))[0]
+    size = chunk.stat().st_size
+    with chunk.open("ab") as f:
+        f.truncate(size + (64 << 20))
+    spans, get_spans, get_many = [], Storage.get_spans, Storage.get_many
+
+    def counted_spans(self: Storage, requests: Any, **kwargs: Any) -> Any:
+        spans.extend(n for _, wanted in requests for _, n in wanted)
+        return get_spans(self, requests, **kwargs)
+
+    def counted_many(self: Storage, keys: Any) -> Any:
+        keys = list(keys)
+        assert not [k for k in keys if k.rsplit("/", 1)[-1].startswith("c.")], keys  # no chunk file read whole
+        return get_many(self, keys)
+
+    monkeypatch.setattr(Storage, "get_spans", counted_spans)
+    monkeypatch.setattr(Storage, "get_many", counted_many)
+    cache = zs.open_cache(where)
+    with pytest.raises(zs.MissingDataError, match=r"chunk holds more than the \d+ bytes written") as exc:
+        cache.load(0)["responses"][:]
+    assert f"column 'responses', chunk {chunk}" in str(exc.value)
+    problems = cache.verify([0]).problems
+    assert [p.kind for p in problems] == ["MissingDataError"] and "holds more than" in problems[0].error
+    assert spans and max(spans) <= 1 << 20  # no read of the grown file past its record

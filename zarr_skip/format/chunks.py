@@ -296,6 +296,8 @@ def trailer(blob: bytes) -> int:
 def _checked_body(blob: bytes | None, stored_size: int, where: str, crc: int | None) -> memoryview:
     if blob is None:
         raise MissingDataError(f"{where}: chunk is missing")
+    if len(blob) > stored_size:
+        raise MissingDataError(f"{where}: chunk holds more than the {stored_size} bytes written (replaced?)")
     if len(blob) != stored_size:
         raise MissingDataError(f"{where}: chunk has {len(blob)} bytes, {stored_size} were written (truncated?)")
     body = memoryview(blob)[:-4]

@@ -28,14 +28,13 @@ SERIAL_FETCH_BYTES = 1 << 20
 
 @dataclass(slots=True)
 class _Run:
-    """One read: ``length`` bytes of ``key`` from ``start`` (the whole key when ``whole``),
-    holding items ``(index, offset in the run, size)``."""
+    """One read: ``length`` bytes of ``key`` from ``start``, holding items ``(index, offset
+    in the run, size)``."""
 
     key: str
     start: int
     length: int
     items: list[tuple[int, int, int]]
-    whole: bool = False
     hole: int = 0  # the largest hole after it that it may step over
 
 
@@ -45,14 +44,14 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
     are fetched together, one ranged read (a ``pread``, or a ranged GET) per run of them, a
     run stepping over holes of a few bytes (see the module docstring)."""
     hole = MAX_HOLE_BYTES
-    runs: list[_Run] = []
     ranged: list[list[_Run]] = []  # per file: its runs, rising
     spans: dict[str, list[tuple[int, int, int, int]]] = {}
     for n, item in enumerate(items):
         a, c = item[0], item[1]
         span = a.span(c)
-        if span is None:
-            runs.append(_Run(a.key(c), 0, 0, [(n, 0, -1)], whole=True))
+        if span is None:  # a file of its own (formats 2, 3): a byte more than the record says, at
+            # most, so that a file grown far past it is refused without being read whole
+            spans.setdefault(a.key(c), []).append((0, a.sizes[c] + 1, n, 0))
         else:  # some blocks of a chunk (blockreads.Piece) say how far apart they may be read
             spans.setdefault(a.key(c), []).append((span[0], span[1], n, min(hole, getattr(a, "max_hole", hole))))
     for key, found in spans.items():
@@ -68,8 +67,7 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
                 last = _Run(key, start, length, [(n, 0, length)], hole=max_hole)
                 ranged[-1].append(last)
     out: list[Any] = [None] * len(items)
-    blobs = storage.get_many([r.key for r in runs]) if runs else []  # whole chunk files (formats 2, 3)
-    pairs = list(zip(runs, blobs, strict=True))
+    pairs: list[tuple[_Run, bytes | None]] = []
     requests = _requests(ranged)
     asked = [(g[0].key, [(r.start, r.length) for r in g]) for g in requests]
     serial = sum(r.length for g in requests for r in g) <= SERIAL_FETCH_BYTES
@@ -78,7 +76,7 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
     for run, blob in pairs:
         view = None if blob is None else memoryview(blob)
         for n, at, size in run.items:
-            out[n] = None if view is None else (blob if size < 0 else view[at : at + size])
+            out[n] = None if view is None else view[at : at + size]
     return out
 
 
