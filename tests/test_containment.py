@@ -225,3 +225,25 @@ def test_a_cache_root_that_is_itself_a_link_works(tmp_path: Path, fingerprint: d
     view = zs.open_cache(tmp_path / "link", fingerprint, read_only=True).load(1)
     assert torch.equal(view["x"][:], torch.arange(8))
     assert zs.open_cache(real, fingerprint, read_only=True).verify().ok
+
+
+def test_a_foreign_file_no_key_can_name_blocks_nothing(tmp_path: Path, fingerprint: dict) -> None:
+    """A file someone dropped into a step, a run or a mini-batch whose name holds a backslash
+    (no key can name it) is not the cache's: reads, status, verify, gc and the step's next
+    write go on (each refused the whole step with OutsideCacheError), and it stays."""
+    cache = zs.open_cache(tmp_path, fingerprint)
+    first = cache.write(1, make_batch(4), expected=2)
+    part = tmp_path / first.path
+    dropped = [part.parent.parent / "notes\\x.txt", part.parent / "a\\b", part / "w\\y.zip"]
+    for f in dropped:
+        f.write_text("not the cache's")
+    other = zs.open_cache(tmp_path, fingerprint)
+    assert other.status()[0].state == "writing"
+    assert other.gc(dry_run=True).removed == ()
+    second = cache.write(1, make_batch(4, seed=1), expected=2)
+    assert second.step_complete
+    reader = zs.open_cache(tmp_path)
+    assert len(reader.load(1).to_dict()["uid"]) == 8
+    assert reader.verify().ok
+    assert [r.path for r in reader.gc(dry_run=True).removed] == []
+    assert all(f.exists() for f in dropped)

@@ -515,6 +515,7 @@ def gc(
     removals = [*plan.removals, *(r for r in plan.strays if _mtime_age(storage, r.path, now) >= age)]
     removing = {r.path for r in removals}
     keys = storage.list_prefix(experiment) if experiment else []
+    keys = [k for k in keys if layout.key_problem(k) is None]  # a foreign name no key holds: not ours
     for key in keys:
         if layout.is_temp(key) and not any(key.startswith(p + "/") for p in removing):
             if _mtime_age(storage, key, now) >= age:

@@ -79,7 +79,10 @@ def list_steps(storage: Storage, experiment: str) -> list[int]:
 
 
 def _children(names: Sequence[str]) -> list[str]:
-    return [n for n in names if n != layout.METADATA and not layout.is_temp(n)]
+    """The names of a listing that may be records' groups: not the group's own document, not
+    a temp file, and not a name no key can hold (a foreign file with a backslash, say: never
+    written here, and no key to it is taken, so it blocks nothing)."""
+    return [n for n in names if n != layout.METADATA and not layout.is_temp(n) and layout.name_problem(n) is None]
 
 
 def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[StepScan]:

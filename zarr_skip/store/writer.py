@@ -689,7 +689,7 @@ def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[
     """A run recorded in the step that started after this one (``""`` when this run's own
     record is gone), or None. ``listing``: the step's names, when just listed."""
     listed = storage.list_dir(step_path) if listing is None else listing
-    names = [n for n in listed if n != layout.METADATA and not layout.is_temp(n)]
+    names = [n for n in listed if n != layout.METADATA and not layout.is_temp(n) and layout.name_problem(n) is None]
     if ctx.run not in names:
         return ""
     others = [n for n in names if n != ctx.run]
