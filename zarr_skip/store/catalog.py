@@ -78,7 +78,7 @@ def list_steps(storage: Storage, experiment: str) -> list[int]:
     return sorted(int(n) for n in storage.list_dir(experiment) if layout.is_step_name(n))
 
 
-def _children(names: Sequence[str]) -> list[str]:
+def children(names: Sequence[str]) -> list[str]:
     """The names of a listing that may be records' groups: not the group's own document, not
     a temp file, and not a name no key can hold (a foreign file with a backslash, say: never
     written here, and no key to it is taken, so it blocks nothing)."""
@@ -96,7 +96,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
         except MetadataError as exc:  # only a cache for fast status: the parts decide
             logger.warning("ignoring a damaged step summary: %s", exc)
             scan.summary_problem = str(exc)
-        run_paths += [(scan, n, layout.join(scan.path, n)) for n in _children(names)]
+        run_paths += [(scan, n, layout.join(scan.path, n)) for n in children(names)]
     part_listings, run_docs = storage.list_and_get(
         [p for _, _, p in run_paths], [layout.meta_key(p) for _, _, p in run_paths]
     )
@@ -112,7 +112,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
             (scan.strays if blob is None else scan.unreadable).append(name)
             continue
         scan.runs.append(record)
-        part_paths += [(scan, name, n, layout.join(path, n)) for n in _children(names) if n != layout.COMPLETION]
+        part_paths += [(scan, name, n, layout.join(path, n)) for n in children(names) if n != layout.COMPLETION]
     part_docs = storage.get_many([layout.meta_key(p) for *_, p in part_paths])
     for (scan, run, name, path), blob in zip(part_paths, part_docs, strict=True):
         where = storage.key_path(layout.meta_key(path))
@@ -198,7 +198,7 @@ def summarized_steps(
     for step, path, names, blob in zip(steps, paths, listings, blobs, strict=True):
         try:
             summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
-            if summary is None or _children(names) != [summary["run"]]:
+            if summary is None or children(names) != [summary["run"]]:
                 owners.append(None)
                 continue
             run, expected = str(summary["run"]), int(summary["expected"])  # bounded by _summary
@@ -270,7 +270,7 @@ def step_infos(
             summary = _summary(blob, storage.key_path(layout.meta_key(path)), Place(experiment, step))
         except MetadataError:
             summary = None
-        if summary is not None and _children(names) == [summary["run"]]:
+        if summary is not None and children(names) == [summary["run"]]:
             infos[step] = summary_info(step, summary)
         else:
             rest.append(step)

@@ -49,7 +49,7 @@ from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
 from zarr_skip.format.state import HOST, PartRecord, RunRecord, owner
 from zarr_skip.store import _localfs, packed
-from zarr_skip.store.catalog import StepScan, group_doc, own_parts, run_record, scan_step
+from zarr_skip.store.catalog import StepScan, children, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
 from zarr_skip.store.heartbeats import Heartbeat
 from zarr_skip.store.packed import Member
@@ -689,7 +689,7 @@ def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[
     """A run recorded in the step that started after this one (``""`` when this run's own
     record is gone), or None. ``listing``: the step's names, when just listed."""
     listed = storage.list_dir(step_path) if listing is None else listing
-    names = [n for n in listed if n != layout.METADATA and not layout.is_temp(n) and layout.name_problem(n) is None]
+    names = children(listed)
     if ctx.run not in names:
         return ""
     others = [n for n in names if n != ctx.run]
