@@ -67,16 +67,16 @@ def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any
                 last = _Run(key, start, length, [(n, 0, length)], hole=max_hole)
                 ranged[-1].append(last)
     out: list[Any] = [None] * len(items)
-    pairs: list[tuple[_Run, bytes | None]] = []
     requests = _requests(ranged)
     asked = [(g[0].key, [(r.start, r.length) for r in g]) for g in requests]
     serial = sum(r.length for g in requests for r in g) <= SERIAL_FETCH_BYTES
     for group, got in zip(requests, storage.get_spans(asked, serial=serial) if asked else [], strict=True):
-        pairs += zip(group, got if got is not None else [None] * len(group), strict=True)
-    for run, blob in pairs:
-        view = None if blob is None else memoryview(blob)
-        for n, at, size in run.items:
-            out[n] = None if view is None else view[at : at + size]
+        if got is None:  # the file is absent: its items stay None
+            continue
+        for run, blob in zip(group, got, strict=True):
+            view = memoryview(blob)
+            for n, at, size in run.items:
+                out[n] = view[at : at + size]
     return out
 
 
