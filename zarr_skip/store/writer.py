@@ -515,9 +515,7 @@ def _attempt(
             here = dict(place.to_json(), run=ctx.run, index=index, writer=ctx.writer)
             manifest, nbytes, raw, size = _write_arrays(storage, data_path, batch, jobs, here)
         finally:
-            held = claiming.result()  # the claim's own failure (disk full) goes up from here
-            if held is not None:
-                held[1].__exit__()
+            held = _decided(claiming)  # the claim's own failure (disk full) goes up from here
         if held is None:  # another writer of the run holds the index (this one's scan is older)
             logger.info("%s: claimed by another writer of the run; trying the next index", where)
             _discard(storage, data_path)
@@ -538,15 +536,20 @@ def _attempt(
     return done
 
 
-def _settled(claiming: Future[Held | None]) -> Held | None:
-    """The claim once it is decided (its heartbeat stopped), None when it failed or was lost."""
-    try:
-        held = claiming.result()
-    except BaseException:  # noqa: BLE001 - the write's own failure is what goes up
-        return None
+def _decided(claiming: Future[Held | None]) -> Held | None:
+    """The claim once it is decided, its heartbeat stopped (None: lost; its failure raised)."""
+    held = claiming.result()
     if held is not None:
         held[1].__exit__()
     return held
+
+
+def _settled(claiming: Future[Held | None]) -> Held | None:
+    """:func:`_decided`, None when the claim failed (the write's own failure is what goes up)."""
+    try:
+        return _decided(claiming)
+    except BaseException:  # noqa: BLE001
+        return None
 
 
 def _write_arrays(
