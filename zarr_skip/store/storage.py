@@ -108,6 +108,13 @@ class Storage:
         return bool(self.store.read_only)
 
     @property
+    def creates_stand_at_once(self) -> bool:
+        """Whether an exclusive create's outcome is final once read back: an object store's
+        conditional PUT, memory. Not a directory, which may be a shared mount where two
+        creators both read back their own record for a while (``tests/test_shared.py``)."""
+        return not isinstance(self.store, LocalStore)
+
+    @property
     def fork_safe(self) -> bool:
         """Whether a ``fork()``ed child may go on reading through this storage: local files
         (their directory descriptor and the pool are made anew in each process), not object

@@ -10,10 +10,13 @@ The protocol (``docs/format.md`` has the long version):
    leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
    not written here: it is written once, with the summary, when the step completes (step 6).
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
-   exclusively with a writer token (read back: the token that stays wins), on a thread beside
-   step 4: the claim's requests overlap the data's. The data file is the writer's own name,
-   which no reader opens before a complete record names it; a writer that lost the index
-   removes it and claims the next free index before writing again.
+   exclusively with a writer token (read back: the token that stays wins). Where a create
+   stands at once (an object store's conditional PUT), on a thread beside step 4: the claim's
+   requests overlap the data's. The data file is the writer's own name, which no reader opens
+   before a complete record names it; a writer that lost the index removes it and claims the
+   next free index before writing again. On a directory (maybe a shared mount, where two
+   creators can both read back their own record for a while) the claim comes first, so that
+   the data's time lets the re-check of step 5 see the other one.
 4. Write every array's metadata and chunks into the data file; the process's heartbeat thread
    refreshes the claim while that takes long (``heartbeats.py``).
 5. Check the run still owns the step, then rewrite the mini-batch's ``zarr.json`` once with
@@ -175,13 +178,16 @@ def write_part(
     # indices with unreadable records are left to the exclusive create to decide
     taken = {p.index for p in scan.parts if p.run == ctx.run}
     interval = max(lease / 4, 0.05)
-    claiming: Future[Held | None] | None = None  # the first try: the claim beside the data file
+    # the first try's claim goes beside the data file where a create stands at once; on a file
+    # system (a shared mount, maybe) the data's time is part of the claim's settling, as before
+    speculate = storage.creates_stand_at_once
     while True:
-        if claiming is None:
+        if speculate:
+            speculate = False
             index = _first_free(storage, place, run_path, taken, expected)
             _make_dir(storage, step_path, ctx, layout.join(run_path, str(index)))
             claiming = _localfs.beside(_claim, storage, place, run_path, index, ctx, expected, token, interval)
-        else:  # lost once: claim first, then write (each index lost costs only its claim)
+        else:  # claim first, then write (each index lost costs only its claim)
             index, claiming = _claim_next(storage, place, run_path, taken, ctx, expected, token, interval)
         taken.add(index)
         done = _attempt(storage, place, run_path, index, batch, claiming, ctx, compression, jobs)
