@@ -68,6 +68,18 @@ def crash_writer(location: str, fingerprint: dict, run: str, steps: int, ready: 
         time.sleep(0.001)
 
 
+def overwrite_writer(location: str, fingerprint: dict, run: str, steps: int, ready: Any) -> None:
+    """A new run replacing every step 0..steps-1 in turn (``overwrite=True``), then idle until
+    killed; ``ready`` is set once its first mini-batch is stored."""
+    cache = zs.open_cache(location, fingerprint, run_id=run, chunk_bytes=32 << 10)
+    for step in range(steps):
+        n = expected_of(step)
+        for i in range(n):
+            cache.write(step, minibatch(run, step, "x"), expected=n, overwrite=i == 0)
+            ready.set()
+    time.sleep(600)
+
+
 def append_writer(location: str, fingerprint: dict, run: str, steps: int, expected: int, out: Any) -> None:
     """One of several writers of one run: append mini-batches to every step until all are full."""
     cache = zs.open_cache(location, fingerprint, run_id=run)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch
+from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch, overwrite_writer
 
 import zarr_skip as zs
 
@@ -58,6 +58,36 @@ def test_sigkill_at_random_points_never_yields_a_wrong_complete_step(
                 cache.write(step, minibatch("final", step, "x"), expected=expected_of(step))
     assert cache.steps() == list(range(STEPS))
     assert check_complete_steps(location, fingerprint) == (STEPS, 0)
+
+
+def test_an_overwrite_killed_at_random_points_leaves_every_step_complete(
+    ctx: Any, tmp_path: Path, fingerprint: dict
+) -> None:
+    """New runs replacing complete steps (``overwrite=True``), killed with SIGKILL: after every
+    kill, and every gc, each step is complete and exactly one run's data, the old or the new."""
+    location, steps = str(tmp_path / "cache"), 12
+    first = zs.open_cache(location, fingerprint, run_id="base")
+    for step in range(steps):
+        for _ in range(expected_of(step)):
+            first.write(step, minibatch("base", step, "x"), expected=expected_of(step))
+    rng = random.Random(99)
+    runs = set()
+    for kill in range(8):
+        ready = ctx.Event()
+        proc = ctx.Process(
+            target=overwrite_writer, args=(location, fingerprint, f"ow{kill}", steps, ready), daemon=True
+        )
+        proc.start()
+        assert ready.wait(60), "the writer stored nothing in 60 s"
+        time.sleep(rng.uniform(0.0, 0.2))
+        proc.kill()
+        proc.join(10)
+        assert check_complete_steps(location, fingerprint) == (steps, 0)
+        zs.open_cache(location, fingerprint).gc()
+        assert check_complete_steps(location, fingerprint) == (steps, 0)
+        runs |= {i.run for i in zs.open_cache(location).status()}
+        assert all(i.stale_runs == () for i in zs.open_cache(location).status())  # gc left no replacement
+    assert len(runs) > 1  # some replacements completed before their kill
 
 
 @pytest.mark.parametrize("writers", [4])

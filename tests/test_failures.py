@@ -229,3 +229,20 @@ def test_disk_full_through_a_store_leaves_no_writing_step(
     assert not (root / cache.experiment / "2").exists()  # no debris
     cache.write(2, make_batch(4), expected=1)
     assert cache.steps() == [1, 2]
+
+
+def test_an_overwrite_that_fails_leaves_the_step_it_would_replace(tmp_path: Path, fingerprint: dict) -> None:
+    """A new run's overwrite whose data file the disk refuses: the step it was to replace
+    stays whole and readable, and nothing of the failed write is left."""
+    root = tmp_path / "cache"
+    store = FullStore(root)
+    first = make_batch(4, seed=1)
+    zs.open_cache(store, fingerprint).write(1, first)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    store.armed = True
+    with pytest.raises(zs.StorageError, match="no space left"):
+        zs.open_cache(store, fingerprint).write(1, make_batch(4, seed=2), overwrite=True)
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    reader = zs.open_cache(root)
+    assert [(i.step, i.state) for i in reader.status()] == [(1, "complete")]
+    assert_equal(reader.load(1).to_dict(), first)

@@ -132,6 +132,26 @@ def test_gc_removes_displaced_runs_leftovers(location: Any, fingerprint: dict) -
     assert keys.list(run_dir) == []
 
 
+def test_gc_removes_an_unfinished_replacement_once_its_writer_is_gone(location: Any, fingerprint: dict) -> None:
+    """A run that began overwriting a complete step and died: the step it was replacing stays
+    complete and readable; gc keeps the replacement while its writer may live (between its
+    mini-batches, too) and removes it once it is silent for longer than the lease."""
+    old = zs.open_cache(location, fingerprint, lease=30)
+    first = make_batch(3, seed=1)
+    old.write(7, first)
+    new = zs.open_cache(location, fingerprint, lease=30)
+    new.write(7, make_batch(2, seed=2), expected=2, overwrite=True)
+    assert new.gc().removed == ()  # its process lives, between mini-batches
+    age_records(location, 600)  # as if the replacing process had died on another host
+    info = new.info(7)
+    assert info.complete and info.run == old.run_id and info.stale_runs == (new.run_id,)
+    report = new.gc()
+    assert [r.path.rsplit("/", 1)[-1] for r in report.removed] == [new.run_id]
+    assert "unfinished replacement" in report.removed[0].reason
+    assert Keys(location).list(f"{new.experiment}/7/{new.run_id}") == []
+    assert_equal(zs.open_cache(location).load(7).to_dict(), first)
+
+
 def test_gc_removes_a_data_file_that_its_complete_minibatch_does_not_name(location: Any, fingerprint: dict) -> None:
     cache = zs.open_cache(location, fingerprint)
     info = cache.write(3, make_batch(4))

@@ -53,9 +53,19 @@ def test_complete_needs_every_index_of_the_owner() -> None:
 
 def test_only_the_newest_run_counts() -> None:
     runs = [run("old", 1.0), run("new", 2.0)]
-    parts = [part("old", 0), part("old", 1), part("new", 0)]
+    parts = [part("old", 0), part("new", 0)]
     info = step_info(1, runs, parts, now=NOW, lease=60)
     assert not info.complete and info.run == "new" and info.stale_runs == ("old",)
+
+
+def test_a_complete_run_owns_the_step_until_a_newer_one_completes_it() -> None:
+    runs = [run("old", 1.0), run("new", 2.0), run("newest", 3.0)]
+    done = [part("old", 0), part("old", 1)]
+    info = step_info(1, runs, [*done, part("new", 0), part("newest", 1)], now=NOW, lease=60)
+    assert info.complete and info.run == "old" and info.stale_runs == ("new", "newest")
+    assert (info.done, info.rows) == (2, 6)
+    info = step_info(1, runs, [*done, part("new", 0), part("new", 1)], now=NOW, lease=60)
+    assert info.complete and info.run == "new" and info.stale_runs == ("newest", "old")
 
 
 def test_writing_versus_abandoned() -> None:

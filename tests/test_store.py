@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import CountingStore, assert_equal, concat, make_batch, stored_bytes, write_sharded
+from helpers import CountingStore, Keys, assert_equal, concat, make_batch, stored_bytes, write_sharded
 
 import zarr_skip as zs
 from zarr_skip.store.reads import read_range
@@ -284,6 +284,34 @@ def test_complete_step_refuses_more_unless_overwrite(location: Any, fingerprint:
     assert_equal(cache.load(1).to_dict(), second)
 
 
+def test_a_new_runs_overwrite_replaces_the_step_once_it_completes_it(
+    location: Any, fingerprint: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readers see the complete step until the run replacing it completes; then only the new
+    one is stored. Another handle of the replacing run goes on without ``overwrite``."""
+    old = zs.open_cache(location, fingerprint)
+    first = make_batch(4, seed=1)
+    old.write(2, first)
+    new = zs.open_cache(location, fingerprint)
+    fresh = [make_batch(3, seed=10 + i) for i in range(2)]
+    assert not new.write(2, fresh[0], expected=2, overwrite=True).step_complete
+    assert "is replaced once this run" in caplog.text
+    reader = zs.open_cache(location)
+    info = reader.info(2)
+    assert info.complete and info.run == old.run_id and info.stale_runs == (new.run_id,)
+    assert_equal(reader.load(2).to_dict(), first)
+    with pytest.raises(zs.StepCompleteError, match="step 2 is complete"):
+        zs.open_cache(location, fingerprint).write(2, make_batch(2))  # a newer run, without overwrite
+    twin = zs.open_cache(location, fingerprint, run_id=new.run_id)  # another process of the run
+    assert twin.write(2, fresh[1], expected=2).step_complete
+    info = reader.info(2)
+    assert info.run == new.run_id and info.stale_runs == ()
+    assert_equal(reader.load(2).to_dict(), concat(fresh))
+    assert Keys(location).list(f"{new.experiment}/2/{old.run_id}") == []
+    with pytest.raises(zs.DisplacedWriterError, match="started after this run"):
+        old.write(2, first, overwrite=True)
+
+
 def test_schema_mismatch_writes_nothing(location: Any, fingerprint: dict) -> None:
     cache = zs.open_cache(location, fingerprint)
     good = make_batch(4)
@@ -503,9 +531,9 @@ def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint:
         [f"{step_path}/zarr.json"] + [f"{step_path}/{run}/{i}/zarr.json" for i in range(3)]
     )
     assert_equal(view.to_dict(), concat(parts))
-    # a new run rewriting the step: the summary no longer vouches, the full scan decides
+    # a new run rewriting the step: the summary no longer vouches, the full scan decides (the
+    # step it replaces, until the new run completes it)
     info = zs.open_cache(store, fingerprint).write(4, make_batch(5, seed=9), expected=3, overwrite=True)
     store.reads.clear()
-    with pytest.raises(zs.IncompleteStepError, match="1 of 3"):
-        cache.load(4)
+    assert_equal(cache.load(4).to_dict(), concat(parts))
     assert f"{step_path}/{info.run}/zarr.json" in store.reads

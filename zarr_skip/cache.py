@@ -353,6 +353,11 @@ class Cache:
         """Store ``batch`` as the next mini-batch of ``step``; the step completes at ``expected``;
         a retry with the same ``token`` (a str, or True: from the content) returns the stored one.
 
+        ``overwrite=True`` replaces a complete step. A new run's replacement is atomic: readers
+        see the old step until this run completes the new one, which then removes the old; a
+        write that fails halfway leaves the old step whole (``gc`` removes the rest once its
+        writers are gone). A run overwriting a step it completed itself deletes it first.
+
         Raises
         ------
         StepCompleteError

@@ -23,7 +23,16 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
 )
 from zarr_skip.format import checks, chunks, layout, records
-from zarr_skip.format.state import ABANDONED, COMPLETE, WRITING, PartRecord, StepInfo, owner, writer_alive
+from zarr_skip.format.state import (
+    ABANDONED,
+    COMPLETE,
+    WRITING,
+    PartRecord,
+    StepInfo,
+    alive,
+    owner,
+    writer_alive,
+)
 from zarr_skip.store import packed
 from zarr_skip.store.catalog import StepScan, list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part, checked_entries
@@ -420,7 +429,8 @@ def plan_gc(
     """The retention policy of :func:`gc` (pure: no I/O): what of ``scans`` to remove at ``now``.
 
     Removes (1) mini-batches and run records of runs that no longer own their step and have
-    no live writer, (2) abandoned steps (no live writer, not complete), (3) surplus and
+    no live writer (older runs displaced by the owner; a newer run that began replacing a
+    complete step and died before completing it), (2) abandoned steps (no live writer, not complete), (3) surplus and
     unfinished mini-batches of a complete step's owner without a live writer, and (4) with
     ``keep_last=K``, complete steps older than the K newest, except those in ``pins``. A step
     with unreadable records is kept whole (unless retention retires it).
@@ -457,14 +467,21 @@ def plan_gc(
 
 
 def _dead_runs(scan: StepScan, info: StepInfo, now: float, lease: float) -> list[Removal]:
-    """A kept step's dead leftovers: runs displaced by its owner without a live writer, and the
-    owner's surplus or unfinished mini-batches once the step is complete."""
-    own = owner(scan.runs)
+    """A kept step's dead leftovers: runs displaced by its owner without a live writer, a newer
+    run's unfinished replacement of the complete step (``overwrite``) once none of its writers
+    lives, and the owner's surplus or unfinished mini-batches once the step is complete."""
+    own = owner(scan.runs, scan.parts)
     if own is None:
         return []
     out = []
     for rec in scan.runs:
-        if rec.run != own.run and not any(
+        if rec.run == own.run:
+            continue
+        if (rec.started, rec.run) > (own.started, own.run):  # replacing the owner's complete step
+            if not alive(rec, scan.parts, now, lease):
+                why = f"unfinished replacement of run {own.run}'s step by run {rec.run}"
+                out.append(Removal(layout.join(scan.path, rec.run), why, scan.step))
+        elif not any(
             p.run == rec.run and not p.complete and writer_alive(p.host, p.pid, p.heartbeat, now, lease)
             for p in scan.parts
         ):

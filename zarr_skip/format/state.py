@@ -1,7 +1,9 @@
 """What a step's metadata says about it, and which step to load (pure: no I/O).
 
-A step may hold mini-batches of several runs. Its owner is the run that started last; only
-the owner's mini-batches count. The step is ``complete`` when the owner has a complete
+A step may hold mini-batches of several runs. Its owner is the run that started last of those
+that completed it, else the run that started last: a run replacing a complete step
+(``overwrite``) owns it once it completes it, and until then readers see the step it replaces.
+Only the owner's mini-batches count. The step is ``complete`` when the owner has a complete
 mini-batch at every index ``0 .. expected-1``; otherwise it is ``writing`` while some writer of
 the owner is alive (its process exists on this host, or its heartbeat is younger than the
 lease elsewhere) and ``abandoned`` when none is.
@@ -123,7 +125,8 @@ class StepInfo:
         writers too old to count them.
     run : the owning run.
     updated : last write or heartbeat seen (seconds since the epoch).
-    stale_runs : older runs whose leftovers are still stored.
+    stale_runs : the other runs whose records are still stored: older runs' leftovers, or a
+        newer run replacing the complete step (``overwrite``) that has not completed it.
     """
 
     step: int
@@ -169,9 +172,33 @@ def writer_alive(host: str, pid: int, heartbeat: float, now: float, lease: float
     return now - heartbeat <= lease
 
 
-def owner(runs: Iterable[RunRecord]) -> RunRecord | None:
-    """The run that started last (ties broken by run id)."""
+def latest(runs: Iterable[RunRecord]) -> RunRecord | None:
+    """The run that started last (ties broken by run id): no older run may write the step."""
     return max(runs, key=lambda r: (r.started, r.run), default=None)
+
+
+def completed(run: RunRecord, parts: Iterable[PartRecord]) -> bool:
+    """Whether ``run`` has a complete mini-batch at every index ``0 .. run.expected-1``."""
+    done = {p.index for p in parts if p.run == run.run and p.complete and 0 <= p.index < run.expected}
+    return len(done) == run.expected
+
+
+def owner(runs: Sequence[RunRecord], parts: Sequence[PartRecord]) -> RunRecord | None:
+    """The run whose mini-batches the step holds: the latest of the runs that completed it,
+    else the latest run. A newer run replacing a complete step owns it once it completes it."""
+    return latest(r for r in runs if completed(r, parts)) or latest(runs)
+
+
+def alive(run: RunRecord, parts: Sequence[PartRecord], now: float, lease: float) -> bool:
+    """Whether some writer of ``run``, not complete in the step, may still be at work: one of
+    its unfinished mini-batches has a live writer, or (between mini-batches) the run's first
+    writer lives, or its last activity elsewhere is younger than the lease."""
+    mine = [p for p in parts if p.run == run.run and 0 <= p.index < run.expected]
+    updated = max([run.created, *(p.heartbeat for p in mine)])
+    writing = [p for p in mine if not p.complete]
+    return any(writer_alive(p.host, p.pid, p.heartbeat, now, lease) for p in writing) or writer_alive(
+        run.host, run.pid, updated, now, lease
+    )
 
 
 def step_info(
@@ -183,7 +210,7 @@ def step_info(
     lease: float,
 ) -> StepInfo:
     """Derive a step's :class:`StepInfo` from its run and part records."""
-    own = owner(runs)
+    own = owner(runs, parts)
     if own is None:
         return StepInfo(step, ABANDONED, False, expected=0, done=0, rows=0, nbytes_stored=0)
     mine = [p for p in parts if p.run == own.run and 0 <= p.index < own.expected]
@@ -197,12 +224,7 @@ def step_info(
     if len(complete) == own.expected:
         state = COMPLETE
     else:
-        writing = [p for p in mine if not p.complete]
-        alive = any(writer_alive(p.host, p.pid, p.heartbeat, now, lease) for p in writing)
-        # between mini-batches nobody is writing: the run lives while its first writer does,
-        # or (elsewhere) while its last activity is younger than the lease
-        alive = alive or writer_alive(own.host, own.pid, updated, now, lease)
-        state = WRITING if alive else ABANDONED
+        state = WRITING if alive(own, parts, now, lease) else ABANDONED
     return StepInfo(
         step,
         state,

@@ -3,12 +3,15 @@
 The protocol (``docs/format.md`` has the long version):
 
 1. Scan the step's metadata. A complete step is refused (``StepCompleteError``) unless
-   ``overwrite``, which deletes it first. A step owned by a newer run is refused
-   (``DisplacedWriterError``). A handle whose last write went to this step goes on from the
-   scan that write left (:class:`StepMemo`), without a request.
+   ``overwrite``: it then stays, and readers see it, until this run completes the step (step
+   6 removes it); a run overwriting a step it completed itself deletes it first. A step a
+   newer run has recorded itself in is refused (``DisplacedWriterError``). A handle whose
+   last write went to this step goes on from the scan that write left (:class:`StepMemo`),
+   without a request.
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
-   leftovers of older runs, logging what goes. The step's own group (``{step}/zarr.json``) is
-   not written here: it is written once, with the summary, when the step completes (step 6).
+   leftovers of older runs that did not complete the step, logging what goes. The step's own
+   group (``{step}/zarr.json``) is not written here: it is written once, with the summary,
+   when the step completes (step 6).
 3. Claim the lowest free index ``i < expected`` by creating ``{step}/{run}/{i}/zarr.json``
    exclusively with a writer token (read back: the token that stays wins). Where a create
    stands at once (an object store's conditional PUT), on a thread beside step 4: the claim's
@@ -24,9 +27,9 @@ The protocol (``docs/format.md`` has the long version):
    completion marker: a writer killed before it leaves an incomplete mini-batch.
 6. When indices ``0 .. expected-1`` are all complete, create ``{step}/{run}/complete``
    exclusively: of the writers that see the step complete at once, the one whose create
-   stands is told ``step_complete=True``. Each writes the step's group with its summary
-   attribute meanwhile (a cache for fast status; its content is the same whichever writer
-   writes it).
+   stands is told ``step_complete=True``, and removes the older runs (the step it replaced).
+   Each writes the step's group with its summary attribute meanwhile (a cache for fast
+   status; its content is the same whichever writer writes it).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteErro
 from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
-from zarr_skip.format.state import HOST, PartRecord, RunRecord, owner
+from zarr_skip.format.state import HOST, PartRecord, RunRecord, completed, latest
 from zarr_skip.store import _localfs, packed
 from zarr_skip.store.catalog import StepScan, children, group_doc, own_parts, run_record, scan_step
 from zarr_skip.store.chunkjobs import ChunkJobs
@@ -320,30 +323,13 @@ def _take_over(
         if earlier is not None:
             return earlier
     scan = scan_step(storage, experiment, step) if scan is None else scan
-    newest = owner(scan.runs)
-    if (
-        newest is not None
-        and newest.run != ctx.run
-        and (newest.started, newest.run)
-        > (
-            ctx.started,
-            ctx.run,
-        )
-    ):
+    newest = latest(scan.runs)
+    if newest is not None and newest.run != ctx.run and (newest.started, newest.run) > (ctx.started, ctx.run):
         raise DisplacedWriterError(
             f"step {step}: run {newest.run} started after this run ({ctx.run}) and owns the step "
             f"at {storage.key_path(step_path)}; this run's mini-batches would not count"
         )
-    info = scan.info(time.time(), 0.0)
-    if info.complete:
-        if not overwrite:
-            raise StepCompleteError(
-                f"step {step} is complete ({info.done} mini-batches of run {info.run}) at "
-                f"{storage.key_path(step_path)}; pass overwrite=True to replace it"
-            )
-        logger.warning("overwrite: deleting complete step %d at %s", step, storage.key_path(step_path))
-        storage.delete_prefix(step_path)
-        scan = scan_step(storage, experiment, step)
+    scan = _replacing(storage, experiment, step, step_path, ctx, overwrite, scan)
     mine = next((r for r in scan.runs if r.run == ctx.run), None)
     if mine is None:
         scan = _record_run(storage, experiment, step, step_path, ctx, expected, scan)
@@ -354,8 +340,9 @@ def _take_over(
             f"this write says expected={expected}"
         )
     # only recorded, older runs are removed: a directory without a readable record may be a
-    # run being created right now, or a stale view through a shared mount (gc handles debris)
-    stale_runs = [r for r in scan.runs if r.run != ctx.run]
+    # run being created right now, or a stale view through a shared mount (gc handles debris);
+    # a complete run stays until this run completes the step (it replaces it then)
+    stale_runs = [r for r in scan.runs if r.run != ctx.run and not completed(r, scan.parts)]
     for stale in stale_runs:
         n_parts = sum(1 for p in scan.parts if p.run == stale.run)
         logger.warning(
@@ -366,10 +353,41 @@ def _take_over(
             storage.key_path(layout.join(step_path, stale.run)),
         )
         storage.delete_prefix(layout.join(step_path, stale.run))
-    if stale_runs:  # what is left of the step: this run's records
-        scan.runs = [r for r in scan.runs if r.run == ctx.run]
-        scan.parts = [p for p in scan.parts if p.run == ctx.run]
+    # what is left of the step for this write: this run's records
+    scan.runs = [r for r in scan.runs if r.run == ctx.run]
+    scan.parts = [p for p in scan.parts if p.run == ctx.run]
     return scan
+
+
+def _replacing(
+    storage: Storage, experiment: str, step: int, step_path: str, ctx: RunContext, overwrite: bool, scan: StepScan
+) -> StepScan:
+    """``scan``, once a complete step is cleared for this run to write: refused without
+    ``overwrite``; kept while a new run replaces it (readers see it until this run completes
+    the step, which then removes it: :func:`_maybe_complete`); deleted first when this run
+    completed it itself (a run cannot hold two versions of a step). A step this run is
+    already replacing goes on."""
+    info = scan.info(time.time(), 0.0)
+    mine = any(r.run == ctx.run for r in scan.runs)
+    if not info.complete or (mine and info.run != ctx.run):
+        return scan
+    if not overwrite:
+        raise StepCompleteError(
+            f"step {step} is complete ({info.done} mini-batches of run {info.run}) at "
+            f"{storage.key_path(step_path)}; pass overwrite=True to replace it"
+        )
+    if info.run != ctx.run:
+        logger.warning(
+            "overwrite: step %d (run %s) at %s is replaced once this run (%s) completes it",
+            step,
+            info.run,
+            storage.key_path(step_path),
+            ctx.run,
+        )
+        return scan
+    logger.warning("overwrite: deleting step %d, completed by this run, at %s", step, storage.key_path(step_path))
+    storage.delete_prefix(step_path)
+    return scan_step(storage, experiment, step)
 
 
 def _record_run(
@@ -697,17 +715,28 @@ def _check_owner(
 def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None) -> str | None:
     """A run recorded in the step that started after this one (``""`` when this run's own
     record is gone), or None. ``listing``: the step's names, when just listed."""
+    return _other_runs(storage, step_path, ctx, listing)[0]
+
+
+def _other_runs(
+    storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None
+) -> tuple[str | None, list[str]]:
+    """:func:`_newer_run`, and the runs recorded in the step that started before this one
+    (their records read only when the step holds other names than this run's)."""
     listed = storage.list_dir(step_path) if listing is None else listing
     names = children(listed)
     if ctx.run not in names:
-        return ""
+        return "", []
     others = [n for n in names if n != ctx.run]
     blobs = storage.get_many([layout.meta_key(layout.join(step_path, n)) for n in others])
+    older = []
     for name, blob in zip(others, blobs, strict=True):
         rec = run_record(blob, storage.key_path(layout.meta_key(layout.join(step_path, name))))
         if rec is not None and (rec.started, rec.run) > (ctx.started, ctx.run):
-            return rec.run
-    return None
+            return rec.run, []
+        if rec is not None:
+            older.append(rec.run)
+    return None, older
 
 
 def _maybe_complete(
@@ -724,9 +753,13 @@ def _maybe_complete(
     The run's mini-batch records are read by their keys, without listing the step (but for
     those in ``known``: complete records this write has read or written, which stay so); only
     when all are complete is the step listed for a newer run (which would own it instead, or
-    has removed this run's records)."""
+    has removed this run's records). The writer told so removes the older runs' records: the
+    complete step this run replaced (``overwrite``), which readers saw until now."""
     parts = own_parts(storage, experiment, step, ctx.run, expected, known)
-    if parts is None or _newer_run(storage, step_path, ctx) is not None:  # or this run's record gone
+    if parts is None:
+        return False
+    newer, older = _other_runs(storage, step_path, ctx)
+    if newer is not None:  # or this run's record gone
         return False
     # every writer that sees the step complete gets here; the one whose exclusive create of
     # the completion group stands is told so, the others are not. The summary is the same
@@ -740,6 +773,9 @@ def _maybe_complete(
         told = marking.result()
     if told:
         logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, rows, ctx.run)
+        for run in older:  # the step this run replaced (overwrite), or leftovers of displaced runs
+            logger.info("step %d: removing run %s, replaced by this run (%s)", step, run, ctx.run)
+            storage.delete_prefix(layout.join(step_path, run))
     return told
 
 
