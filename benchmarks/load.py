@@ -17,7 +17,9 @@ divided by all the CPU time of all cores in the same interval: 100% means every 
 with other work. Our tree's time is the sum of ``utime + stime + cutime + cstime`` over its
 live processes, so the children it reaped (the forked measurement processes) count too, and
 processes of others that start and end between two samples are not missed (they are in the
-machine's total).
+machine's total). The tree is followed from sample to sample: a process of ours re-parented
+to init (the workers of a Ray cluster whose raylet was killed first) stays ours while it
+lives, and one that ends unreaped by us loses at most its last interval's time.
 
 The verdict (:func:`verdict`, pure) is BUSY when, with the default :data:`DEFAULT_THRESHOLDS`,
 
@@ -37,7 +39,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,12 +145,12 @@ def parse_pid_stat(text: str) -> ProcTimes:
     )
 
 
-def descendants(root: int, procs: Mapping[int, ProcTimes]) -> set[int]:
-    """``root`` and every live process below it."""
+def descendants(roots: Iterable[int], procs: Mapping[int, ProcTimes]) -> set[int]:
+    """``roots`` and every live process below them."""
     children: dict[int, list[int]] = {}
     for p in procs.values():
         children.setdefault(p.ppid, []).append(p.pid)
-    tree, todo = {root}, [root]
+    tree, todo = set(roots), list(roots)
     while todo:
         for c in children.get(todo.pop(), ()):
             if c not in tree:
@@ -157,27 +159,87 @@ def descendants(root: int, procs: Mapping[int, ProcTimes]) -> set[int]:
     return tree
 
 
-def shares(a: Snapshot, b: Snapshot, root: int, top: int = 3) -> Shares:
-    """Our tree's and the others' share of the machine's CPU time from ``a`` to ``b``."""
-    total = b.cpu.total - a.cpu.total
-    if total <= 0:
-        return Shares(seconds=b.t - a.t, ours=0.0, others=0.0)
-    mine_a, mine_b = descendants(root, a.procs), descendants(root, b.procs)
-    ours = sum(a.procs[p].own + a.procs[p].reaped for p in mine_a)
-    ours = sum(b.procs[p].own + b.procs[p].reaped for p in mine_b) - ours
-    ours = max(0, ours)
-    others = max(0, b.cpu.busy - a.cpu.busy - ours)
+def _total(p: ProcTimes) -> int:
+    return p.own + p.reaped
+
+
+def _reaped_by_ours(a: Snapshot, b: Snapshot, mine_b: set[int], gone: set[int]) -> set[int]:
+    """Which of ``gone`` (ours at ``a``, ended by ``b``) one of ours reaped, so that their time
+    is in its ``cutime`` at ``b``: those whose parent is ours at ``b`` and took in at least what
+    they had at ``a``, and those whose parent ended too and was reaped by ours (it waited for
+    them: a DataLoader's workers, then the process that ran it). One whose parent lives and
+    is not ours (init: a killed Ray raylet's workers) was reaped elsewhere."""
+    kids: dict[int, list[int]] = {}
+    for pid in gone:
+        kids.setdefault(a.procs[pid].ppid, []).append(pid)
+    reaped: set[int] = set()
+
+    def take(parent: int) -> None:
+        for kid in kids.get(parent, ()):
+            reaped.add(kid)
+            take(kid)
+
+    for parent, group in kids.items():
+        if parent in mine_b and parent in a.procs:
+            took = b.procs[parent].reaped - a.procs[parent].reaped
+            if took >= sum(_total(a.procs[k]) for k in group):
+                take(parent)
+    return reaped
+
+
+def _ours_between(a: Snapshot, b: Snapshot, root: int, mine_a: set[int]) -> tuple[int, set[int]]:
+    """Our tree's CPU ticks from ``a`` to ``b``, and our tree at ``b``: ``root``, its
+    descendants, and every process of ours at ``a`` that still lives (an orphan re-parented to
+    init stays ours), with theirs. An ended process of ours counts through the ``cutime`` of
+    the one of ours that reaped it (:func:`_reaped_by_ours`; what it had at ``a``, counted
+    before, is taken off); one reaped elsewhere loses at most its time since ``a``."""
+    mine_b = descendants([root, *(p for p in mine_a if p in b.procs)], b.procs)
+    ticks = 0
+    for pid in mine_b:
+        before = a.procs.get(pid)
+        ticks += max(0, _total(b.procs[pid]) - (_total(before) if before is not None else 0))
+    gone = {p for p in mine_a if p not in b.procs}
+    ticks -= sum(_total(a.procs[p]) for p in _reaped_by_ours(a, b, mine_b, gone))
+    return max(0, ticks), mine_b
+
+
+def shares_over(samples: Sequence[Snapshot], root: int, top: int = 3) -> tuple[Shares, list[Shares]]:
+    """Our tree's and the others' share of the machine's CPU time over ``samples`` (a run),
+    and per interval between two of them. Our tree is followed from sample to sample, so its
+    processes that end unreaped by it (a killed Ray cluster's workers, re-parented to init)
+    still count as ours; the others' named processes are those seen at both ends of an
+    interval, the rest "short-lived processes"."""
+    mine = descendants([root], samples[0].procs)
+    ours_all = others_all = 0
     per_name: dict[str, int] = {}
-    for pid, p in b.procs.items():
-        if pid in mine_b or pid not in a.procs or pid in mine_a:
-            continue
-        per_name[p.comm] = per_name.get(p.comm, 0) + max(0, p.own - a.procs[pid].own)
+    steps = []
+    for a, b in zip(samples, samples[1:], strict=False):
+        total = b.cpu.total - a.cpu.total
+        ours, mine_b = _ours_between(a, b, root, mine)
+        others = max(0, b.cpu.busy - a.cpu.busy - ours)
+        for pid, p in b.procs.items():
+            if pid not in mine_b and pid not in mine and pid in a.procs:
+                per_name[p.comm] = per_name.get(p.comm, 0) + max(0, p.own - a.procs[pid].own)
+        steps.append(_shares(b.t - a.t, total, ours, others, {}, 0))
+        mine, ours_all, others_all = mine_b, ours_all + ours, others_all + others
+    total = samples[-1].cpu.total - samples[0].cpu.total
+    return _shares(samples[-1].t - samples[0].t, total, ours_all, others_all, per_name, top), steps
+
+
+def _shares(seconds: float, total: int, ours: int, others: int, per_name: Mapping[str, int], top: int) -> Shares:
+    if total <= 0:
+        return Shares(seconds=seconds, ours=0.0, others=0.0)
     ranked = sorted(((n, v / total) for n, v in per_name.items() if v > 0), key=lambda kv: -kv[1])
     gone = others / total - sum(v for _, v in ranked)  # processes that started or ended in between
     if top and gone >= 0.01:
         ranked = sorted([*ranked[:top], ("short-lived processes", gone)], key=lambda kv: -kv[1])
-    return Shares(seconds=b.t - a.t, ours=min(1.0, ours / total), others=min(1.0, others / total),
+    return Shares(seconds=seconds, ours=min(1.0, ours / total), others=min(1.0, others / total),
                   top_others=tuple(ranked[:top]))  # fmt: skip
+
+
+def shares(a: Snapshot, b: Snapshot, root: int, top: int = 3) -> Shares:
+    """Our tree's and the others' share of the machine's CPU time from ``a`` to ``b``."""
+    return shares_over([a, b], root, top)[0]
 
 
 # --------------------------------------------------------------------------- pure verdict
@@ -333,8 +395,7 @@ def summarize(
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> dict[str, Any]:
     """The JSON record of a run: before, during (whole run and per interval), verdict."""
-    whole = shares(samples[0], samples[-1], root)
-    steps = [shares(a, b, root, top=0) for a, b in zip(samples, samples[1:], strict=False)]
+    whole, steps = shares_over(samples, root)
     v = verdict(cores, before["loadavg"][0], before.get("other_cpu"), whole.others, whole.top_others or (), thresholds)
     return {
         "cores": cores,

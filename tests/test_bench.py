@@ -182,6 +182,35 @@ def test_the_others_share_excludes_our_tree_and_counts_what_it_reaped() -> None:
     assert s.top_others == (("pytest", pytest.approx(0.25)), ("short-lived processes", pytest.approx(0.15)))
 
 
+def test_our_tree_is_followed_through_orphans_and_processes_reaped_elsewhere() -> None:
+    """A Ray cluster's shutdown: its raylet (11, ours) is killed and reaped by us, its worker
+    (12) re-parented to init keeps running, then ends reaped by init. The worker's time while
+    it lived is ours; only its last interval's is lost (counted as others')."""
+    from benchmarks.load import shares_over
+
+    s0 = _snap(0.0, 0, 0, [(10, 1, "bench", 0, 0), (11, 10, "raylet", 10, 0), (12, 11, "worker", 100, 0)])
+    s1 = _snap(1.0, 200, 55, [(10, 1, "bench", 0, 15), (12, 1, "worker", 150, 0)])  # 11: +5, 12: +50
+    s2 = _snap(2.0, 400, 105, [(10, 1, "bench", 0, 15), (20, 1, "pytest", 30, 0)])  # 12: +20, then gone
+    whole, steps = shares_over([s0, s1, s2], root=10)  # type: ignore[list-item]
+    assert [st.ours for st in steps] == [pytest.approx(55 / 200), 0.0]
+    assert whole.ours == pytest.approx(55 / 400) and whole.others == pytest.approx(50 / 400)
+    # taken from the first and last samples alone, the killed cluster's 110 ticks were counted
+    # against us: nothing of the run was ours, and all of it others'
+    assert whole.others < 0.2
+
+
+def test_workers_reaped_by_a_process_that_ended_too_are_ours() -> None:
+    """A measurement process (11) joined its DataLoader worker (12), then ended and was reaped
+    by us, within one interval: the worker's time before it, counted already, is not counted
+    again."""
+    from benchmarks.load import shares
+
+    a = _snap(0.0, 0, 0, [(10, 1, "bench", 0, 0), (11, 10, "measure", 10, 0), (12, 11, "worker", 40, 0)])
+    b = _snap(1.0, 200, 7, [(10, 1, "bench", 0, 57)])  # 11 ended at 12 + 45 (its worker's, reaped)
+    s = shares(a, b, root=10)  # type: ignore[arg-type]
+    assert s.ours == pytest.approx(7 / 200) and s.others == 0.0
+
+
 def test_the_verdict_is_busy_on_load_or_on_other_processes_and_says_why() -> None:
     from benchmarks.load import Thresholds, verdict
 
