@@ -138,6 +138,29 @@ def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path) -
     assert trainer.generated == []
 
 
+def test_rollout_tq_restart_with_a_fixed_run_id_regenerates_the_step_whole(tmp_path: Path) -> None:
+    """A fixed run id (``ZARR_SKIP_RUN_ID``), 2 of 4 mini-batches written, then the process
+    dies: the restarted process of the same run discards them and stores the step it
+    generates, whole (its writes took indices 2 and 3 and mixed the two processes' rows)."""
+    cfg = make_config(tmp_path, role="rollout_tq", steps=[1], psync=4, prompts=4, n=2)
+    use("zarr", run_id="fixed")
+    tq = FakeTransferQueue().install()
+    SkipManager.init(cfg)
+    trainer, buffer = TqTrainer(tq, prompts=4, n=2, seed=1), ReplayBuffer(tq)
+    SkipManager.set_step(1)
+    trainer._add_batch_to_generate()
+    buffer.sample(1, "train", 2)
+    buffer.sample(1, "train", 2)  # ... killed here
+    assert tq_cache(cfg).info(1).done == 2
+
+    _, trainer = tq_run("zarr", cfg, [1], seed=2, run_id="fixed")
+    assert trainer.generated == [1]
+    info = tq_cache(cfg).info(1)
+    assert (info.complete, info.done, info.run, info.stale_runs) == (True, 4, "fixed", ())
+    keys = tq_cache(cfg).load(1)["keys"].read()
+    assert sorted(k.rsplit("_", 2)[0] for k in keys) == sorted(trainer.last_uids * 2)
+
+
 def test_rollout_tq_without_transfer_queue_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = make_config(tmp_path, role="rollout_tq", steps=[1])
     tq_run("zarr", cfg, [1], seed=1)

@@ -32,7 +32,13 @@ from zarr_skip.errors import (
 from zarr_skip.integrations._verl_legacy import LegacySource
 from zarr_skip.integrations._verl_meta import decode_meta, encode_meta
 from zarr_skip.integrations._verl_options import options
-from zarr_skip.trainer.manager import fields_to_mapping, inject_step, record_attributes, write_retrying
+from zarr_skip.trainer.manager import (
+    discard_interrupted,
+    fields_to_mapping,
+    inject_step,
+    record_attributes,
+    write_retrying,
+)
 from zarr_skip.trainer.remap import parse_sample_step
 from zarr_skip.trainer.skipconfig import RoleConfig, fingerprint, parameter_sync_step, tokenizer_paths
 
@@ -86,6 +92,7 @@ class ZarrSkipBase(BaseSkip):  # verl is untyped: pyproject lets this module sub
         self.response_length = fp.get("max_response_length", 0)
         self._lock = threading.RLock()
         self._cache: Cache | None = None
+        self._missed: set[int] = set()  # steps this process found not cached (resolve_step)
         self._legacy: LegacySource | None = None
         if self.enable and self.options.import_legacy:
             self._legacy = LegacySource(self.location, fp, self.legacy_kind, self.expected)
@@ -115,12 +122,19 @@ class ZarrSkipBase(BaseSkip):  # verl is untyped: pyproject lets this module sub
             return self._cache
 
     def resolve_step(self, step: int) -> int | None:
-        """The complete step to load for ``step`` under the action, or None (a miss)."""
+        """The complete step to load for ``step`` under the action, or None (a miss). At the
+        first miss of a step in this process, what an earlier process of the same run (a fixed
+        ``run_id``, restarted) left of it is discarded: the step is generated anew, and its
+        writes would otherwise join or be blocked by those leftovers
+        (:func:`~zarr_skip.trainer.manager.discard_interrupted`)."""
         with self._lock:
             cache = self.cache()
             source = cache.resolve(step, action=self.action.value)
             if self._legacy is not None and source != step:
                 source = self._legacy.resolve(cache, step, self.action.value, source, self._store_legacy)
+            if source is None and step not in self._missed:
+                self._missed.add(step)
+                discard_interrupted(cache, step, f"skip.{self.role}")
             return source
 
     def _store_legacy(self, step: int, minibatch: Any, expected: int) -> None:
