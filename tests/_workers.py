@@ -80,6 +80,19 @@ def overwrite_writer(location: str, fingerprint: dict, run: str, steps: int, rea
     time.sleep(600)
 
 
+def claim_then_hang(location: str, fingerprint: dict, run: str, ready: Any) -> None:
+    """Claim mini-batch 0 of step 1 (expected 1) as ``run``, then hang before writing its data
+    until killed; ``ready`` is set once the claim stands."""
+    from zarr_skip.store import writer
+
+    def hang(*_args: Any, **_kwargs: Any) -> Any:
+        ready.set()
+        time.sleep(600)
+
+    writer._write_arrays = hang  # type: ignore[assignment]
+    zs.open_cache(location, fingerprint, run_id=run).write(1, minibatch(run, 1, "x"))
+
+
 def append_writer(location: str, fingerprint: dict, run: str, steps: int, expected: int, out: Any) -> None:
     """One of several writers of one run: append mini-batches to every step until all are full."""
     cache = zs.open_cache(location, fingerprint, run_id=run)

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _workers import append_writer, check_complete_steps, crash_writer, expected_of, minibatch, overwrite_writer
+from _workers import (
+    append_writer,
+    check_complete_steps,
+    claim_then_hang,
+    crash_writer,
+    expected_of,
+    minibatch,
+    overwrite_writer,
+)
 
 import zarr_skip as zs
 
@@ -88,6 +96,26 @@ def test_an_overwrite_killed_at_random_points_leaves_every_step_complete(
         runs |= {i.run for i in zs.open_cache(location).status()}
         assert all(i.stale_runs == () for i in zs.open_cache(location).status())  # gc left no replacement
     assert len(runs) > 1  # some replacements completed before their kill
+
+
+def test_a_killed_writers_claim_says_what_holds_the_index_and_gc_frees_it(
+    ctx: Any, tmp_path: Path, fingerprint: dict
+) -> None:
+    """A write of a fixed run id killed after its claim: the next write of the same run finds
+    the only index claimed and says why (not "pass overwrite=True", which cannot help an
+    incomplete step); gc removes the abandoned step, and the write then stores it."""
+    location, ready = str(tmp_path / "cache"), ctx.Event()
+    proc = ctx.Process(target=claim_then_hang, args=(location, fingerprint, "fixed", ready), daemon=True)
+    proc.start()
+    assert ready.wait(60), "the writer claimed nothing in 60 s"
+    proc.kill()
+    proc.join(10)
+    cache = zs.open_cache(location, fingerprint, run_id="fixed")
+    assert cache.info(1).state == "abandoned"
+    with pytest.raises(zs.StepCompleteError, match="a write of the run was killed and its claim holds the index"):
+        cache.write(1, minibatch("fixed", 1, "y"))
+    assert [r.reason for r in cache.gc().removed] == ["abandoned: incomplete and no live writer"]
+    assert cache.write(1, minibatch("fixed", 1, "y")).step_complete
 
 
 @pytest.mark.parametrize("writers", [4])

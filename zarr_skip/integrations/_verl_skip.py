@@ -153,8 +153,8 @@ class ZarrSkipBase(BaseSkip):  # verl is untyped: pyproject lets this module sub
                     allow_pickle=self.options.allow_pickle,
                     token=True,  # derived from the batch: a retry finds what an ambiguous failure stored
                 )
-        except StepCompleteError:
-            logger.info("skip.%s: step %d is already complete; kept the stored one", self.role, step)
+        except StepCompleteError as exc:  # complete, or every index claimed by other writers of the run
+            logger.info("skip.%s: step %d not stored: %s", self.role, step, exc)
         except UnsupportedColumnError as exc:
             logger.error("skip.%s: step %d not cached: %s (%s)", self.role, step, exc, _PICKLE_HINT)
         except Exception:

@@ -429,7 +429,9 @@ def _first_free(storage: Storage, place: records.Place, run_path: str, taken: se
     if index is None:
         raise StepCompleteError(
             f"step {place.step}: all {expected} mini-batches of run {run_path.rpartition('/')[2]} are written or "
-            f"being written at {storage.key_path(run_path)}; pass overwrite=True to replace the step"
+            f"claimed at {storage.key_path(run_path)}: other writers of the run are writing them, or a write of "
+            "the run was killed and its claim holds the index (delete the step, or let gc remove it once no "
+            "writer of the run lives)"
         )
     return index
 

@@ -351,8 +351,8 @@ class SkipManager:
         try:
             with rt.lock:
                 write_retrying(rt.cache(), step, result, expected=1, token=f"{rt.cfg.role}/step-{step}")
-        except StepCompleteError:
-            logger.info("%s: step %d was completed by another writer meanwhile; kept that one", rt.cfg.role, step)
+        except StepCompleteError as exc:  # complete, or its index claimed by another writer of the run
+            logger.info("%s: step %d not stored: %s", rt.cfg.role, step, exc)
         except Exception:  # a failed store must not cost the generated rollout
             logger.exception("%s: could not store step %d; training goes on without caching it", rt.cfg.role, step)
         else:
