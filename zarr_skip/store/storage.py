@@ -387,14 +387,7 @@ class Storage:
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key below ``prefix`` (a 'directory')."""
-        self._check_writable(prefix)
-        try:
-            if self._tree is not None:
-                self._tree.delete_tree(prefix)
-                return
-            self.run(self.store.delete_dir(_contained(prefix)))
-        except OSError as exc:
-            raise storage_error(exc, self.key_path(prefix)) from exc
+        self._delete(prefix, below=True)
 
     def remove_empty_dir(self, prefix: str) -> None:
         """Remove the directory ``prefix`` of a local store if it is empty: one ``rmdir``,
@@ -413,14 +406,18 @@ class Storage:
                 pass
 
     def delete(self, key: str) -> None:
-        self._check_writable(key)
+        self._delete(key, below=False)
+
+    def _delete(self, path: str, *, below: bool) -> None:
+        """Delete the key ``path``, or with ``below`` every key below it."""
+        self._check_writable(path)
         try:
             if self._tree is not None:
-                self._tree.delete(key)
+                (self._tree.delete_tree if below else self._tree.delete)(path)
                 return
-            self.run(self.store.delete(_contained(key)))
+            self.run((self.store.delete_dir if below else self.store.delete)(_contained(path)))
         except OSError as exc:
-            raise storage_error(exc, self.key_path(key)) from exc
+            raise storage_error(exc, self.key_path(path)) from exc
 
 
 async def gather_limited(
