@@ -112,10 +112,15 @@ def test_rollout_tq_repeat_retags_for_the_current_step(tmp_path: Path) -> None:
         assert_same(ours, theirs)
 
 
-def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path) -> None:
-    """2 of 4 mini-batches written, then the process dies: the next run regenerates the step whole."""
+@pytest.mark.parametrize("run_id", [None, "fixed"], ids=["new run id", "fixed run id"])
+def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path, run_id: str | None) -> None:
+    """2 of 4 mini-batches written, then the process dies: the next run regenerates the step
+    whole. With a fixed run id (``ZARR_SKIP_RUN_ID``) the restarted process is the same run:
+    it discards what the dead one left (its writes took indices 2 and 3 and mixed the two
+    processes' rows)."""
+    options = {} if run_id is None else {"run_id": run_id}
     cfg = make_config(tmp_path, role="rollout_tq", steps=[1], psync=4, prompts=4, n=2)
-    use("zarr")
+    use("zarr", **options)
     tq = FakeTransferQueue().install()
     SkipManager.init(cfg)
     trainer, buffer = TqTrainer(tq, prompts=4, n=2, seed=1), ReplayBuffer(tq)
@@ -126,7 +131,7 @@ def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path) -
     status = tq_cache(cfg).status()
     assert (status[0].complete, status[0].done) == (False, 2)
 
-    _, trainer = tq_run("zarr", cfg, [1], seed=2)
+    _, trainer = tq_run("zarr", cfg, [1], seed=2, **options)
     assert trainer.generated == [1]  # a partial step is never served
     run = SkipManager.skip_instances["rollout_tq"].cache().run_id
     info = tq_cache(cfg).info(1)
@@ -134,31 +139,8 @@ def test_rollout_tq_interrupted_step_is_regenerated_by_one_run(tmp_path: Path) -
     keys = tq_cache(cfg).load(1)["keys"].read()
     assert sorted(k.rsplit("_", 2)[0] for k in keys) == sorted(trainer.last_uids * 2)
 
-    _, trainer = tq_run("zarr", cfg, [1], seed=3)
+    _, trainer = tq_run("zarr", cfg, [1], seed=3, **options)
     assert trainer.generated == []
-
-
-def test_rollout_tq_restart_with_a_fixed_run_id_regenerates_the_step_whole(tmp_path: Path) -> None:
-    """A fixed run id (``ZARR_SKIP_RUN_ID``), 2 of 4 mini-batches written, then the process
-    dies: the restarted process of the same run discards them and stores the step it
-    generates, whole (its writes took indices 2 and 3 and mixed the two processes' rows)."""
-    cfg = make_config(tmp_path, role="rollout_tq", steps=[1], psync=4, prompts=4, n=2)
-    use("zarr", run_id="fixed")
-    tq = FakeTransferQueue().install()
-    SkipManager.init(cfg)
-    trainer, buffer = TqTrainer(tq, prompts=4, n=2, seed=1), ReplayBuffer(tq)
-    SkipManager.set_step(1)
-    trainer._add_batch_to_generate()
-    buffer.sample(1, "train", 2)
-    buffer.sample(1, "train", 2)  # ... killed here
-    assert tq_cache(cfg).info(1).done == 2
-
-    _, trainer = tq_run("zarr", cfg, [1], seed=2, run_id="fixed")
-    assert trainer.generated == [1]
-    info = tq_cache(cfg).info(1)
-    assert (info.complete, info.done, info.run, info.stale_runs) == (True, 4, "fixed", ())
-    keys = tq_cache(cfg).load(1)["keys"].read()
-    assert sorted(k.rsplit("_", 2)[0] for k in keys) == sorted(trainer.last_uids * 2)
 
 
 def test_rollout_tq_without_transfer_queue_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
