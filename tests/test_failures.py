@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_equal, make_batch
-from zarr.storage import LocalStore
+from zarr.storage import LocalStore, MemoryStore
 
 import zarr_skip as zs
 
@@ -246,3 +246,34 @@ def test_an_overwrite_that_fails_leaves_the_step_it_would_replace(tmp_path: Path
     reader = zs.open_cache(root)
     assert [(i.step, i.state) for i in reader.status()] == [(1, "complete")]
     assert_equal(reader.load(1).to_dict(), first)
+
+
+class KeepingStore(MemoryStore):
+    """A MemoryStore whose deletes of keys holding ``refused`` fail once it is set."""
+
+    refused = ""
+
+    async def delete(self, key: str) -> None:
+        if self.refused and self.refused in key:
+            raise OSError(errno.EIO, "Input/output error")
+        await super().delete(key)
+
+
+def test_a_replaced_run_that_cannot_be_removed_does_not_fail_the_completed_write(
+    fingerprint: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new run completed the step, then removing the run it replaced failed: the write
+    reports the step complete, readers get the new rows, and gc removes the old run later."""
+    store = KeepingStore()
+    old = zs.open_cache(store, fingerprint)
+    old.write(1, make_batch(4, seed=1))
+    store.refused = f"/{old.run_id}/"
+    second = make_batch(4, seed=2)
+    assert zs.open_cache(store, fingerprint).write(1, second, overwrite=True).step_complete
+    assert f"run {old.run_id}, replaced, is left for gc" in caplog.text
+    reader = zs.open_cache(store, fingerprint)
+    assert reader.info(1).stale_runs == (old.run_id,)
+    assert_equal(reader.load(1).to_dict(), second)
+    store.refused = ""
+    assert [r.path.rsplit("/", 1)[-1] for r in reader.gc().removed] == [old.run_id]
+    assert reader.info(1).stale_runs == ()

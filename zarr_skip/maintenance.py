@@ -430,10 +430,11 @@ def plan_gc(
 
     Removes (1) mini-batches and run records of runs that no longer own their step and have
     no live writer (older runs displaced by the owner; a newer run that began replacing a
-    complete step and died before completing it), (2) abandoned steps (no live writer, not complete), (3) surplus and
-    unfinished mini-batches of a complete step's owner without a live writer, and (4) with
-    ``keep_last=K``, complete steps older than the K newest, except those in ``pins``. A step
-    with unreadable records is kept whole (unless retention retires it).
+    complete step and died before completing it), (2) abandoned steps (no live writer, not
+    complete), (3) surplus and unfinished mini-batches of a complete step's owner without a
+    live writer, and (4) with ``keep_last=K``, complete steps older than the K newest, except
+    those in ``pins``. A step with unreadable records is kept whole (unless retention retires
+    it).
     """
     pinned = set(pins)
     complete = [s.step for s in scans if s.info(now, lease).complete]

@@ -775,10 +775,20 @@ def _maybe_complete(
         told = marking.result()
     if told:
         logger.info("step %d complete: %d mini-batches, %d rows (run %s)", step, expected, rows, ctx.run)
-        for run in older:  # the step this run replaced (overwrite), or leftovers of displaced runs
-            logger.info("step %d: removing run %s, replaced by this run (%s)", step, run, ctx.run)
-            storage.delete_prefix(layout.join(step_path, run))
+        _remove_replaced(storage, step, step_path, ctx.run, older)
     return told
+
+
+def _remove_replaced(storage: Storage, step: int, step_path: str, run: str, older: list[str]) -> None:
+    """Remove the runs ``older`` than ``run``, which has completed the step: the step it
+    replaced (``overwrite``), or leftovers of displaced runs. A failure is logged, not raised:
+    the step is stored, and ``gc`` removes what is left."""
+    for old in older:
+        logger.info("step %d: removing run %s, replaced by this run (%s)", step, old, run)
+        try:
+            storage.delete_prefix(layout.join(step_path, old))
+        except (OSError, ZarrSkipError) as exc:
+            logger.warning("step %d: run %s, replaced, is left for gc: %s", step, old, exc)
 
 
 def _write_summary(
