@@ -390,6 +390,22 @@ def test_the_shared_benchmark_times_and_counts_fuse_and_s3_against_local_disk(tm
     assert len(rows) == 4 and all(ln.endswith("| quiet (shared_small.json) |") for ln in rows[2:])  # S3
 
 
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_rename_race_counts_two_winners_and_the_one_mount_control_has_none(tmp_path: Path) -> None:
+    from benchmarks import fuse_race
+    from benchmarks.servers import test_helper
+
+    reason = test_helper("_fuse", "seaweedfs_mounts").fuse_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    rows = fuse_race.run(6, [0.0], tmp_path)
+    assert [r["mounts"] for r in rows] == ["two mounts", "one mount (control)"]
+    for r in rows:
+        assert r["rounds"] == 6 and len(r["rename_ms"]) == 12 and 0 <= r["unseen"] <= r["two_winners"] <= 6
+    assert rows[1]["two_winners"] == 0  # within one mount the rename is exclusive
+
+
 # ----------------------------------------------------------------- make bench (benchmarks/suite.py, summary.py)
 
 
@@ -466,14 +482,14 @@ def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -
 
 @pytest.mark.parametrize(
     "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "few_rows", "load",
-             "suite", "summary", "write_floor"],
+             "suite", "summary", "write_floor", "fuse_race"],
 )  # fmt: skip
 def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
     with pytest.raises(SystemExit) as stop:
         module.main(["--help"])
     assert stop.value.code == 0
-    assert "--require-quiet" in capsys.readouterr().out or name == "summary"
+    assert "--require-quiet" in capsys.readouterr().out or name in ("summary", "fuse_race")  # no timings
 
 
 def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
