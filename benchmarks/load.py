@@ -25,7 +25,17 @@ The verdict (:func:`verdict`, pure) is BUSY when, with the default :data:`DEFAUL
 
 * the load average before the run exceeds ``0.5`` per core (1.0 on 2 cores), or
 * other processes used more than ``10%`` of the machine's CPU before the run (the probe) or
-  during it (over the whole run).
+  during it (over the whole run), or
+* with the page-cache probe (``--require-quiet`` runs it before the run, where the run writes,
+  once the CPU is found quiet): ``256 MiB`` written after an ``os.sync()``, as the benchmarks
+  time their writes, went in slower than ``300 MB/s`` in one of three rounds. Then the page
+  cache is not absorbing writes and they wait on the disk: the uncompressed baselines (a
+  300 MB dump) slow down 4x and more while a compressed format writing a quarter of the bytes
+  barely does, a flattering ratio that no CPU figure shows. On this VM such stalls come and go
+  within minutes with the CPU idle: a 300 MiB write took 55-80 ms most times and 1-3 s (100-300
+  MB/s) in others; a large-step run with its dump's write at 1.7 s instead of ~0.1-0.3 s put
+  zarr_skip at 0.12x the dump. The probe catches a stall under way when the run starts, not
+  one that starts later: the spread of a run's repetitions (``*`` in the reports) shows those.
 
 Everything that reads ``/proc`` is in :class:`LoadMonitor`; parsing and arithmetic are pure
 functions, tested without I/O (``tests/test_bench.py``).
@@ -37,6 +47,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,13 +72,19 @@ class Thresholds:
     other_cpu : float
         Largest share (0-1) of the machine's CPU time other processes may use, before the run
         (the probe) or during it.
+    page_cache_mb_s : float
+        Slowest rate (MB/s) at which the page-cache probe's writes may go in.
     """
 
     load_per_core: float = 0.5
     other_cpu: float = 0.10
+    page_cache_mb_s: float = 300.0
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+#: MiB written per round of the page-cache probe, and its rounds (:func:`probe_page_cache`)
+PAGE_CACHE_MIB = 256
+PAGE_CACHE_ROUNDS = 3
 #: a before-record (JSON) handed down by ``benchmarks.suite``: the load when the suite started,
 #: before any of its own runs raised the load average
 BEFORE_ENV = "ZARR_SKIP_BENCH_LOAD_BEFORE"
@@ -252,8 +269,10 @@ def verdict(
     other_during: float | None,
     top: Iterable[tuple[str, float]] = (),
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    page_cache_mb_s: float | None = None,
 ) -> LoadVerdict:
-    """Quiet or BUSY from the load average before, and the others' CPU share before and during.
+    """Quiet or BUSY from the load average before, the others' CPU share before and during,
+    and the page-cache probe's rate.
 
     Parameters
     ----------
@@ -268,6 +287,8 @@ def verdict(
         The busiest other processes, named in the sentence.
     thresholds : Thresholds
         Where quiet ends.
+    page_cache_mb_s : float or None
+        The page-cache probe's slowest rate before the run (None: not probed).
     """
     reasons = []
     limit = thresholds.load_per_core * cores
@@ -278,11 +299,16 @@ def verdict(
             reasons.append(
                 f"other processes used {share:.0%} CPU {when} the run (quiet: <= {thresholds.other_cpu:.0%})"
             )
+    if page_cache_mb_s is not None and page_cache_mb_s < thresholds.page_cache_mb_s:
+        reasons.append(
+            f"writes went into the page cache at {page_cache_mb_s:.0f} MB/s before the run (quiet: >= "
+            f"{thresholds.page_cache_mb_s:.0f}): they wait on the disk, which flatters formats that write fewer bytes"
+        )
     named = ", ".join(f"{n} {s:.0%}" for n, s in top)
     facts = f"load {load_before:.1f} on {cores} cores" + "".join(
         f", other processes used {s:.0%} CPU {w}" for w, s in (("before", other_before), ("during", other_during))
         if s is not None
-    )  # fmt: skip
+    ) + ("" if page_cache_mb_s is None else f", writes into the page cache {page_cache_mb_s:.0f} MB/s")  # fmt: skip
     if reasons:
         text = "BUSY: " + "; ".join(reasons) + (f" (busiest others: {named})" if named else "")
         return LoadVerdict(busy=True, text=text, reasons=tuple(reasons))
@@ -290,6 +316,30 @@ def verdict(
 
 
 # --------------------------------------------------------------------------- reading /proc
+
+
+def probe_page_cache(where: Path, mib: int = PAGE_CACHE_MIB, rounds: int = PAGE_CACHE_ROUNDS) -> float:
+    """The slowest rate (MB/s) at which ``mib`` MiB written to a new file in ``where`` went in,
+    over ``rounds`` rounds, each after an ``os.sync()`` as the benchmarks time their writes (on
+    this VM the first round can be fast and the next ones wait on the disk). The files are
+    removed and synced away before it returns."""
+    where.mkdir(parents=True, exist_ok=True)
+    piece = bytes(1 << 20)
+    rates = []
+    for _ in range(rounds):
+        fd, name = tempfile.mkstemp(prefix=".page-cache-probe-", dir=where)
+        try:
+            with open(fd, "wb", closefd=True) as fh:
+                os.sync()
+                t0 = time.perf_counter()
+                for _ in range(mib):
+                    fh.write(piece)
+                fh.flush()
+                rates.append(mib * len(piece) / 1e6 / max(time.perf_counter() - t0, 1e-9))
+        finally:
+            os.unlink(name)
+    os.sync()
+    return min(rates)
 
 
 def read_snapshot(proc: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic) -> Snapshot:
@@ -319,12 +369,20 @@ class LoadMonitor:
         Seconds of the probe before the run (0: no probe, only the load average).
     thresholds : Thresholds
         Where quiet ends.
+    page_cache : (Path, int) or None
+        Where the page-cache probe writes and how many MiB a round (None: no probe); it runs
+        only when the load and the CPU are found quiet (:func:`probe_page_cache`).
     """
 
     def __init__(
-        self, interval_s: float = 1.0, probe_s: float = 1.0, thresholds: Thresholds = DEFAULT_THRESHOLDS
+        self,
+        interval_s: float = 1.0,
+        probe_s: float = 1.0,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
+        page_cache: tuple[Path, int] | None = None,
     ) -> None:
         self.interval_s, self.probe_s, self.thresholds = interval_s, probe_s, thresholds
+        self.page_cache = page_cache
         self.cores = os.cpu_count() or 1
         self.root = os.getpid()
         self._stop = threading.Event()
@@ -343,13 +401,18 @@ class LoadMonitor:
             time.sleep(self.probe_s)
             s = shares(a, read_snapshot(), self.root)
             other, top = s.others, s.top_others
-        return {
+        record: dict[str, Any] = {
             "loadavg": list(la),
             "other_cpu": other,
             "top_others": [list(t) for t in top],
             "probe_s": self.probe_s,
             "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if self.page_cache is not None and not _verdict_of(record, self).busy:  # no use on a busy CPU
+            where, mib = self.page_cache
+            record["page_cache_mb_s"] = probe_page_cache(where, mib)
+            record["page_cache_mib"] = mib
+        return record
 
     def take_before(self) -> dict[str, Any]:
         """The before-record: inherited from ``$ZARR_SKIP_BENCH_LOAD_BEFORE`` or probed now (once)."""
@@ -396,7 +459,15 @@ def summarize(
 ) -> dict[str, Any]:
     """The JSON record of a run: before, during (whole run and per interval), verdict."""
     whole, steps = shares_over(samples, root)
-    v = verdict(cores, before["loadavg"][0], before.get("other_cpu"), whole.others, whole.top_others or (), thresholds)
+    v = verdict(
+        cores,
+        before["loadavg"][0],
+        before.get("other_cpu"),
+        whole.others,
+        whole.top_others or (),
+        thresholds,
+        before.get("page_cache_mb_s"),
+    )
     return {
         "cores": cores,
         "thresholds": asdict(thresholds),
@@ -426,15 +497,40 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="refuse to start on a busy machine (exit 2), and exit 3 when the machine became busy "
         f"during the run (results still written, marked BUSY). Quiet: load average <= "
         f"{DEFAULT_THRESHOLDS.load_per_core} per core before, other processes <= "
-        f"{DEFAULT_THRESHOLDS.other_cpu:.0%}% of the CPU before and during",  # "%%": help is %-formatted
+        f"{DEFAULT_THRESHOLDS.other_cpu:.0%}% of the CPU before and during, and writes into the page "
+        f"cache >= {DEFAULT_THRESHOLDS.page_cache_mb_s:.0f} MB/s before",  # "%%": help is %-formatted
+    )
+    ap.add_argument(
+        "--page-cache-mib",
+        type=int,
+        default=None,
+        help=f"MiB a round of the page-cache probe writes where the run writes (default {PAGE_CACHE_MIB} "
+        "with --require-quiet and in `python -m benchmarks.load`, else no probe; 0: no probe)",
     )
     ap.add_argument("--quiet-load", type=float, default=DEFAULT_THRESHOLDS.load_per_core, help=argparse.SUPPRESS)
     ap.add_argument("--quiet-cpu", type=float, default=DEFAULT_THRESHOLDS.other_cpu, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--quiet-page-cache", type=float, default=DEFAULT_THRESHOLDS.page_cache_mb_s, help=argparse.SUPPRESS
+    )
 
 
-def monitor_from(args: argparse.Namespace) -> LoadMonitor:
-    """A :class:`LoadMonitor` with the thresholds of the command line."""
-    return LoadMonitor(thresholds=Thresholds(args.quiet_load, args.quiet_cpu))
+def monitor_from(args: argparse.Namespace, probe_by_default: bool = False) -> LoadMonitor:
+    """A :class:`LoadMonitor` with the thresholds of the command line; the page-cache probe
+    writes where the script writes (``--workdir``, else ``--out``, else here)."""
+    mib = args.page_cache_mib
+    if mib is None:
+        mib = PAGE_CACHE_MIB if probe_by_default or getattr(args, "require_quiet", False) else 0
+    where = getattr(args, "workdir", None) or getattr(args, "out", None) or "."
+    thresholds = Thresholds(args.quiet_load, args.quiet_cpu, args.quiet_page_cache)
+    return LoadMonitor(thresholds=thresholds, page_cache=(Path(where), mib) if mib > 0 else None)
+
+
+def _verdict_of(before: Mapping[str, Any], mon: LoadMonitor) -> LoadVerdict:
+    """The verdict of a before-record alone (nothing measured during the run yet)."""
+    top = [(str(n), float(v)) for n, v in before["top_others"]]
+    return verdict(
+        mon.cores, before["loadavg"][0], before["other_cpu"], None, top, mon.thresholds, before.get("page_cache_mb_s")
+    )
 
 
 class BusyMachineError(RuntimeError):
@@ -443,8 +539,7 @@ class BusyMachineError(RuntimeError):
 
 def refuse_if_busy(mon: LoadMonitor) -> None:
     """Probe the machine before the run; raise :class:`BusyMachineError` if it is busy."""
-    b = mon.take_before()
-    v = verdict(mon.cores, b["loadavg"][0], b["other_cpu"], None, [tuple(t) for t in b["top_others"]], mon.thresholds)
+    v = _verdict_of(mon.take_before(), mon)
     if v.busy:
         raise BusyMachineError(f"--require-quiet: {v.text}; wait until the machine is quiet and run again")
 
@@ -488,12 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the before-record as JSON")
     add_arguments(ap)
     args = ap.parse_args(argv)
-    mon = monitor_from(args)
+    mon = monitor_from(args, probe_by_default=True)
     b = mon.probe()
     if args.json:
         print(json.dumps(b))
         return 0
-    v = verdict(mon.cores, b["loadavg"][0], b["other_cpu"], None, [tuple(t) for t in b["top_others"]], mon.thresholds)
+    v = _verdict_of(b, mon)
     print(v.text)
     return 1 if v.busy else 0
 

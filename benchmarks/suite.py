@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     before = mon.take_before()
     env = dict(os.environ, **{load.BEFORE_ENV: json.dumps(before)})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    if args.quiet_load != load.DEFAULT_THRESHOLDS.load_per_core or args.quiet_cpu != load.DEFAULT_THRESHOLDS.other_cpu:
-        extra = ["--quiet-load", str(args.quiet_load), "--quiet-cpu", str(args.quiet_cpu)]
-    else:
+    # the parts judge by the suite's thresholds (the page-cache probe's result they inherit)
+    extra = ["--quiet-load", str(args.quiet_load), "--quiet-cpu", str(args.quiet_cpu)]
+    extra += ["--quiet-page-cache", str(args.quiet_page_cache)]
+    if load.Thresholds(args.quiet_load, args.quiet_cpu, args.quiet_page_cache) == load.DEFAULT_THRESHOLDS:
         extra = []
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.only.split(",")) if args.only else None

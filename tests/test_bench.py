@@ -239,6 +239,49 @@ def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytes
     assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
 
 
+def test_writes_that_wait_on_the_disk_make_the_machine_busy_and_are_named() -> None:
+    from benchmarks.load import verdict
+
+    slow = verdict(2, 0.3, 0.02, None, page_cache_mb_s=120.0)
+    assert slow.busy and "writes went into the page cache at 120 MB/s before the run (quiet: >= 300)" in slow.text
+    fast = verdict(2, 0.3, 0.02, None, page_cache_mb_s=900.0)
+    assert not fast.busy and fast.text.endswith("writes into the page cache 900 MB/s")
+    assert "page cache" not in verdict(2, 0.3, 0.02, None).text  # not probed: not said
+
+
+def test_the_page_cache_probe_writes_where_asked_and_leaves_nothing(tmp_path: Path) -> None:
+    from benchmarks.load import probe_page_cache
+
+    where = tmp_path / "out"
+    rate = probe_page_cache(where, mib=4, rounds=2)
+    assert rate > 0 and where.is_dir() and not list(where.iterdir())
+
+
+def test_require_quiet_probes_the_page_cache_where_the_run_writes_and_refuses_a_slow_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from benchmarks import load
+
+    monkeypatch.delenv(load.BEFORE_ENV, raising=False)
+    probed: list[tuple[Path, int]] = []
+    monkeypatch.setattr(load, "probe_page_cache", lambda where, mib: probed.append((where, mib)) or 80.0)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    load.add_arguments(ap)
+    lax = ["--quiet-load", "1000", "--quiet-cpu", "1.5"]  # the CPU passes on any machine
+    assert load.guard(ap.parse_args(["--out", str(tmp_path), "--require-quiet", *lax])) is None
+    assert probed == [(tmp_path, load.PAGE_CACHE_MIB)] and "page cache at 80 MB/s" in capsys.readouterr().err
+    mon = load.guard(ap.parse_args(["--out", str(tmp_path), *lax]))  # no --require-quiet: no probe
+    assert mon is not None and "page_cache_mb_s" not in mon.before and len(probed) == 1
+    mon = load.guard(ap.parse_args(["--out", str(tmp_path), "--require-quiet", "--page-cache-mib", "0", *lax]))
+    assert mon is not None and len(probed) == 1  # 0: no probe
+    # not probed on a busy CPU: the run is refused for that alone
+    assert load.guard(ap.parse_args(["--out", str(tmp_path), "--require-quiet", "--quiet-cpu", "-1"])) is None
+    assert len(probed) == 1
+
+
 def test_require_quiet_turns_a_run_that_became_busy_into_exit_code_3() -> None:
     from benchmarks.load import exit_code
 
@@ -442,7 +485,8 @@ def test_the_suite_hands_its_load_record_down_and_reports_each_part(tmp_path: Pa
     assert [p["part"] for p in run["parts"]] == ["write_floor"] and run["parts"][0]["exit"] == 0
     part = json.loads((out / "realistic" / "write_floor_small.json").read_text())
     assert part["load"]["before"] == run["before"]  # probed once, by the suite, before any part ran
-    assert part["load"]["thresholds"] == {"load_per_core": 1000.0, "other_cpu": 1.5} and not part["load"]["busy"]
+    thresholds = {"load_per_core": 1000.0, "other_cpu": 1.5, "page_cache_mb_s": 300.0}
+    assert part["load"]["thresholds"] == thresholds and not part["load"]["busy"]
     md = (out / "suite.md").read_text()
     assert "| write_floor | 0 |" in md and "## Performance table (quiet runs only)" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| write, parts: the write vs the plain dump"))
