@@ -97,10 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, **{load.BEFORE_ENV: json.dumps(before)})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     # the parts judge by the suite's thresholds (the page-cache probe's result they inherit)
-    extra = ["--quiet-load", str(args.quiet_load), "--quiet-cpu", str(args.quiet_cpu)]
-    extra += ["--quiet-page-cache", str(args.quiet_page_cache)]
-    if load.Thresholds(args.quiet_load, args.quiet_cpu, args.quiet_page_cache) == load.DEFAULT_THRESHOLDS:
-        extra = []
+    t = mon.thresholds
+    flags = {"--quiet-load": t.load_per_core, "--quiet-cpu": t.other_cpu, "--quiet-page-cache": t.page_cache_mb_s}
+    extra = [] if t == load.DEFAULT_THRESHOLDS else [str(x) for kv in flags.items() for x in kv]
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.only.split(",")) if args.only else None
     started = datetime.now(UTC).isoformat(timespec="seconds")
