@@ -703,7 +703,7 @@ def _check_owner(
         (names,), (blob,) = storage.list_and_get([step_path], [record_key])
     except (OSError, ZarrSkipError):  # the record unreadable: not held (a listing error recurs below)
         names, blob = storage.list_dir(step_path), None
-    newer = _newer_run(storage, step_path, ctx, names)
+    newer, _ = _other_runs(storage, step_path, ctx, names)
     if newer == "":
         raise DisplacedWriterError(
             f"{where}: this run's record was removed from the step while this run was writing "
@@ -714,17 +714,13 @@ def _check_owner(
     return _is_claim(blob, record_key, claim)
 
 
-def _newer_run(storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None) -> str | None:
-    """A run recorded in the step that started after this one (``""`` when this run's own
-    record is gone), or None. ``listing``: the step's names, when just listed."""
-    return _other_runs(storage, step_path, ctx, listing)[0]
-
-
 def _other_runs(
     storage: Storage, step_path: str, ctx: RunContext, listing: list[str] | None = None
 ) -> tuple[str | None, list[str]]:
-    """:func:`_newer_run`, and the runs recorded in the step that started before this one
-    (their records read only when the step holds other names than this run's)."""
+    """A run recorded in the step that started after this one (``""`` when this run's own
+    record is gone) or None, and (when there is none) the runs recorded that started before
+    it; their records are read only when the step holds other names than this run's.
+    ``listing``: the step's names, when just listed."""
     listed = storage.list_dir(step_path) if listing is None else listing
     names = children(listed)
     if ctx.run not in names:
