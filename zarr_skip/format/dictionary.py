@@ -78,8 +78,8 @@ def repeated_rows(values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = len(lengths)
-    if rows < 2:
-        return None
+    if rows < 2 or not pays(rows, len(np.unique(lengths))):
+        return None  # rows of different lengths differ: sampled responses end here, unprobed
     bits = _bits(values)
     off = offsets(lengths)
     has = lengths > 0
