@@ -353,10 +353,13 @@ def narrow(a: np.ndarray) -> StoredArray:
     # (the dtype it needs is the same as from max()); min() and max() only when one is negative
     bits = int(np.bitwise_or.reduce(a, axis=None))
     lo, hi = (0, (1 << bits.bit_length()) - 1) if bits >= 0 else (int(a.min()), int(a.max()))
-    for dt in NARROW_ORDER:
+    for dt, least, most in _NARROW_LIMITS:
         if dt.itemsize >= a.dtype.itemsize:
             break
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
+        if least <= lo and hi <= most:
             return Narrowed(a, dt)
     return a
+
+
+#: the narrow dtypes with their least and greatest values (``np.iinfo`` is built anew per call)
+_NARROW_LIMITS = [(dt, int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in NARROW_ORDER]
