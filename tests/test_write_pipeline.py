@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,40 @@ def test_compression_starts_before_the_index_is_claimed(
 
     monkeypatch.setattr(chunkjobs, "encode_chunk", traced_encode)
     monkeypatch.setattr(writer, "_claim", waiting_claim)
+    monkeypatch.setattr(chunkjobs, "INLINE_BYTES", 0)  # every array to the pool, as large ones go
     batch = make_batch(64)
     zs.open_cache(str(tmp_path), fingerprint).write(1, batch)
     assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
+
+
+def test_small_arrays_are_compressed_by_the_writing_thread_and_large_ones_in_the_pool(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: dict[int, set[str]] = {}
+    encode = chunkjobs.encode_chunk
+
+    def traced_encode(arr: Any, rows: slice, codec: Any) -> bytes:
+        threads.setdefault(arr.nbytes, set()).add(threading.current_thread().name)
+        return encode(arr, rows, codec)
+
+    monkeypatch.setattr(chunkjobs, "encode_chunk", traced_encode)
+    rng = np.random.default_rng(0)
+    large = torch.from_numpy(rng.standard_normal((64, 256)))  # 128 KiB
+    batch = {"large": large, "small": torch.arange(64), "flag": torch.ones(64, dtype=torch.bool)}
+    zs.open_cache(str(tmp_path), fingerprint).write(1, batch)
+    me = threading.current_thread().name
+    pool = threads.pop(large.numpy().nbytes)
+    assert me not in pool and all(n.startswith("zarr-skip") for n in pool), pool
+    assert threads and all(names == {me} for names in threads.values()), threads
+    assert_equal(zs.open_cache(str(tmp_path), fingerprint).load(1).to_dict(), batch)
+
+
+def test_an_inline_chunk_cancelled_is_never_encoded() -> None:
+    job = chunkjobs.Inline(np.arange(8), slice(0, 8), zs.Compression("zstd"))
+    assert job.result() == job.result()  # encoded when asked, as often as asked
+    assert job.cancel()
+    with pytest.raises(CancelledError):
+        job.result()
 
 
 def test_a_writer_that_loses_its_claim_encodes_again_and_stores_exactly(

@@ -56,7 +56,7 @@ from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArr
 from zarr_skip.format.state import HOST, PartRecord, RunRecord, completed, latest
 from zarr_skip.store import _localfs, packed
 from zarr_skip.store.catalog import StepScan, children, group_doc, own_parts, run_record, scan_step
-from zarr_skip.store.chunkjobs import ChunkJobs
+from zarr_skip.store.chunkjobs import ChunkJobs, Job
 from zarr_skip.store.heartbeats import Heartbeat
 from zarr_skip.store.packed import Member
 from zarr_skip.store.storage import Storage, parse_json
@@ -608,7 +608,9 @@ def _write_arrays(
             taken = jobs.take(col.spec.name, aname, arr)
             per, codec, count = taken.per, taken.codec, len(taken.jobs)
             shape_chunks = (per, *(max(1, d) for d in arr.shape[1:]))
-            about = describe_array(col.spec, aname, arr.ndim, arr.dtype.name, dictionary="codes" in col.arrays)
+            about = describe_array(
+                col.spec, aname, arr.ndim, chunks.dtype_name(arr.dtype), dictionary="codes" in col.arrays
+            )
             meta = chunks.array_metadata(
                 arr.shape,
                 shape_chunks,
@@ -654,7 +656,7 @@ def _write_arrays(
     return manifest, nbytes, raw, size
 
 
-def _take(jobs: list[Future[bytes]], array: dict[str, Any], shard: bool) -> bytes | Iterator[bytes]:
+def _take(jobs: list[Job], array: dict[str, Any], shard: bool) -> bytes | Iterator[bytes]:
     """The encoded chunk to write, or a shard's pieces as they are encoded: its chunks in
     order, then its index (each chunk noted in ``array``, its record entry)."""
     if not shard:
@@ -666,7 +668,7 @@ def _take(jobs: list[Future[bytes]], array: dict[str, Any], shard: bool) -> byte
     return _shard_pieces(queue, array)
 
 
-def _shard_pieces(jobs: deque[Future[bytes]], array: dict[str, Any]) -> Iterator[bytes]:
+def _shard_pieces(jobs: deque[Job], array: dict[str, Any]) -> Iterator[bytes]:
     while jobs:
         blob = jobs.popleft().result()  # let go of each chunk once written
         _note(array, blob)
