@@ -10,7 +10,9 @@ the lock after every chunk; one thread, so that the encoding keeps its core. Whe
 encoded, :meth:`ChunkJobs.spread` starts every other chunk and shares what is left of the
 large arrays out to every thread, :data:`GROUP_CHUNKS` chunks per call, while the step is
 taken over and a mini-batch index claimed (metadata reads and exclusive creates); the writer
-then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. Nothing is stored
+then takes each array's chunks (:meth:`ChunkJobs.take`) as it stores them. A small array
+(:data:`INLINE_BYTES`) never goes to the pool: the writer compresses it when it stores it
+(:class:`Inline`), which costs less than the hand-over. Nothing is stored
 here: a write that fails before storing leaves only work to cancel (:meth:`ChunkJobs.cancel`).
 """
 
