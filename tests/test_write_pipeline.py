@@ -338,5 +338,14 @@ def test_the_first_write_reads_what_it_created_without_sleeping(
     # time.sleep(0) lets go of the GIL while the pool compresses the batch: ~0.1-4 ms a call
     sleeps: list[float] = []
     monkeypatch.setattr(time, "sleep", sleeps.append)
-    zs.open_cache(tmp_path / "c", fingerprint).write(1, make_batch(4))  # creates the root and the experiment
+    reads: list[str] = []
+    read = _localfs.Tree.read
+    monkeypatch.setattr(_localfs.Tree, "read", lambda tree, key: reads.append(key) or read(tree, key))
+    cache = zs.open_cache(tmp_path / "c", fingerprint)
+    reads.clear()
+    cache.write(1, make_batch(4))  # creates the root and the experiment
     assert sleeps == []
+    # each group it created is read back once (its exclusive create's check), not again
+    exp = cache.experiment or ""
+    created = ["zarr.json", f"{exp.partition('/')[0]}/zarr.json", f"{exp}/zarr.json"]
+    assert [k for k in reads if k in created] == created, reads

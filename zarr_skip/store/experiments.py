@@ -146,8 +146,17 @@ def read_created(storage: Storage, key: str) -> dict[str, Any]:
 def create_root(storage: Storage) -> dict[str, Any]:
     """Create the root group (unless another writer did) and return its document."""
     attrs = {layout.ROOT_ATTR: {"format": layout.FORMAT_NAME, "version": layout.FORMAT_VERSION}}
-    storage.create_if_absent(layout.METADATA, group_doc(attrs))
-    return read_created(storage, layout.METADATA)
+    return _created(storage, layout.METADATA, group_doc(attrs))
+
+
+def _created(storage: Storage, key: str, data: bytes) -> dict[str, Any]:
+    """Create ``key`` holding ``data`` unless it exists; the document stored there: ``data``
+    when this call's bytes are the ones read back (:meth:`Storage.create_if_absent`), else
+    another writer's, read again until it shows."""
+    if storage.create_if_absent(key, data):
+        doc: dict[str, Any] = json.loads(data)  # a group document: a dict
+        return doc
+    return read_created(storage, key)
 
 
 def create_experiment(storage: Storage, name: str, fingerprint: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -159,8 +168,8 @@ def create_experiment(storage: Storage, name: str, fingerprint: Mapping[str, Any
     key = layout.meta_key(name)
     doc: dict[str, Any] = {"name": name, "fingerprint": dict(fingerprint), "created": time.time()}
     doc["checksum"] = layout.doc_checksum(doc)
-    storage.create_if_absent(key, group_doc({layout.EXPERIMENT_ATTR: doc}))
-    stored = attribute(read_created(storage, key), layout.EXPERIMENT_ATTR, storage.key_path(key))
+    created = _created(storage, key, group_doc({layout.EXPERIMENT_ATTR: doc}))
+    stored = attribute(created, layout.EXPERIMENT_ATTR, storage.key_path(key))
     if stored is not None:
         check_experiment(stored, name, storage.key_path(key))
     return stored
