@@ -9,6 +9,7 @@ physical limits, data, results table, status(), floor, targets, errors) as the
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from . import load
@@ -100,6 +101,24 @@ def ratios(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     return r
 
 
+def paired(out: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per comparison and timed operation, the median of each repetition's own ratio: the
+    zarr_skip sample over the baseline's of the same repetition, measured right before or
+    after it. Drifts of the machine from one repetition to the next cancel out, which a ratio
+    of medians keeps when the machine alternates between speeds. Only for measurements with a
+    sample in every repetition."""
+    r: dict[str, dict[str, float]] = {}
+    for shape, (zs_fmt, base_fmt) in COMPARISONS.items():
+        zs_res, base_res = out["formats"].get(zs_fmt, {}), out["formats"].get(base_fmt, {})
+        for op in OPS:
+            a, b = zs_res.get(op, {}), base_res.get(op, {})
+            if "errors" in a or "errors" in b or not a.get("samples") or len(a["samples"]) != len(b.get("samples", ())):
+                continue
+            pairs = zip(a["samples"], b["samples"], strict=True)
+            r.setdefault(shape, {})[op] = statistics.median([x / y for x, y in pairs])
+    return r
+
+
 def check_targets(name: str, out: dict[str, Any], baseline_only: bool) -> list[dict[str, Any]]:
     res = []
     for shape, metric, limit in TARGETS.get(name, []):
@@ -135,6 +154,7 @@ def score(out: dict[str, Any], baseline_only: bool) -> None:
 
     name = out["preset"]
     out["ratios"] = ratios(out)
+    out["paired"] = paired(out)
     floor = jagged_floor(PRESETS[name], out["seed"], STEP)  # untimed, after every measurement
     base = _metric(out["formats"].get("torch_save_jagged", {}), "bytes")
     floor["ratio"] = floor["bytes"] / base if base else None
@@ -300,11 +320,30 @@ def _results_section(res: dict[str, Any], m: dict[str, Any]) -> list[str]:
         f"Load average (1/5/15 min) at start {_fmt_la(la0)}, at end {_fmt_la(la1)} on "
         f"{m.get('cpu_count')} cores."
     )
-    lines += ["", note]
+    lines += ["", note] + _paired_section(res.get("paired") or {})
     ver = [(f, rr["write"]["verify"]) for f, rr in F.items() if "verify" in rr.get("write", {})]
     if ver:
         lines += ["", "Round trip (`load(step).to_dict()` equals what was written):", ""]
         lines += [f"- {FORMAT_LABEL[f]}: {v}" for f, v in ver]
+    return lines
+
+
+def _paired_section(pairs: dict[str, dict[str, float]]) -> list[str]:
+    shapes = [s for s in COMPARISONS if s in pairs]
+    if not shapes:
+        return []
+    lines = [
+        "",
+        "Median of the repetitions' own ratios (zarr_skip / the baseline measured right beside it "
+        "in the same repetition; less moved by a machine that changes speed between repetitions "
+        "than the ratios of medians above):",
+        "",
+        "| metric | " + " | ".join(f"{COMPARISONS[s][0]} / {COMPARISONS[s][1]}" for s in shapes) + " |",
+        "|---" * (len(shapes) + 1) + "|",
+    ]
+    for op in OPS:
+        if any(op in pairs[s] for s in shapes):
+            lines.append(f"| {OP_LABEL[op]} | " + " | ".join(_fmt_r(pairs[s].get(op)) for s in shapes) + " |")
     return lines
 
 

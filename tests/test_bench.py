@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numcodecs
 import numpy as np
@@ -581,3 +582,27 @@ def test_write_next_times_a_later_step_into_a_place_holding_the_first(tmp_path: 
         first = d / names[fmt]
         assert first.is_file() and (d / "2" / first.name).is_file()
         assert sorted(p.name for p in d.iterdir()) == sorted({first.relative_to(d).parts[0], "2"})
+
+
+def test_the_report_gives_the_median_of_each_repetitions_own_ratio() -> None:
+    # a machine alternating between two speeds: each repetition's pair ran at one speed
+    from benchmarks import report
+
+    def res(samples: list[float], **more: Any) -> dict[str, Any]:
+        return {"samples": samples, "median_s": sorted(samples)[len(samples) // 2], **more}
+
+    out = {
+        "formats": {
+            "tq_batch_realistic": {"write": res([10.0, 20.0, 10.0, 20.0, 20.0])},
+            "zarr_skip_realistic": {"write": res([9.0, 18.0, 9.0, 18.0, 10.0]), "read_cold": res([1.0])},
+            "torch_save_jagged": {"write": res([1.0, 1.0])},
+            "zarr_skip_jagged": {"write": res([1.0, 1.0, 1.0])},  # a repetition short: no pairs
+            "pickle_padded": {"write": res([2.0, 2.0], errors=["boom"])},
+            "zarr_skip_padded": {"write": res([1.0, 1.0])},
+        }
+    }
+    # the ratio of the medians says 10 / 20 = 0.5; the pairs say 0.9 in 4 of 5 repetitions
+    assert report.paired(out) == {"realistic": {"write": pytest.approx(0.9)}}
+    lines = report._paired_section(report.paired(out))
+    assert "| write | 0.900 |" in lines and any("zarr_skip_realistic / tq_batch_realistic" in ln for ln in lines)
+    assert report._paired_section({}) == []
