@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-warmup",
         dest="warmup",
         action="store_false",
-        help="do not run the untimed tiny warm-up operation in each process",
+        help="do not run the untimed small warm-up operation in each process",
     )
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ", ".join(OPS))
     ap.add_argument(

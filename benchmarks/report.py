@@ -277,7 +277,7 @@ def _data_section(res: dict[str, Any]) -> list[str]:
         f"({_cold_method(res)}); warm = files read once untimed first; zarr_skip reads "
         f"include `open_cache()`; peak RSS = high-water mark above the RSS at the start "
         f"of the operation (median over reps); each rep runs in a fresh process "
-        f"({res.get('isolation')}) after an untimed tiny warm-up of the same format"
+        f"({res.get('isolation')}) after an untimed small warm-up of the same format"
     )
     return lines
 

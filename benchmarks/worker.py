@@ -1,7 +1,7 @@
 """What runs inside the fresh process of one measurement.
 
 The process imports everything first (:func:`_preimport`), runs the format's operations once
-on a tiny batch (the untimed warm-up), then times one operation: a write, a cold or warm
+on a small batch (the untimed warm-up), then times one operation: a write, a cold or warm
 read, or ``status()`` of a cache of many small steps.  It prints its result as one JSON line
 after :data:`RESULT_MARK`, which :class:`benchmarks.runners.Runner` reads.
 
@@ -26,7 +26,10 @@ from .formats import FORMAT_CLASSES, FORMATS, STEP, WRITE_OPS, fingerprint, veri
 from .measure import PeakRSS, disk_usage, drop_cache, fsync_tree, iter_files
 
 RESULT_MARK = "BENCH_RESULT "
-WARMUP_PRESET = {"rows": 8, "max_prompt": 32, "max_response": 64, "n": 8}
+#: the warm-up's batch: small, yet with arrays above ``chunkjobs.INLINE_BYTES`` (16 KiB), so a
+#: zarr_skip write takes the pool path a real step takes and starts the pool's threads (a
+#: smaller one left them to the timed write: ~1-2 ms of a small step's first write)
+WARMUP_PRESET = {"rows": 32, "max_prompt": 128, "max_response": 512, "n": 8}
 
 
 def _preimport(zarr_too: bool) -> None:
@@ -57,7 +60,7 @@ def _warm_files(d: Path) -> None:
 
 
 def _warmup_process(fmt_name: str, scratch: Path) -> None:
-    """Run the format's operations once on a tiny batch in a scratch directory, so one-time
+    """Run the format's operations once on a small batch in a scratch directory, so one-time
     lazy initialisation (thread pools, event loops, lazy imports, codec setup) is not measured:
     the measured operation then costs what it costs in a long-running trainer.
 

@@ -149,6 +149,30 @@ def test_the_warm_up_leaves_its_files_for_the_runner(tmp_path: Path) -> None:
     assert any(p.is_file() for p in tmp_path.rglob("*"))
 
 
+def test_the_warm_up_writes_through_the_pool_as_a_real_step_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm-up whose arrays are all compressed inline would leave the pool's threads to be
+    started inside the timed write (the warm-up is there so that it is not)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.worker import _warmup_process
+    from zarr_skip.store import _localfs
+
+    class Counting(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            Counting.submitted += 1
+            return super().submit(fn, *args, **kwargs)
+
+    with Counting(max_workers=2) as counting:
+        monkeypatch.setattr(_localfs, "_POOL", counting)
+        monkeypatch.setattr(_localfs, "_POOL_PID", os.getpid())
+        _warmup_process("zarr_skip_realistic", tmp_path)
+    assert Counting.submitted >= 2
+
+
 # --------------------------------------------------------------------------- machine load (benchmarks/load.py)
 
 
