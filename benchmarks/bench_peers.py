@@ -16,7 +16,10 @@ token ids, masks and log-probs (NestedTensors), per-row lengths, strings and per
 * ``plain_dump``: the plain dump (:mod:`benchmarks.baseline`), for scale;
 * ``zarr_skip_lz4`` and ``zarr_skip_none``: zarr_skip written with ``compression="lz4"``
   (blosc-lz4 level 5, shuffled) and ``compression=None``: the trade-off between bytes and the
-  speed of a cold read, on the same step in the same run (``benchmarks/README.md``).
+  speed of a cold read, on the same step in the same run (``benchmarks/README.md``);
+* ``zarr_skip_8k``: zarr_skip written with ``Compression("auto", blocksize=8 << 10)`` (token ids
+  in 8 KiB blosc blocks, which a read of a few rows fetches and decodes alone): the setting for
+  caches read a few rows at a time, beside Lance's ``take()``.
 
 Building the Table is part of the timed write, as the conversion of the TransferQueue payload
 is part of zarr_skip's write in ``bench.py``. Operations, each timed (the open included) after
@@ -64,9 +67,14 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 STEP = 1
 COLUMN = "responses"
 ROWS = 64
-FORMATS = ("zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none")
-#: zarr_skip with other compressions than the default: the bytes / cold-read trade-off
-VARIANTS: dict[str, str | None] = {"zarr_skip_lz4": "lz4", "zarr_skip_none": None}
+FORMATS = ("zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k")
+#: zarr_skip with other compressions than the default (name, blosc block bytes of the token ids;
+#: 0: the default's): the bytes / cold-read trade-off, and the few-row setting
+VARIANTS: dict[str, tuple[str | None, int]] = {
+    "zarr_skip_lz4": ("lz4", 0),
+    "zarr_skip_none": (None, 0),
+    "zarr_skip_8k": ("auto", 8 << 10),
+}
 OPS = ("write", "read", "column", "rows64")
 OP_LABEL = {
     "write": "write",
@@ -125,16 +133,21 @@ def _row_groups_holding(meta: Any, rows: Sequence[int]) -> tuple[list[int], list
 
 
 class ZarrSkipPeer:
-    """zarr_skip through its public API (``compression`` as ``open_cache`` takes it)."""
+    """zarr_skip through its public API (``compression`` as ``open_cache`` takes it; with
+    ``blocksize``, ``Compression(compression, blocksize=blocksize)``)."""
 
-    def __init__(self, preset: Any, compression: str | None = "auto") -> None:
+    def __init__(self, preset: Any, compression: str | None = "auto", blocksize: int = 0) -> None:
         self.fp = fingerprint(preset)
         self.compression = compression
+        self.blocksize = blocksize
 
     def write(self, mapping: Mapping[str, Any], d: Path) -> None:
         import zarr_skip as zs
 
-        zs.open_cache(str(d), fingerprint=self.fp, compression=self.compression).write(STEP, dict(mapping))
+        compression: Any = self.compression
+        if self.blocksize and compression is not None:
+            compression = zs.Compression(compression, blocksize=self.blocksize)
+        zs.open_cache(str(d), fingerprint=self.fp, compression=compression).write(STEP, dict(mapping))
 
     def _view(self, d: Path) -> Any:
         import zarr_skip as zs
@@ -230,7 +243,7 @@ def make_peers(preset: Any, wanted: Sequence[str]) -> dict[str, Any]:
     except ImportError:
         log("lance is not installed (pip install 'zarr-skip[bench]'): left out")
     peers["plain_dump"] = PlainDumpPeer()
-    peers.update({name: ZarrSkipPeer(preset, compression) for name, compression in VARIANTS.items()})
+    peers.update({name: ZarrSkipPeer(preset, *setting) for name, setting in VARIANTS.items()})
     return {k: v for k, v in peers.items() if k in wanted}
 
 
@@ -395,8 +408,9 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"parquet: pyarrow, zstd level 1, one row group; the {ROWS} rows read the row groups that hold them. "
         f"Lance: `lance.write_dataset` defaults, `take()`. Peers' reads give Arrow tables (per-row objects "
-        f"stay JSON strings), zarr_skip's Python objects. {DEFINITION}. zarr_skip_lz4 / zarr_skip_none: "
-        f'zarr_skip written with `compression="lz4"` / `None`. Ratios > 1: the peer is slower or larger.',
+        f"stay JSON strings), zarr_skip's Python objects. {DEFINITION}. zarr_skip_lz4 / zarr_skip_none / "
+        f'zarr_skip_8k: zarr_skip written with `compression="lz4"` / `None` / '
+        f'`Compression("auto", blocksize=8 << 10)`. Ratios > 1: the peer is slower or larger.',
         "",
     ]
     return "\n".join(lines)

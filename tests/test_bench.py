@@ -14,6 +14,7 @@ import pytest
 
 import zarr_skip as zs
 from benchmarks.floor import jagged_floor, log_prob_bits_per_value
+from zarr_skip.format.chunks import AUTO_BLOCK_BYTES
 from zarr_skip.synthetic import LOG_PROB_MIN, LOG_PROB_MIX, as_mapping, jagged_payload
 
 
@@ -345,6 +346,20 @@ def test_parquet_rows_read_only_the_row_groups_that_hold_them(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_the_few_row_variant_of_the_peer_benchmark_stores_token_ids_in_8_kib_blocks(tmp_path: Path) -> None:
+    from benchmarks.bench_peers import COLUMN, VARIANTS, ZarrSkipPeer
+    from zarr_skip.synthetic import PRESETS
+
+    preset = PRESETS["small"]
+    mapping = as_mapping(jagged_payload(preset, 0, step=1, payload="realistic"))
+    for name, blocksize in (("zarr_skip_8k", 8 << 10), ("zarr_skip", AUTO_BLOCK_BYTES)):
+        peer = ZarrSkipPeer(preset, *VARIANTS.get(name, ("auto", 0)))
+        peer.write(mapping, tmp_path / name)
+        view = zs.open_cache(str(tmp_path / name), fingerprint=peer.fp).load(1)
+        assert view._parts[0].arrays[COLUMN]["values"].compression.blocksize == blocksize
+        assert view[COLUMN][[3, 90]][1].tolist() == mapping[COLUMN][90].tolist()
+
+
 def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -361,14 +376,15 @@ def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: 
                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads((out / "peers_small.json").read_text())
-    assert r["formats"] == ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none"]
+    assert r["formats"] == list(bench_peers.FORMATS)
+    assert r["formats"][-3:] == ["zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k"]
     for f in r["formats"]:  # one kept sample of every operation (the warm-up dropped), bytes, files
         assert all(len(r["samples_s"][f][op]) == 1 for op in bench_peers.OPS)
         assert r["disk"][f]["files"] >= 1 and r["disk"][f]["bytes_allocated"] > 0
     assert r["disk"]["parquet"]["files"] == 1 and r["summary"]["vs_zarr_skip"]["zarr_skip"]["write"] == 1.0
     assert r["load"]["verdict"] and r["cold_method"] == "fadvise"
     md = (out / "peers_small.md").read_text()
-    names = ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none"]
+    names = ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k"]
     assert "| metric | " + " | ".join(names) + " | parquet / zarr_skip |" in md
     # the compression variants trade bytes for speed: none stores more than lz4, lz4 more than the default
     b = {f: r["disk"][f]["bytes_allocated"] for f in r["formats"]}
