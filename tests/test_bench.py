@@ -345,7 +345,6 @@ def test_parquet_rows_read_only_the_row_groups_that_hold_them(tmp_path: Path) ->
     assert got.column(COLUMN).to_pylist() == [values[23], values[27], values[71]]
 
 
-@pytest.mark.slow
 def test_the_few_row_variant_of_the_peer_benchmark_stores_token_ids_in_8_kib_blocks(tmp_path: Path) -> None:
     from benchmarks.bench_peers import COLUMN, VARIANTS, ZarrSkipPeer
     from zarr_skip.synthetic import PRESETS
@@ -360,6 +359,7 @@ def test_the_few_row_variant_of_the_peer_benchmark_stores_token_ids_in_8_kib_blo
         assert view[COLUMN][[3, 90]][1].tolist() == mapping[COLUMN][90].tolist()
 
 
+@pytest.mark.slow
 def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
     import subprocess
     import sys
