@@ -274,6 +274,31 @@ def test_lying_block_starts_in_the_record_are_typed_errors(small_blocks: None) -
             _column(location)[np.array([row])]
 
 
+def test_block_tables_of_other_types_or_out_of_order_are_metadata_errors(small_blocks: None) -> None:
+    """Each chunk's block starts and checksums are ints (not bools, not floats); the starts
+    begin right after the header and table, rise, and end before the chunk's crc32c."""
+    location, keys, part, view, _ = _damaged()
+    original = keys.read(f"{part.path}/zarr.json")
+    rows = np.array([_row_of_block(view, 3)])
+
+    def swapped(a: dict[str, Any]) -> None:
+        starts = a["blocks"][0]
+        starts[2], starts[3] = starts[3], starts[2]
+
+    cases: list[tuple[Any, str]] = [
+        (swapped, "blocks must begin after its header, rise"),
+        (lambda a: a["blocks"][0].__setitem__(0, 0), "blocks must begin after its header"),
+        (lambda a: a["blocks"][0].__setitem__(-1, a["sizes"][0] - 2), "end before its checksum"),
+        (lambda a: a["blocks"][0].__setitem__(2, float(a["blocks"][0][2])), "must be lists of ints"),
+        (lambda a: a["block_crc32c"][0].__setitem__(1, True), "must be lists of ints"),
+    ]
+    for forge, message in cases:
+        keys.write(f"{part.path}/zarr.json", original)
+        _forge(keys, part, forge)
+        with pytest.raises(MetadataError, match=f"responses/values: .*{message}"):
+            _column(location)[rows]
+
+
 def test_a_cut_data_file_is_a_missing_data_error(small_blocks: None) -> None:
     location, keys, part, view, _ = _damaged()
     col = zs.open_cache(location).load(1)["responses"]

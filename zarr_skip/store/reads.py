@@ -316,7 +316,7 @@ def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
 
 def _nested(value: Any) -> tuple[tuple[int, ...], ...] | None:
     """A record's list of lists of ints (checked by :func:`records.check_column`) as tuples."""
-    return None if value is None else tuple(tuple(int(v) for v in inner) for inner in value)
+    return None if value is None else tuple(tuple(map(int, inner)) for inner in value)
 
 
 def _separator(value: Any) -> str:
