@@ -12,7 +12,7 @@ import zarr
 from helpers import assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
 import zarr_skip as zs
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import blosc_frames, chunks, layout
 from zarr_skip.format.chunks import (
     AUTO_BLOCK_BYTES,
     Compression,
@@ -170,6 +170,47 @@ def test_bad_compression_is_refused(tmp_path: Path, fingerprint: dict, value: st
 def test_blocksize_must_be_a_byte_count() -> None:
     with pytest.raises(zs.ConfigError, match="blocksize"):
         Compression("blosc-zstd", 1, "shuffle", -1)
+
+
+@pytest.mark.parametrize("dtype", ["u1", "<u2", "<u4", "<f4", "<i8"])
+def test_blosc_lz4_does_not_keep_a_block_size_and_blosc_zstd_does(dtype: str) -> None:
+    # why a cache is not written with an lz4 blocksize: blosc makes lz4 blocks of at least
+    # 64 KiB (the size asked times the type's size above that), split by byte
+    values = np.random.default_rng(0).integers(0, 200, 1 << 18).astype(dtype)
+    for asked in (8 << 10, 32 << 10):
+        lz4 = blosc_frames.parse_header(Compression("lz4", 5, "shuffle", asked).codec().encode(values))  # type: ignore[union-attr]
+        zstd = blosc_frames.parse_header(Compression("blosc-zstd", 1, "shuffle", asked).codec().encode(values))  # type: ignore[union-attr]
+        assert lz4 is not None and zstd is not None
+        assert lz4.blocksize == max(64 << 10, asked * values.dtype.itemsize) != asked
+        assert not lz4.flags & blosc_frames.DONT_SPLIT
+        assert zstd.blocksize == asked and zstd.flags & blosc_frames.DONT_SPLIT
+
+
+def test_a_cache_is_not_written_with_an_lz4_blocksize(tmp_path: Path, fingerprint: dict) -> None:
+    root = tmp_path / "cache"
+    for asked in (Compression("lz4", 5, "shuffle", 8 << 10), Compression("lz4", 1, "noshuffle", 1 << 20)):
+        with pytest.raises(zs.ConfigError, match=r"blocksize: blosc-lz4 does not keep .*\('auto', blocksize="):
+            zs.open_cache(str(root), fingerprint, compression=asked)
+        assert not root.exists()  # refused before anything is created
+    assert zs.open_cache(str(root), fingerprint, compression=Compression("lz4", 5)).compression.blocksize == 0
+
+
+def test_a_cache_written_with_an_lz4_blocksize_still_reads(
+    tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # written before blocksizes were refused for lz4: its records name one, and read as any
+    batch: dict[str, Any] = make_batch(9, seed=3)
+    codec = Compression("lz4", 5, "shuffle", 8 << 10)
+    with monkeypatch.context() as m:
+        m.setattr(Compression, "writable", lambda self: self)
+        zs.open_cache(str(tmp_path), fingerprint, compression=codec, chunk_bytes=64).write(1, batch)
+    view = zs.open_cache(str(tmp_path), fingerprint).load(1)
+    assert_equal(view.to_dict(), batch)
+    assert view._parts[0].arrays["input_ids"]["data"].compression == codec
+    assert [r.tolist() for r in view["responses"][[1, 7]].unbind()] == [
+        batch["responses"].unbind()[i].tolist() for i in (1, 7)
+    ]
+    assert zs.open_cache(str(tmp_path)).verify().ok
 
 
 def test_explicit_blosc_zstd_round_trips(tmp_path: Path, fingerprint: dict) -> None:

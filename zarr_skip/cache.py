@@ -135,6 +135,7 @@ def open_cache(
         claim_settle,
         experiment,
     )
+    codec = chunks.Compression.parse(compression, level)
     ro = fingerprint is None if read_only is None else read_only
     store = open_store(location, storage_options=storage_options, read_only=ro)
     storage = Storage(store, claim_settle=claim_settle)
@@ -143,7 +144,7 @@ def open_cache(
         fingerprint=fingerprint,
         experiment=experiment,
         run_id=run_id,
-        compression=chunks.Compression.parse(compression, level),
+        compression=codec,
         chunk_bytes=chunk_bytes,
         lease=lease,
     )

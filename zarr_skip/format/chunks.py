@@ -62,7 +62,8 @@ class Compression:
     compress as plain zstd, and log-probs 6% smaller than blosc-lz4 with bit-shuffling (see
     ``benchmarks/README.md``). Explicit choices:
     ``zstd`` (level -7..22), ``blosc-zstd`` (level 0..9), ``lz4`` (blosc-lz4, level 0..9), both
-    blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice), or ``none``.
+    blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice; blosc-lz4 makes
+    its own, so a cache is not written with an lz4 ``blocksize``: :meth:`writable`), or ``none``.
     ``auto`` with a ``blocksize`` stores the token ids (integer values of jagged columns) in
     blocks of that size, which reads of a few rows fetch and decode alone: for caches sampled
     row by row (data loaders), at the cost of slower whole reads (:func:`array_codec`).
@@ -145,9 +146,10 @@ class Compression:
 
     @classmethod
     def parse(cls, value: str | Compression | None, level: int | None = None) -> Compression:
-        """``"auto"``, ``"zstd"``, ``"zstd:3"``, ``"blosc-zstd"``, ``"lz4"``, ``"none"`` or ``None``."""
+        """``"auto"``, ``"zstd"``, ``"zstd:3"``, ``"blosc-zstd"``, ``"lz4"``, ``"none"`` or ``None``;
+        or a :class:`Compression` to write with (see :meth:`writable`)."""
         if isinstance(value, Compression):
-            return value
+            return value.writable()
         if value is None:
             return cls("none", 0)
         name, _, lvl = str(value).partition(":")
@@ -160,6 +162,29 @@ class Compression:
                 raise ConfigError(f"compression: bad level in {value!r}") from None
         default = {"auto": 1, "zstd": 3, "blosc-zstd": 1, "lz4": 5, "none": 0}.get(name, 0)
         return cls(name, default if level is None else level)
+
+    def writable(self) -> Compression:
+        """This setting, once sure that chunks written with it are what it says.
+
+        blosc-lz4 does not keep a ``blocksize``: blosc makes its blocks at least 64 KiB, the size
+        asked times the type's size above that (8 KiB of token ids: 64 KiB blocks, 32 KiB:
+        128 KiB), each split in one stream per byte of the type, which a read cannot decode
+        alone: a few-row read of lz4 chunks decodes them whole whatever the size asked.
+        Records of caches already written keep theirs (they are read with the constructor).
+
+        Raises
+        ------
+        ConfigError
+            ``lz4`` with a ``blocksize``.
+        """
+        if self.name == "lz4" and self.blocksize:
+            raise ConfigError(
+                f"blocksize: blosc-lz4 does not keep a block size of {self.blocksize} bytes (blosc makes its "
+                "blocks at least 64 KiB, the size asked times the type's size above that, split by byte, "
+                "which reads decode only whole); for small blocks use "
+                f"Compression('auto', blocksize={self.blocksize}) (blosc-zstd), for lz4 leave blocksize at 0"
+            )
+        return self
 
 
 @functools.lru_cache(maxsize=64)
