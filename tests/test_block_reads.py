@@ -171,6 +171,26 @@ def test_auto_with_a_blocksize_stores_the_token_ids_in_such_blocks(spy: Spy) -> 
     assert spy.chunks > 0 and spy.blocks <= 6
 
 
+def test_frames_whose_blocks_blosc_sized_otherwise_keep_no_block_index_and_read_whole(
+    spy: Spy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # blosc rounds a block size down to a multiple of the item size (1001 -> 1000 bytes of
+    # uint32 token ids): the record's block size would not be the frames', and a few rows
+    # counted in it would be read from the wrong blocks (refused now, see test_chunks)
+    monkeypatch.setattr(chunks.Compression, "writable", lambda self: self)
+    batches = [_batch(_long_rows(64, 0), 151936, 0)]
+    store = MemoryStore()
+    view = _write(store, batches, zs.Compression("auto", blocksize=1001))
+    values = view._parts[0].arrays["responses"]["values"]
+    assert values.compression.blocksize == 1001 and values.blocks is not None
+    assert all(starts == () for starts in values.blocks)  # no chunk indexed: each read whole
+    col = view["responses"]
+    col.lengths()
+    _same(col[[3, 40]], [_rows(batches, "responses")[i] for i in (3, 40)])
+    assert spy.chunks == 0
+    assert zs.open_cache(store).verify().ok
+
+
 def test_a_few_rows_read_by_blocks_on_every_backend(location: Any, spy: Spy) -> None:
     """Memory, local disk (preads of the data file) and S3 (ranged GETs) alike."""
     batches = [_batch(_long_rows(128, i), 151936, i) for i in range(2)]

@@ -195,6 +195,26 @@ def test_a_cache_is_not_written_with_an_lz4_blocksize(tmp_path: Path, fingerprin
     assert zs.open_cache(str(root), fingerprint, compression=Compression("lz4", 5)).compression.blocksize == 0
 
 
+@pytest.mark.parametrize(
+    ("codec", "error"),
+    [
+        (Compression("auto", blocksize=1001), "does not keep a block size of 1001"),  # rounded down per item size
+        (Compression("blosc-zstd", 1, "shuffle", 8200), "does not keep a block size of 8200"),  # not for 16-byte items
+        (Compression("auto", blocksize=100), "does not keep a block size of 100"),  # raised to 128
+        (Compression("zstd", 3, blocksize=8192), "zstd has no blocks"),
+        (Compression("none", 0, blocksize=4096), "none has no blocks"),
+    ],
+)
+def test_a_cache_is_not_written_with_a_blocksize_blosc_would_change(
+    tmp_path: Path, fingerprint: dict, codec: Compression, error: str
+) -> None:
+    with pytest.raises(zs.ConfigError, match=f"blocksize: .*{error}"):
+        zs.open_cache(str(tmp_path / "cache"), fingerprint, compression=codec)
+    assert not (tmp_path / "cache").exists()
+    for fine in (Compression("auto", blocksize=8 << 10), Compression("blosc-zstd", 1, "shuffle", 144)):
+        assert zs.open_cache(str(tmp_path / "ok"), fingerprint, compression=fine).compression == fine
+
+
 def test_a_cache_written_with_an_lz4_blocksize_still_reads(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:

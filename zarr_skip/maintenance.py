@@ -385,7 +385,11 @@ def _decode(arr: ArrayPart, i: int, n: int, blob: bytes | None, where: str) -> n
     in the record, when it has one, checked against it (what reads of a few rows trust)."""
     out = _decode_chunk(arr, i, n, blob, where)
     starts = None if arr.blocks is None or arr.block_crcs is None else (arr.blocks[i], arr.block_crcs[i])
-    if starts is not None and blob is not None and chunks.block_index(blob) != (list(starts[0]), list(starts[1])):
+    if (
+        starts is not None
+        and blob is not None
+        and chunks.block_index(blob, arr.compression.blocksize) != (list(starts[0]), list(starts[1]))
+    ):
         raise ChecksumError(f"{where}: the record's block starts or checksums do not match the chunk")
     return out
 

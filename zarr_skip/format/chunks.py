@@ -32,6 +32,12 @@ DEFAULT_CHUNK_BYTES = 512 << 10
 AUTO_BLOCK_BYTES = 1 << 20
 
 
+#: the smallest block size blosc keeps (its ``MIN_BUFFERSIZE``: it raises a smaller one to it)
+MIN_BLOCK_BYTES = 128
+#: a block size a cache is written with is a multiple of this, the widest item size stored
+#: (complex128): blosc rounds a block size down to a multiple of the item size
+BLOCK_ALIGN = 16
+
 #: the compressions a cache may be written with (``auto`` picks per array)
 CompressionName = Literal["auto", "zstd", "blosc-zstd", "lz4", "none"]
 #: blosc's byte shuffling
@@ -166,6 +172,9 @@ class Compression:
     def writable(self) -> Compression:
         """This setting, once sure that chunks written with it are what it says.
 
+        A ``blocksize`` is one blosc keeps for every array: from :data:`MIN_BLOCK_BYTES` on, a
+        multiple of :data:`BLOCK_ALIGN` (blosc raises a smaller one and rounds one down to a
+        multiple of the item size, so a record's block size would not be the frames'). And
         blosc-lz4 does not keep a ``blocksize``: blosc makes its blocks at least 64 KiB, the size
         asked times the type's size above that (8 KiB of token ids: 64 KiB blocks, 32 KiB:
         128 KiB), each split in one stream per byte of the type, which a read cannot decode
@@ -175,8 +184,16 @@ class Compression:
         Raises
         ------
         ConfigError
-            ``lz4`` with a ``blocksize``.
+            A ``blocksize`` blosc would change, ``lz4`` with one, or ``zstd`` and ``none`` with one.
         """
+        if self.blocksize and not self.is_blosc and self.name != "auto":
+            raise ConfigError(f"blocksize: {self.name} has no blocks (blosc-zstd, lz4 and auto do); leave it at 0")
+        if self.blocksize and (self.blocksize < MIN_BLOCK_BYTES or self.blocksize % BLOCK_ALIGN):
+            raise ConfigError(
+                f"blocksize: blosc does not keep a block size of {self.blocksize} bytes (it raises one below "
+                f"{MIN_BLOCK_BYTES} and rounds one down to a multiple of each array's item size); use 0 "
+                f"(blosc's choice) or a multiple of {BLOCK_ALIGN} from {MIN_BLOCK_BYTES} on, such as 8 << 10"
+            )
         if self.name == "lz4" and self.blocksize:
             raise ConfigError(
                 f"blocksize: blosc-lz4 does not keep a block size of {self.blocksize} bytes (blosc makes its "
@@ -235,14 +252,16 @@ def _array_codec(values: bool, compression: Compression, dtype: np.dtype, values
     return codec
 
 
-def block_index(blob: bytes | memoryview) -> tuple[list[int], list[int]]:
-    """Of a stored chunk (a blosc frame and its crc32c) of several blocks that decode alone: where
-    each block begins in it, and the crc32c of its header and table, then of each block (what a
-    record keeps so that a reader can fetch, check and decode some blocks alone); two empty
-    lists for any other chunk (read whole)."""
+def block_index(blob: bytes | memoryview, blocksize: int) -> tuple[list[int], list[int]]:
+    """Of a stored chunk (a blosc frame and its crc32c) of several blocks of ``blocksize`` bytes
+    (its codec's, which readers count blocks in) that decode alone: where each block begins in
+    it, and the crc32c of its header and table, then of each block (what a record keeps so that
+    a reader can fetch, check and decode some blocks alone); two empty lists for any other chunk
+    (read whole), such as a frame whose blocks blosc made of another size."""
     body = memoryview(blob)[:-4]
     starts = blosc_frames.block_starts(body)
-    if starts is None:
+    head = blosc_frames.parse_header(body)
+    if starts is None or head is None or head.blocksize != blocksize:
         return [], []
     cuts = (0, *starts, len(body))
     return list(starts), [crc32c(body[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]

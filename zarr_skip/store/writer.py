@@ -689,7 +689,7 @@ def _note(array: dict[str, Any], blob: bytes) -> None:
     array["sizes"].append(len(blob))
     array["crc32c"].append(chunks.trailer(blob))
     if "blocks" in array:
-        starts, crcs = chunks.block_index(blob)
+        starts, crcs = chunks.block_index(blob, array["codec"].get("blocksize", 0))
         array["blocks"].append(starts)
         array["block_crc32c"].append(crcs)
 
