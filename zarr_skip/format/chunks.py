@@ -68,8 +68,8 @@ class Compression:
     compress as plain zstd, and log-probs 6% smaller than blosc-lz4 with bit-shuffling (see
     ``benchmarks/README.md``). Explicit choices:
     ``zstd`` (level -7..22), ``blosc-zstd`` (level 0..9), ``lz4`` (blosc-lz4, level 0..9), both
-    blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice; blosc-lz4 makes
-    its own, so a cache is not written with an lz4 ``blocksize``: :meth:`writable`), or ``none``.
+    blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice; a cache is written
+    only with one blosc keeps, never with an lz4 one: :meth:`writable`), or ``none``.
     ``auto`` with a ``blocksize`` stores the token ids (integer values of jagged columns) in
     blocks of that size, which reads of a few rows fetch and decode alone: for caches sampled
     row by row (data loaders), at the cost of slower whole reads (:func:`array_codec`).
@@ -177,8 +177,8 @@ class Compression:
         multiple of the item size, so a record's block size would not be the frames'). And
         blosc-lz4 does not keep a ``blocksize``: blosc makes its blocks at least 64 KiB, the size
         asked times the type's size above that (8 KiB of token ids: 64 KiB blocks, 32 KiB:
-        128 KiB), each split in one stream per byte of the type, which a read cannot decode
-        alone: a few-row read of lz4 chunks decodes them whole whatever the size asked.
+        128 KiB), each split in one stream per byte of the type, which zarr_skip does not index:
+        a few-row read of lz4 chunks decodes them whole whatever the size asked.
         Records of caches already written keep theirs (they are read with the constructor).
 
         Raises
