@@ -32,7 +32,8 @@ DEFAULT_CHUNK_BYTES = 512 << 10
 AUTO_BLOCK_BYTES = 1 << 20
 
 
-#: the smallest block size blosc keeps (its ``MIN_BUFFERSIZE``: it raises a smaller one to it)
+#: blosc's ``MIN_BUFFERSIZE``: the smallest block size it keeps (it raises a smaller one to it)
+#: and the smallest buffer it compresses (it stores a smaller one as it is)
 MIN_BLOCK_BYTES = 128
 #: a block size a cache is written with is a multiple of this, the widest item size stored
 #: (complex128): blosc rounds a block size down to a multiple of the item size

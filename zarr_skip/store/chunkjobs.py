@@ -222,7 +222,11 @@ def _groupable(arr: StoredArray, per: int, codec: chunks.Compression) -> bool:
     than the block size asked for and no smaller than blosc compresses, and calls far below
     blosc's limit of 2 GiB per buffer."""
     nbytes = per * arr.dtype.itemsize * math.prod(arr.shape[1:])
-    return codec.is_blosc and 1 <= arr.dtype.itemsize <= 255 and 128 <= nbytes <= min(codec.blocksize, _MAX_CHUNK_BYTES)
+    return (
+        codec.is_blosc
+        and 1 <= arr.dtype.itemsize <= 255
+        and chunks.MIN_BLOCK_BYTES <= nbytes <= min(codec.blocksize, _MAX_CHUNK_BYTES)
+    )
 
 
 def _compress(large: _Large, first: int, count: int) -> None:
