@@ -556,3 +556,79 @@ def test_a_column_s_entries_are_checked_when_it_is_first_used(three: Any, monkey
         view["scores"]
     report = zs.open_cache(root).verify(1)
     assert [p.minibatch for p in report.problems] == [0] and "scores/data" in report.problems[0].error
+
+
+# -- a mini-batch record checked on the bytes it was read from ------------------------------------
+
+
+def test_a_record_is_checked_on_its_bytes_not_encoded_again(three: Any, monkeypatch: Any) -> None:
+    root, written = three
+    blob = _record_path(root, 2, 0).read_bytes()
+    doc = json.loads(blob)["attributes"][layout.PART_ATTR]
+    assert blob == layout.sealed_group(layout.PART_ATTR, doc)  # what the writer stores
+    assert layout.seal_holds(blob)
+
+    encoded: list[Any] = []  # the small step and experiment records are encoded as before
+    monkeypatch.setattr(layout, "doc_checksum", lambda d, f=layout.doc_checksum: encoded.append(d) or f(d))
+    assert_equal(zs.open_cache(root).load(2).to_dict(), written[2])
+    assert encoded and not [d for d in encoded if "columns" in d]
+
+
+def test_a_record_edited_in_place_is_refused(three: Any) -> None:
+    root, _ = three
+    path = _record_path(root, 2, 1)
+    blob = path.read_bytes()
+    assert blob.count(b'"rows":6,') == 1
+    path.write_bytes(blob.replace(b'"rows":6,', b'"rows":5,'))  # same layout, same length
+    with pytest.raises(zs.MetadataError, match=rf"mini-batch 1: metadata checksum mismatch at .*{EXP}/2/"):
+        zs.open_cache(root).load(2)
+
+
+def test_a_record_in_another_layout_is_checked_as_parsed(three: Any, monkeypatch: Any) -> None:
+    """Records of earlier builds (keys in the order written) and records re-saved by another
+    program read as before: their parsed form is encoded and checked."""
+    root, written = three
+    path = _record_path(root, 2, 0)
+    doc = json.loads(path.read_bytes())
+    path.write_text(json.dumps(doc, indent=1))
+    assert not layout.seal_holds(path.read_bytes())
+    encoded: list[Any] = []
+    monkeypatch.setattr(layout, "doc_checksum", lambda d, f=layout.doc_checksum: encoded.append(d) or f(d))
+    assert_equal(zs.open_cache(root).load(2).to_dict(), written[2])
+    assert [d["index"] for d in encoded if "columns" in d] == [0]
+
+
+@pytest.mark.parametrize(
+    "case", ["sealed", "spaced", "flipped", "seal flipped", "not hex", "cut", "not bytes", "empty"]
+)
+def test_seal_holds_only_for_the_bytes_sealed_group_wrote(case: str) -> None:
+    doc = {"rows": 3, "meta_info": {"a": "x"}, "columns": {"b": 1, "a": 2}}
+    blob: Any = layout.sealed_group(layout.PART_ATTR, doc)
+    assert json.loads(blob)["attributes"] == {layout.PART_ATTR: doc, layout.SEAL_ATTR: blob[-11:-3].decode()}
+    assert list(json.loads(blob)["attributes"][layout.PART_ATTR]["columns"]) == ["b", "a"]  # the order written
+    at = blob.index(b'"x"') + 1
+    blob = {
+        "sealed": blob,
+        "spaced": json.dumps(json.loads(blob)).encode(),
+        "flipped": blob[:at] + b"y" + blob[at + 1 :],
+        "seal flipped": blob[:-4] + (b"0" if blob[-4:-3] != b"0" else b"1") + blob[-3:],
+        "not hex": blob[:-11] + b"0000000g" + blob[-3:],
+        "cut": blob[:-1],
+        "not bytes": bytearray(blob),
+        "empty": b"",
+    }[case]
+    assert layout.seal_holds(blob) is (case == "sealed")
+
+
+def test_verify_checks_the_checksum_of_a_sealed_record(three: Any) -> None:
+    """A record sealed with a stale checksum (a writer's bug, or a forger who sealed it again)
+    loads on its seal; verify() encodes every record and reports it."""
+    root, _ = three
+    path = _record_path(root, 3, 0)
+    doc = json.loads(path.read_bytes())["attributes"][layout.PART_ATTR]
+    doc["meta_info"] = {"edited": True}
+    path.write_bytes(layout.sealed_group(layout.PART_ATTR, doc))
+    cache = zs.open_cache(root)
+    assert cache.load(3).meta_info == {"edited": True}
+    (problem,) = cache.verify().problems
+    assert problem.kind == "metadata" and "checksum mismatch" in problem.error and problem.path == str(path.parent)

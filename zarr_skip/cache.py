@@ -516,7 +516,10 @@ class Cache:
         return StepView(
             self._storage,
             step,
-            [Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc, self.experiment) for p in parts],
+            [
+                Part.from_doc(step, layout.join(run_path, str(p.index)), p.doc, self.experiment, sealed=p.sealed)
+                for p in parts
+            ],
             allow_pickle=allow_pickle,
             cache=self,
         )

@@ -87,9 +87,11 @@ class PartRecord:
     nbytes: int = 0
     raw_nbytes: int = 0
     doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: ``doc``'s checksum already checked on the bytes it was read from (:func:`layout.seal_holds`)
+    sealed: bool = field(default=False, compare=False, repr=False)
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> PartRecord:
+    def from_json(cls, doc: Mapping[str, Any], *, sealed: bool = False) -> PartRecord:
         return cls(
             run=str(doc["run"]),
             index=int(doc["index"]),
@@ -101,6 +103,7 @@ class PartRecord:
             nbytes=int(doc.get("nbytes", 0)),
             raw_nbytes=int(doc.get("raw_nbytes", 0)),
             doc=doc,
+            sealed=sealed,
         )
 
     @property

@@ -340,7 +340,7 @@ def _part_record(blob: bytes | None, where: str, here: Place) -> PartRecord | No
     another place than ``here`` raises MetadataError."""
     try:
         doc = attribute(parse_json(blob, where), layout.PART_ATTR, where)
-        record = None if doc is None else PartRecord.from_json(doc)
+        record = None if doc is None else PartRecord.from_json(doc, sealed=layout.seal_holds(blob or b""))
     except (MetadataError, KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: a time past a float
         logger.warning("ignoring unreadable mini-batch record %s: %s", where, exc)
         return None

@@ -129,9 +129,12 @@ class Part:
     logical: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_doc(cls, step: int, path: str, doc: Mapping[str, Any], experiment: str | None = None) -> Part:
+    def from_doc(
+        cls, step: int, path: str, doc: Mapping[str, Any], experiment: str | None = None, *, sealed: bool = False
+    ) -> Part:
         """The mini-batch a complete record at ``path`` describes, every number in it checked
-        (:mod:`zarr_skip.format.records`); ``experiment``: the one it must belong to.
+        (:mod:`zarr_skip.format.records`); ``experiment``: the one it must belong to;
+        ``sealed``: its checksum already checked on the bytes it was read from.
 
         Raises
         ------
@@ -140,15 +143,8 @@ class Part:
             shape or size in it is out of bounds or inconsistent.
         """
         where = f"step {step}, mini-batch {doc.get('index')!r:.20}: {path}"
-        try:
-            checksum = layout.doc_checksum(doc)
-        except (RecursionError, MemoryError, TypeError, ValueError) as exc:
-            raise MetadataError(f"{where}: metadata cannot be checked ({type(exc).__name__})") from None
-        if doc.get("checksum") != checksum:
-            raise MetadataError(
-                f"step {step}, mini-batch {doc.get('index')}: metadata checksum mismatch at {path} "
-                "(the zarr.json was altered after it was written)"
-            )
+        if not sealed:
+            _check_checksum(doc, step, path, where)
         records.check_place(doc, records.Place(experiment, step), where)
         records.check_frame(doc, where)
         try:
@@ -193,6 +189,19 @@ class Part:
         not when each is first used."""
         for name in self.arrays:
             self.arrays[name]
+
+
+def _check_checksum(doc: Mapping[str, Any], step: int, path: str, where: str) -> None:
+    """MetadataError unless the record's ``checksum`` is that of its canonical JSON."""
+    try:
+        checksum = layout.doc_checksum(doc)
+    except (RecursionError, MemoryError, TypeError, ValueError) as exc:
+        raise MetadataError(f"{where}: metadata cannot be checked ({type(exc).__name__})") from None
+    if doc.get("checksum") != checksum:
+        raise MetadataError(
+            f"step {step}, mini-batch {doc.get('index')}: metadata checksum mismatch at {path} "
+            "(the zarr.json was altered after it was written)"
+        )
 
 
 class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
