@@ -5,6 +5,7 @@ block, a lying block index or a cut data file into a typed error."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from zarr.storage import MemoryStore
 
 import zarr_skip as zs
 from zarr_skip.errors import ChecksumError, MetadataError, MissingDataError
-from zarr_skip.format import blosc_frames, chunks, layout
+from zarr_skip.format import block_tables, blosc_frames, chunks, layout
 from zarr_skip.store import blockreads, reads
 
 #: small blocks and chunks, so that small batches make chunks of several blocks
@@ -259,9 +260,24 @@ def test_a_forged_table_in_the_data_file_is_a_checksum_error(small_blocks: None)
         _column(location)[np.array([_row_of_block(view, 3)])]
 
 
-def _forge(keys: Keys, part: Any, fn: Any) -> None:
+def _as_lists(a: dict[str, Any]) -> None:
+    """An array entry's ``block_table`` as the ``blocks`` and ``block_crc32c`` lists of lists
+    earlier builds wrote."""
+    starts, crcs = block_tables.from_json(a.pop("block_table"), a["sizes"], "test")
+    a["blocks"], a["block_crc32c"] = [list(x) for x in starts], [list(x) for x in crcs]
+
+
+def _forge(keys: Keys, part: Any, fn: Any, form: str = "table") -> None:
+    """``fn`` applied to the ``responses/values`` entry of ``part``'s record, its block index
+    as lists (``form``: kept so, as earlier builds wrote it, or packed again as a table), and
+    its checksum recomputed."""
+
     def edit(record: dict[str, Any]) -> None:
-        fn(record["columns"]["responses"]["arrays"]["values"])
+        a = record["columns"]["responses"]["arrays"]["values"]
+        _as_lists(a)
+        fn(a)
+        if form == "table":
+            a["block_table"] = block_tables.to_json(a.pop("blocks"), a.pop("block_crc32c"))
 
     keys.edit(f"{part.path}/zarr.json", layout.PART_ATTR, edit)
 
@@ -289,7 +305,7 @@ def test_lying_block_starts_in_the_record_are_typed_errors(small_blocks: None) -
 
     for bad in ([0, 1], "x", [[10**12] * 8]):
         keys.write(f"{part.path}/zarr.json", json.dumps(original).encode())
-        _forge(keys, part, lambda a, bad=bad: a.__setitem__("blocks", bad))
+        _forge(keys, part, lambda a, bad=bad: a.__setitem__("blocks", bad), "lists")
         with pytest.raises(MetadataError, match="block"):
             _column(location)[np.array([row])]
 
@@ -305,18 +321,73 @@ def test_block_tables_of_other_types_or_out_of_order_are_metadata_errors(small_b
         starts = a["blocks"][0]
         starts[2], starts[3] = starts[3], starts[2]
 
-    cases: list[tuple[Any, str]] = [
-        (swapped, "blocks must begin after its header, rise"),
-        (lambda a: a["blocks"][0].__setitem__(0, 0), "blocks must begin after its header"),
-        (lambda a: a["blocks"][0].__setitem__(-1, a["sizes"][0] - 2), "end before its checksum"),
-        (lambda a: a["blocks"][0].__setitem__(2, float(a["blocks"][0][2])), "must be lists of ints"),
-        (lambda a: a["block_crc32c"][0].__setitem__(1, True), "must be lists of ints"),
+    cases: list[tuple[Any, str, tuple[str, ...]]] = [
+        (swapped, "blocks must begin after its header, rise", ("table", "lists")),
+        (lambda a: a["blocks"][0].__setitem__(0, 0), "blocks must begin after its header", ("table", "lists")),
+        (lambda a: a["blocks"][0].__setitem__(-1, a["sizes"][0] - 2), "end before its checksum", ("table", "lists")),
+        (lambda a: a["blocks"][0].__setitem__(2, float(a["blocks"][0][2])), "must be lists of ints", ("lists",)),
+        (lambda a: a["block_crc32c"][0].__setitem__(1, True), "must be lists of ints", ("lists",)),
     ]
-    for forge, message in cases:
-        keys.write(f"{part.path}/zarr.json", original)
-        _forge(keys, part, forge)
-        with pytest.raises(MetadataError, match=f"responses/values: .*{message}"):
-            _column(location)[rows]
+    for forge, message, forms in cases:
+        for form in forms:
+            keys.write(f"{part.path}/zarr.json", original)
+            _forge(keys, part, forge, form)
+            with pytest.raises(MetadataError, match=f"responses/values: .*{message}"):
+                _column(location)[rows]
+
+
+@pytest.mark.parametrize(
+    ("forge", "message"),
+    [
+        (lambda t: t.__setitem__("starts", t["starts"][:-1]), "block_table starts is not base64"),
+        (lambda t: t.__setitem__("starts", _less(t["starts"])), "block_table lists [0-9]+ starts and [0-9]+ checksums"),
+        (lambda t: t.__setitem__("starts", "AAA="), "block_table starts is not a whole number of uint32 values"),
+        (lambda t: t.__setitem__("crc32c", [1, 2]), "block_table crc32c must be a base64 string"),
+        (lambda t: t.__setitem__("counts", t["counts"] + [0]), "block_table counts must list one int"),
+        (
+            lambda t: t.__setitem__("counts", [True] * len(t["counts"])),
+            "block_table counts must list one int per chunk",
+        ),
+        (lambda t: t.__setitem__("counts", [-1] * len(t["counts"])), "block_table counts must not be negative"),
+        (lambda t: t.__setitem__("counts", [0] * len(t["counts"])), "block_table lists [0-9]+ starts"),
+        (lambda t: t.pop("crc32c"), "block_table must hold counts, starts and crc32c"),
+        (lambda t: t.__setitem__("more", 1), "block_table must hold counts, starts and crc32c"),
+    ],
+)
+def test_a_block_table_that_does_not_decode_or_add_up_is_a_metadata_error(
+    small_blocks: None, forge: Any, message: str
+) -> None:
+    location, keys, part, view, _ = _damaged()
+    keys.edit(f"{part.path}/zarr.json", layout.PART_ATTR, lambda r: forge(_values(r)["block_table"]))
+    with pytest.raises(MetadataError, match=f"responses/values: {message}"):
+        _column(location)[np.array([_row_of_block(view, 3)])]
+
+
+def test_a_record_with_both_a_block_table_and_lists_is_a_metadata_error(small_blocks: None) -> None:
+    location, keys, part, view, _ = _damaged()
+    table = _values(json.loads(keys.read(f"{part.path}/zarr.json"))["attributes"][layout.PART_ATTR])["block_table"]
+    _forge(keys, part, lambda a: a.__setitem__("block_table", table), "lists")
+    with pytest.raises(MetadataError, match="responses/values: both a block_table and blocks lists"):
+        _column(location)[np.array([_row_of_block(view, 3)])]
+
+
+def test_block_lists_of_earlier_builds_still_read_a_few_rows_by_their_blocks(small_blocks: None, spy: Spy) -> None:
+    location, keys, part, view, want = _damaged()
+    _forge(keys, part, lambda a: None, "lists")
+    record = json.loads(keys.read(f"{part.path}/zarr.json"))["attributes"][layout.PART_ATTR]
+    assert "block_table" not in _values(record) and _values(record)["blocks"][0]
+    row = _row_of_block(view, 3)
+    _same(_column(location)[np.array([row])], [want[row]])
+    assert spy.chunks == 1 and spy.blocks == 1
+
+
+def _less(packed: str) -> str:
+    """A block table's base64 entry with its last value left out."""
+    return base64.b64encode(base64.b64decode(packed)[:-4]).decode()
+
+
+def _values(record: dict[str, Any]) -> dict[str, Any]:
+    return record["columns"]["responses"]["arrays"]["values"]
 
 
 def test_a_cut_data_file_is_a_missing_data_error(small_blocks: None) -> None:

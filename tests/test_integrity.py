@@ -23,7 +23,7 @@ import pytest
 from helpers import CountingStore, KeyRegion, Keys, assert_equal, concat, make_batch
 
 import zarr_skip as zs
-from zarr_skip.format import chunks, layout, records
+from zarr_skip.format import block_tables, chunks, layout, records
 from zarr_skip.format.records import Place
 from zarr_skip.store.storage import Storage
 
@@ -384,15 +384,21 @@ def _crafted_values(root: Path, fn: Any) -> zs.Cache:
     return zs.open_cache(root)
 
 
-def test_a_block_index_of_no_blocks_but_a_checksum_is_a_metadata_error(three: Any) -> None:
+@pytest.mark.parametrize("form", ["table", "lists"])
+def test_a_block_index_of_no_blocks_but_a_checksum_is_a_metadata_error(three: Any, form: str) -> None:
     def crafted(a: dict[str, Any]) -> None:
-        a["blocks"], a["block_crc32c"] = [[] for _ in a["sizes"]], [[1] for _ in a["sizes"]]
+        starts, crcs = [[] for _ in a["sizes"]], [[1] for _ in a["sizes"]]
+        if form == "table":
+            a["block_table"] = block_tables.to_json(starts, crcs)
+        else:
+            a["blocks"], a["block_crc32c"] = starts, crcs
 
+    message = "block_table lists 0 starts and [0-9]+ checksums" if form == "table" else "block_crc32c must list"
     cache = _crafted_values(three[0], crafted)
-    with pytest.raises(zs.MetadataError, match="responses/values: block_crc32c must list"):
+    with pytest.raises(zs.MetadataError, match=f"responses/values: {message}"):
         cache.load(1)["responses"][:]
     (problem,) = cache.verify().problems
-    assert problem.kind == "metadata" and "responses/values: block_crc32c" in problem.error
+    assert problem.kind == "metadata" and re.search(f"responses/values: {message}", problem.error)
 
 
 def test_a_values_shape_beyond_a_float_is_a_metadata_error(three: Any) -> None:

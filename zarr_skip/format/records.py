@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -30,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from zarr_skip.errors import MetadataError
-from zarr_skip.format import blosc_frames
+from zarr_skip.format import block_tables
+from zarr_skip.format.block_tables import BlockIndex
 
 #: the most mini-batches one step may expect (verl's ``parameter_sync_step`` is a few)
 MAX_EXPECTED = 1 << 16
@@ -46,7 +46,7 @@ RATIO_SLACK = 1 << 16
 #: times (seconds since the epoch) a record may hold lie strictly between -MAX_TIME and MAX_TIME
 MAX_TIME = 1e300
 #: the crc32c trailer every chunk ends with
-CRC_BYTES = 4
+CRC_BYTES = block_tables.CRC_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,17 +214,22 @@ def check_packed(doc: Mapping[str, Any], where: str) -> None:
             raise MetadataError(f"{where}: the bytes of {first} and {second} overlap in the data file")
 
 
-def check_column(doc: Mapping[str, Any], name: str, where: str) -> None:
-    """Every count, shape and size of one column of a record :func:`check_frame` passed."""
+def check_column(doc: Mapping[str, Any], name: str, where: str) -> dict[str, BlockIndex | None]:
+    """Every count, shape and size of one column of a record :func:`check_frame` passed; of
+    each of its arrays, the block index it keeps (:mod:`~zarr_skip.format.block_tables`;
+    None: its chunks are read whole)."""
     arrays = doc["columns"][name]["arrays"]
     rows = doc["rows"]
     per_row = ("data", "codes") if "codes" in arrays else ("data", "lengths")  # a dictionary's lengths: entries
-    for aname, array in arrays.items():
-        _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
+    indexes = {
+        aname: _check_array(array, rows if aname in per_row else None, f"{where}, {name}/{aname}")
+        for aname, array in arrays.items()
+    }
     if "lengths" in arrays and "values" not in arrays:
         raise MetadataError(f"{where}: column {name!r} has lengths but no values")
     if "codes" in arrays:
         _check_entries(arrays, rows, f"{where}, {name}")
+    return indexes
 
 
 def _check_entries(arrays: Mapping[str, Any], rows: int, where: str) -> None:
@@ -242,8 +247,8 @@ def _check_entries(arrays: Mapping[str, Any], rows: int, where: str) -> None:
         )
 
 
-def _check_array(a: Any, rows: int | None, where: str) -> None:
-    """Check one array entry of a manifest."""
+def _check_array(a: Any, rows: int | None, where: str) -> BlockIndex | None:
+    """Check one array entry of a manifest; the block index it keeps, if any."""
     if not isinstance(a, Mapping):
         raise MetadataError(f"{where}: not an object")
     try:
@@ -287,29 +292,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> None:
             raise MetadataError(f"{where}: first_rows must list one row per chunk")
         if any(b < a_ for a_, b in pairwise(count(r, "first_rows", where) for r in first)):
             raise MetadataError(f"{where}: first_rows must not decrease")
-    _check_blocks(a.get("blocks"), a.get("block_crc32c"), sizes, where)
-
-
-def _check_blocks(blocks: Any, sums: Any, sizes: list[int], where: str) -> None:
-    """Check the block index of an array's chunks (see :func:`chunks.block_index`): for each
-    chunk, where its blocks begin (inside it: after its header and table, rising, before its
-    crc32c) and the crc32c of its header and of each block, or nothing (read whole)."""
-    if blocks is None and sums is None:
-        return
-    if not isinstance(blocks, list) or not isinstance(sums, list) or not len(blocks) == len(sums) == len(sizes):
-        raise MetadataError(f"{where}: blocks and block_crc32c must list one entry per chunk")
-    for starts, crcs, size in zip(blocks, sums, sizes, strict=True):
-        if not isinstance(starts, list) or not isinstance(crcs, list) or not _ints(starts) or not _ints(crcs):
-            raise MetadataError(f"{where}: each chunk's blocks and block_crc32c must be lists of ints")
-        if not starts and not crcs:
-            continue
-        if not starts or len(crcs) != len(starts) + 1 or min(crcs) < 0 or max(crcs) >> 32:
-            raise MetadataError(f"{where}: block_crc32c must list one 32-bit value per block and one for the header")
-        ends = [*starts, size - CRC_BYTES]
-        if starts[0] != blosc_frames.table_bytes(len(starts)) or not all(map(operator.lt, ends, ends[1:])):
-            raise MetadataError(
-                f"{where}: a chunk's blocks must begin after its header, rise, and end before its checksum"
-            )
+    return block_tables.of_array(a, sizes, where)
 
 
 def _ints(values: list[Any]) -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 
 from zarr_skip.errors import MetadataError, SchemaMismatchError
 from zarr_skip.format import chunks, layout, records
+from zarr_skip.format.block_tables import BlockIndex
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
 from zarr_skip.store import blockreads
@@ -240,36 +241,38 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
 
     def _build(self, name: str) -> dict[str, ArrayPart]:
         doc, where = self._doc, self._where
-        records.check_column(doc, name, where)
+        indexes = records.check_column(doc, name, where)
         entry = doc["columns"][name]
         multi = len(entry["arrays"]) > 1
         for aname in entry["arrays"]:
             _contained(aname, f"array of column {name!r}", where)
         try:
-            return {
-                aname: ArrayPart(
-                    path=layout.join(self._data, name, aname) if multi else layout.join(self._data, name),
-                    dtype=records.parse_dtype(a["dtype"]),
-                    shape=tuple(a["shape"]),
-                    chunk=int(a["chunk"]),
-                    sizes=tuple(a["sizes"]),
-                    compression=_compression(a["codec"]) if "codec" in a else self._default,
-                    where=f"{self._label}, column {name!r}",
-                    separator=_separator(a.get("separator", "/")),
-                    shard=a.get("shard", False) is True,
-                    first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
-                    crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
-                    file=self._data if self._packed else None,
-                    offset=int(a.get("offset", 0)) if self._packed else 0,
-                    blocks=_nested(a.get("blocks")) if self._packed else None,
-                    block_crcs=_nested(a.get("block_crc32c")) if self._packed else None,
-                )
-                for aname, a in entry["arrays"].items()
-            }
+            return {aname: self._array(name, a, multi, aname, indexes[aname]) for aname, a in entry["arrays"].items()}
         except MetadataError:
             raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"{where}, column {name!r}: malformed metadata ({exc!r:.200})") from None
+
+    def _array(self, name: str, a: Mapping[str, Any], multi: bool, aname: str, index: BlockIndex | None) -> ArrayPart:
+        """Array ``aname`` of column ``name``, of its record entry ``a`` and block ``index``, checked."""
+        blocks = index if self._packed else None
+        return ArrayPart(
+            path=layout.join(self._data, name, aname) if multi else layout.join(self._data, name),
+            dtype=records.parse_dtype(a["dtype"]),
+            shape=tuple(a["shape"]),
+            chunk=int(a["chunk"]),
+            sizes=tuple(a["sizes"]),
+            compression=_compression(a["codec"]) if "codec" in a else self._default,
+            where=f"{self._label}, column {name!r}",
+            separator=_separator(a.get("separator", "/")),
+            shard=a.get("shard", False) is True,
+            first_rows=_first_rows(a.get("first_rows"), len(a["sizes"])),
+            crcs=None if a.get("crc32c") is None else tuple(a["crc32c"]),
+            file=self._data if self._packed else None,
+            offset=int(a.get("offset", 0)) if self._packed else 0,
+            blocks=None if blocks is None else blocks[0],
+            block_crcs=None if blocks is None else blocks[1],
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -321,11 +324,6 @@ def _first_rows(value: Any, count: int) -> tuple[int, ...] | None:
     if len(first) != count or any(b < a for a, b in pairwise(first)):
         raise ValueError(f"first_rows {value!r} for {count} chunks")
     return first
-
-
-def _nested(value: Any) -> tuple[tuple[int, ...], ...] | None:
-    """A record's list of lists of ints (checked by :func:`records.check_column`) as tuples."""
-    return None if value is None else tuple(tuple(map(int, inner)) for inner in value)
 
 
 def _separator(value: Any) -> str:

@@ -50,7 +50,7 @@ from typing import Any
 
 from zarr_skip._deprecation import warn_renamed
 from zarr_skip.errors import ConfigError, DisplacedWriterError, StepCompleteError, StorageError, ZarrSkipError
-from zarr_skip.format import chunks, layout, records
+from zarr_skip.format import block_tables, chunks, layout, records
 from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
 from zarr_skip.format.state import HOST, PartRecord, RunRecord, completed, latest
@@ -651,6 +651,8 @@ def _write_arrays(
     spans, size = storage.publish_zip(data_key, members, fresh=True)
     for key, array in chunk_members:
         array["offset"] = spans[key][0]
+        if "blocks" in array:
+            array["block_table"] = block_tables.to_json(array.pop("blocks"), array.pop("block_crc32c"))
     nbytes = sum(sum(arr["sizes"]) for entry in manifest.values() for arr in entry["arrays"].values())
     raw = sum(col.nbytes for col in batch.columns)  # the logical size, as numpy's nbytes
     return manifest, nbytes, raw, size
