@@ -14,7 +14,7 @@ A record keeps them in ``block_table``, three entries for all the array's chunks
 
 JSON lists of thousands of ints cost a reader more to parse than the rest of the record (a
 record of a large step: 0.5-0.7 ms with the lists, 0.16 ms with the tables as strings), and
-their checks a Python loop per block; these decode in one call and are checked as arrays.
+their checks; these decode in one call each (then checked chunk by chunk, in C loops).
 Records written before ``block_table`` keep the same numbers as two lists of lists,
 ``blocks`` and ``block_crc32c``, which readers still take (:func:`from_lists`).
 """
@@ -54,7 +54,7 @@ def _encode(values: list[int]) -> str:
     return base64.b64encode(np.asarray(values, dtype="<u4").tobytes()).decode("ascii")
 
 
-def _decode(value: Any, what: str, where: str) -> np.ndarray:
+def _decode(value: Any, what: str, where: str) -> list[int]:
     if not isinstance(value, str):
         raise MetadataError(f"{where}: block_table {what} must be a base64 string")
     try:
@@ -63,17 +63,18 @@ def _decode(value: Any, what: str, where: str) -> np.ndarray:
         raise MetadataError(f"{where}: block_table {what} is not base64") from None
     if len(raw) % 4:
         raise MetadataError(f"{where}: block_table {what} is not a whole number of uint32 values")
-    return np.frombuffer(raw, dtype="<u4").astype(np.int64)
+    out: list[int] = np.frombuffer(raw, dtype="<u4").tolist()
+    return out
 
 
 def from_json(table: Any, sizes: Sequence[int], where: str) -> BlockIndex:
     """Each chunk's block starts and checksums from a record's ``block_table``, once they
-    are checked against the chunks' ``sizes`` (see :func:`check_chunk`); MetadataError
-    naming ``where`` for the first thing off."""
+    add up and every chunk's starts are where its blocks can be (:func:`_check_starts`);
+    MetadataError naming ``where`` for the first thing off."""
     if not isinstance(table, Mapping) or set(table) != {"counts", "starts", "crc32c"}:
         raise MetadataError(f"{where}: block_table must hold counts, starts and crc32c")
     counts = table["counts"]
-    if not isinstance(counts, list) or len(counts) != len(sizes) or not {*map(type, counts)} <= {int}:
+    if not isinstance(counts, list) or len(counts) != len(sizes) or not _ints(counts):
         raise MetadataError(f"{where}: block_table counts must list one int per chunk")
     if counts and min(counts) < 0:
         raise MetadataError(f"{where}: block_table counts must not be negative")
@@ -83,20 +84,17 @@ def from_json(table: Any, sizes: Sequence[int], where: str) -> BlockIndex:
             f"{where}: block_table lists {len(starts)} starts and {len(crcs)} checksums for "
             f"{sum(counts)} blocks (and a header each) of {len(counts)} chunks"
         )
-    _check_starts(np.asarray(counts, dtype=np.int64), starts, np.asarray(sizes, dtype=np.int64), where)
-    return _split(starts.tolist(), counts, 0), _split(crcs.tolist(), counts, 1)
+    per_chunk = _split(starts, counts, 0)
+    for chunk_starts, size in zip(per_chunk, sizes, strict=True):
+        if chunk_starts:
+            _check_starts(chunk_starts, size, where)
+    return per_chunk, _split(crcs, counts, 1)
 
 
-def _check_starts(counts: np.ndarray, starts: np.ndarray, sizes: np.ndarray, where: str) -> None:
-    """Every chunk's blocks begin after its header and table, rise, and end before its crc32c."""
-    if not len(starts):
-        return
-    indexed = counts > 0
-    first = (np.cumsum(counts) - counts)[indexed]  # where each chunk's starts begin in ``starts``
-    following = np.append(starts[1:], 0)  # what each start must be below: the next one, or
-    following[first + counts[indexed] - 1] = sizes[indexed] - CRC_BYTES  # the chunk's crc32c
-    tables = np.array([blosc_frames.table_bytes(int(n)) for n in counts[indexed]], dtype=np.int64)
-    if not np.array_equal(starts[first], tables) or not np.all(starts < following):
+def _check_starts(starts: Sequence[int], size: int, where: str) -> None:
+    """A chunk's blocks begin after its header and table, rise, and end before its crc32c."""
+    ends = [*starts, size - CRC_BYTES]
+    if starts[0] != blosc_frames.table_bytes(len(starts)) or not all(map(operator.lt, ends, ends[1:])):
         raise MetadataError(f"{where}: a chunk's blocks must begin after its header, rise, and end before its checksum")
 
 
@@ -124,11 +122,7 @@ def from_lists(blocks: Any, sums: Any, sizes: Sequence[int], where: str) -> Bloc
             continue
         if not starts or len(crcs) != len(starts) + 1 or min(crcs) < 0 or max(crcs) >> 32:
             raise MetadataError(f"{where}: block_crc32c must list one 32-bit value per block and one for the header")
-        ends = [*starts, size - CRC_BYTES]
-        if starts[0] != blosc_frames.table_bytes(len(starts)) or not all(map(operator.lt, ends, ends[1:])):
-            raise MetadataError(
-                f"{where}: a chunk's blocks must begin after its header, rise, and end before its checksum"
-            )
+        _check_starts(starts, size, where)
     return tuple(tuple(s) for s in blocks), tuple(tuple(c) for c in sums)
 
 
