@@ -30,7 +30,7 @@ import numpy as np
 
 from zarr_skip.errors import MetadataError
 from zarr_skip.format import block_tables
-from zarr_skip.format.block_tables import BlockIndex
+from zarr_skip.format.block_tables import BlockIndex, all_ints
 
 #: the most mini-batches one step may expect (verl's ``parameter_sync_step`` is a few)
 MAX_EXPECTED = 1 << 16
@@ -260,7 +260,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> BlockIndex | None:
     shape = a.get("shape")
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM:
         raise MetadataError(f"{where}: shape must be a list of 1 to {MAX_NDIM} ints")
-    dims = shape if _ints(shape) and min(shape) >= 0 else [count(d, "shape", where) for d in shape]
+    dims = shape if all_ints(shape) and min(shape) >= 0 else [count(d, "shape", where) for d in shape]
     if rows is not None and dims[0] != rows:
         raise MetadataError(f"{where}: {dims[0]} rows stored, the record says {rows}")
     chunk = count(a.get("chunk"), "chunk", where, low=1)
@@ -271,7 +271,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> BlockIndex | None:
     if len(sizes) != n_chunks:
         raise MetadataError(f"{where}: {len(sizes)} chunk sizes for {dims[0]} rows in chunks of {chunk}")
     chunk_raw = chunk * math.prod(dims[1:]) * dtype.itemsize
-    if not _ints(sizes) or (sizes and (min(sizes) <= CRC_BYTES or chunk_raw > MAX_RATIO * min(sizes) + RATIO_SLACK)):
+    if not all_ints(sizes) or (sizes and (min(sizes) <= CRC_BYTES or chunk_raw > MAX_RATIO * min(sizes) + RATIO_SLACK)):
         for s in sizes:  # which one, and why
             count(s, "chunk size", where, low=CRC_BYTES + 1)
             if chunk_raw > MAX_RATIO * s + RATIO_SLACK:
@@ -282,7 +282,7 @@ def _check_array(a: Any, rows: int | None, where: str) -> BlockIndex | None:
     if crcs is not None and (
         not isinstance(crcs, list)
         or len(crcs) != n_chunks
-        or not _ints(crcs)
+        or not all_ints(crcs)
         or (crcs and (min(crcs) < 0 or max(crcs) >> 32))
     ):
         raise MetadataError(f"{where}: crc32c must list one 32-bit value per chunk")
@@ -293,11 +293,6 @@ def _check_array(a: Any, rows: int | None, where: str) -> BlockIndex | None:
         if any(b < a_ for a_, b in pairwise(count(r, "first_rows", where) for r in first)):
             raise MetadataError(f"{where}: first_rows must not decrease")
     return block_tables.of_array(a, sizes, where)
-
-
-def _ints(values: list[Any]) -> bool:
-    """Every value an int (not a bool)."""
-    return {*map(type, values)} <= {int}  # a loop in C: a record lists thousands (block tables)
 
 
 @functools.lru_cache(maxsize=256)

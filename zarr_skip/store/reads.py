@@ -247,14 +247,15 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
         for aname in entry["arrays"]:
             _contained(aname, f"array of column {name!r}", where)
         try:
-            return {aname: self._array(name, a, multi, aname, indexes[aname]) for aname, a in entry["arrays"].items()}
+            return {aname: self._array(name, aname, a, multi, indexes[aname]) for aname, a in entry["arrays"].items()}
         except MetadataError:
             raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"{where}, column {name!r}: malformed metadata ({exc!r:.200})") from None
 
-    def _array(self, name: str, a: Mapping[str, Any], multi: bool, aname: str, index: BlockIndex | None) -> ArrayPart:
-        """Array ``aname`` of column ``name``, of its record entry ``a`` and block ``index``, checked."""
+    def _array(self, name: str, aname: str, a: Mapping[str, Any], multi: bool, index: BlockIndex | None) -> ArrayPart:
+        """Array ``aname`` of column ``name`` (``multi``: one of several) from its record entry
+        ``a`` and block ``index``, both checked (:func:`records.check_column`)."""
         blocks = index if self._packed else None
         return ArrayPart(
             path=layout.join(self._data, name, aname) if multi else layout.join(self._data, name),
