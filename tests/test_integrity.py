@@ -580,6 +580,15 @@ def test_a_record_is_checked_on_its_bytes_not_encoded_again(three: Any, monkeypa
     assert encoded and not [d for d in encoded if "columns" in d]
 
 
+def test_records_are_sealed_on_every_backend(keyed: Any, location: Any, monkeypatch: Any) -> None:
+    keys, written = keyed
+    assert all(layout.seal_holds(keys.read(_record(keys, step, i))) for step in (1, 2, 3) for i in range(2))
+    encoded: list[Any] = []
+    monkeypatch.setattr(layout, "doc_checksum", lambda d, f=layout.doc_checksum: encoded.append(d) or f(d))
+    assert_equal(zs.open_cache(location).load(3).to_dict(), written[3])
+    assert not [d for d in encoded if "columns" in d]
+
+
 def test_a_record_edited_in_place_is_refused(three: Any) -> None:
     root, _ = three
     path = _record_path(root, 2, 1)
