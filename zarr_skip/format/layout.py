@@ -7,6 +7,7 @@ The layout, documented in ``docs/format.md``::
     {experiment}/{step}/zarr.json           step group {"zarr_skip.complete": summary}, once complete
     {experiment}/{step}/{run}/zarr.json     {"zarr_skip.run": {"run", "started", "expected"}}
     {experiment}/{step}/{run}/{i}/zarr.json {"zarr_skip.part": {... "state": "writing"|"complete"}}
+                                            (complete: then "zarr_skip.seal", the crc32c of the bytes before it)
     {experiment}/{step}/{run}/{i}/{column}  arrays (a group of arrays for multi-array columns)
     {experiment}/{step}/{run}/complete/zarr.json  {"zarr_skip.completion": {"writer", "token"}}
 """
