@@ -100,11 +100,8 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], 
         if src.start >= src.stop:
             return None
         needed: Sequence[int] = range(src.start * row // block, (src.stop * row - 1) // block + 1)
-    elif isinstance(src, tuple):  # runs of rows: (start, stop) pairs
-        hit = np.zeros(len(starts), dtype=bool)
-        for lo, hi in src:
-            hit[lo * row // block : (hi * row - 1) // block + 1] = lo < hi
-        needed = np.flatnonzero(hit).tolist()
+    elif isinstance(src, tuple):  # runs of rows: (start, stop) pairs, a few: no numpy calls
+        needed = sorted({k for lo, hi in src if lo < hi for k in range(lo * row // block, (hi * row - 1) // block + 1)})
     else:
         rows = np.asarray(src, dtype=np.int64)
         hit = np.bincount(rows * row // block, minlength=len(starts)) > 0
@@ -116,15 +113,16 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], 
     base = a.offset + a.starts[c]
     ends = (*starts[1:], a.sizes[c] - records.CRC_BYTES)
     wanted = [(base, starts[0])] + [(base + starts[k], ends[k] - starts[k]) for k in needed]
-    pieces: list[Piece] = []
+    spans: list[list[int]] = []  # [start, end] of each piece
     cuts = []
     for start, length in wanted:  # rising: merged with the last piece when close to it
-        if pieces and start - (pieces[-1].start + pieces[-1].length) <= GAP_BYTES:
-            pieces[-1] = Piece(pieces[-1].file, pieces[-1].start, start + length - pieces[-1].start)
+        if spans and start - spans[-1][1] <= GAP_BYTES:
+            spans[-1][1] = start + length
         else:
-            pieces.append(Piece(a.file, start, length))  # type: ignore[arg-type]  # a.file is set (above)
-        cuts.append((len(pieces) - 1, start - pieces[-1].start, length))
-    return BlockPlan(a, c, tuple(int(k) for k in needed), tuple(pieces), tuple(cuts))
+            spans.append([start, start + length])
+        cuts.append((len(spans) - 1, start - spans[-1][0], length))
+    pieces = tuple(Piece(a.file, lo, hi - lo) for lo, hi in spans)  # type: ignore[arg-type]  # a.file is set (above)
+    return BlockPlan(a, c, tuple(int(k) for k in needed), pieces, tuple(cuts))
 
 
 def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
