@@ -25,6 +25,7 @@ from helpers import CountingStore, KeyRegion, Keys, assert_equal, concat, make_b
 import zarr_skip as zs
 from zarr_skip.format import block_tables, chunks, layout, records
 from zarr_skip.format.records import Place
+from zarr_skip.store.catalog import group_doc
 from zarr_skip.store.storage import Storage
 
 EXP = "exp_proj/GBS4_N2_in8_out16"
@@ -571,7 +572,7 @@ def test_a_record_is_checked_on_its_bytes_not_encoded_again(three: Any, monkeypa
     root, written = three
     blob = _record_path(root, 2, 0).read_bytes()
     doc = json.loads(blob)["attributes"][layout.PART_ATTR]
-    assert blob == layout.sealed_group(layout.PART_ATTR, doc)  # what the writer stores
+    assert blob == layout.seal(group_doc({layout.PART_ATTR: doc}))  # what the writer stores
     assert layout.seal_holds(blob)
 
     encoded: list[Any] = []  # the small step and experiment records are encoded as before
@@ -616,9 +617,9 @@ def test_a_record_in_another_layout_is_checked_as_parsed(three: Any, monkeypatch
 @pytest.mark.parametrize(
     "case", ["sealed", "spaced", "flipped", "seal flipped", "not hex", "cut", "not bytes", "empty"]
 )
-def test_seal_holds_only_for_the_bytes_sealed_group_wrote(case: str) -> None:
+def test_seal_holds_only_for_the_bytes_seal_wrote(case: str) -> None:
     doc = {"rows": 3, "meta_info": {"a": "x"}, "columns": {"b": 1, "a": 2}}
-    blob: Any = layout.sealed_group(layout.PART_ATTR, doc)
+    blob: Any = layout.seal(group_doc({layout.PART_ATTR: doc}))
     assert json.loads(blob)["attributes"] == {layout.PART_ATTR: doc, layout.SEAL_ATTR: blob[-11:-3].decode()}
     assert list(json.loads(blob)["attributes"][layout.PART_ATTR]["columns"]) == ["b", "a"]  # the order written
     at = blob.index(b'"x"') + 1
@@ -642,8 +643,13 @@ def test_verify_checks_the_checksum_of_a_sealed_record(three: Any) -> None:
     path = _record_path(root, 3, 0)
     doc = json.loads(path.read_bytes())["attributes"][layout.PART_ATTR]
     doc["meta_info"] = {"edited": True}
-    path.write_bytes(layout.sealed_group(layout.PART_ATTR, doc))
+    path.write_bytes(layout.seal(group_doc({layout.PART_ATTR: doc})))
     cache = zs.open_cache(root)
     assert cache.load(3).meta_info == {"edited": True}
     (problem,) = cache.verify().problems
     assert problem.kind == "metadata" and "checksum mismatch" in problem.error and problem.path == str(path.parent)
+
+
+def test_seal_takes_only_a_zarr_json_whose_attributes_come_last() -> None:
+    with pytest.raises(ValueError, match="attributes come last"):
+        layout.seal(b'{"attributes":{},"zarr_format":3}')

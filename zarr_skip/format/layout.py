@@ -127,16 +127,11 @@ def doc_checksum(doc: Mapping[str, Any]) -> str:
 
     body = {k: v for k, v in doc.items() if k != "checksum"}
     # a parsed or built document holds no circles (a RecursionError is the callers' to report)
-    text = _record_text(body)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True, check_circular=False)
     return f"{int(google_crc32c.value(text.encode())):08x}"
 
 
 _HEX8 = re.compile(rb"[0-9a-f]{8}")
-
-
-def _record_text(doc: Mapping[str, Any]) -> str:
-    """A record's canonical JSON (what :func:`doc_checksum` hashes)."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True, check_circular=False)
 
 
 _SEAL_HEAD = b',"' + SEAL_ATTR.encode() + b'":"'
@@ -144,36 +139,34 @@ _SEAL_HEAD = b',"' + SEAL_ATTR.encode() + b'":"'
 _SEAL_BYTES = len(_SEAL_HEAD) + 8 + len(b'"}}')
 
 
-def sealed_group(attribute: str, doc: Mapping[str, Any]) -> bytes:
-    """The ``zarr.json`` bytes of a group whose attribute ``attribute`` is the record ``doc``,
-    then :data:`SEAL_ATTR`: the crc32c of every byte before it, which :func:`seal_holds`
-    checks as the record is read (in place of encoding it again for :func:`doc_checksum`)."""
+def seal(group: bytes) -> bytes:
+    """``group``, the bytes of a group's ``zarr.json`` ending with its ``attributes`` (as
+    ``catalog.group_doc`` writes it), with :data:`SEAL_ATTR` added last to them: the crc32c of
+    every byte before it, which :func:`seal_holds` checks as the records in it are read (in
+    place of encoding each again for :func:`doc_checksum`)."""
     import google_crc32c
 
-    body = json.dumps(
-        {"zarr_format": 3, "node_type": "group", "attributes": {attribute: doc}},
-        separators=(",", ":"),
-        allow_nan=True,
-        check_circular=False,
-    ).encode()[:-2]
+    if not group.endswith(b"}}"):
+        raise ValueError("a zarr.json whose attributes come last")
+    body = group[:-2]
     return body + _SEAL_HEAD + f"{int(google_crc32c.value(body)):08x}".encode() + b'"}}'
 
 
 def seal_holds(blob: bytes) -> bool:
-    """Whether ``blob`` (a ``zarr.json`` as read) ends with the seal :func:`sealed_group`
-    writes and its bytes before it are the ones sealed: the records in it are as their writer
-    stored them, checksums and all (their check without encoding them again: ~0.5 ms for a
-    record of 40 KB). False for a ``zarr.json`` written otherwise (earlier builds, another
-    program): the caller then checks each record's ``checksum`` on its parsed form."""
+    """Whether ``blob`` (a ``zarr.json`` as read) ends with the seal :func:`seal` adds and its
+    bytes before it are the ones sealed: the records in it are as their writer stored them,
+    checksums and all (their check without encoding them again: ~0.5 ms for a record of 40 KB).
+    False for a ``zarr.json`` written otherwise (earlier builds, another program): the caller
+    then checks each record's ``checksum`` on its parsed form."""
     if type(blob) is not bytes or len(blob) < _SEAL_BYTES:
         return False
     tail = blob[-_SEAL_BYTES:]
-    seal = tail[len(_SEAL_HEAD) : -3]
-    if not tail.startswith(_SEAL_HEAD) or not tail.endswith(b'"}}') or not _HEX8.fullmatch(seal):
+    digits = tail[len(_SEAL_HEAD) : -3]
+    if not tail.startswith(_SEAL_HEAD) or not tail.endswith(b'"}}') or not _HEX8.fullmatch(digits):
         return False
     import google_crc32c
 
-    return int(google_crc32c.value(blob[:-_SEAL_BYTES])) == int(seal, 16)
+    return int(google_crc32c.value(blob[:-_SEAL_BYTES])) == int(digits, 16)
 
 
 def normalize_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,11 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import google_crc32c
 import numpy as np
 
 from zarr_skip.errors import ChecksumError, MissingDataError
-from zarr_skip.format import blosc_frames, records
+from zarr_skip.format import blosc_frames, chunks, records
 
 if TYPE_CHECKING:
     from zarr_skip.store.reads import ArrayPart
@@ -146,11 +145,11 @@ def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
                 f"{where}: bytes {piece.start}..{piece.start + piece.length} of the data file are cut "
                 f"at {len(blob)} (truncated?)"
             )
-    items = [bytes(memoryview(blobs[i])[at : at + n]) for i, at, n in p.cuts]  # bytes: what crc32c takes
+    items = [bytes(memoryview(blobs[i])[at : at + n]) for i, at, n in p.cuts]  # bytes: crc32c's fast path
     sums = a.block_crcs[c]  # type: ignore[index]  # set with a.blocks (records.check_column)
     recorded = (sums[0], *(sums[k + 1] for k in p.blocks))
     for k, item, crc in zip((-1, *p.blocks), items, recorded, strict=True):
-        if google_crc32c.value(item) != crc:
+        if chunks.crc32c(item) != crc:
             raise ChecksumError(
                 f"{where}: {'header' if k < 0 else f'block {k}'}: checksum mismatch (recorded {crc:#010x})"
             )

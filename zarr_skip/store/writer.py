@@ -553,7 +553,7 @@ def _attempt(
             _discard(storage, data_path)
             return None
         done = _completed(held[0], batch, compression, manifest, (nbytes, raw, size))
-        storage.set(record_key, layout.sealed_group(layout.PART_ATTR, done))
+        storage.set(record_key, layout.seal(group_doc({layout.PART_ATTR: done})))
     except BaseException:
         held = held or _settled(claiming)  # interrupted while waiting: the claim may still stand
         _discard(storage, part_path if held is not None and _holds(storage, record_key, held[0]) else data_path)
