@@ -74,9 +74,10 @@ def test_a_few_rows_open_each_data_file_once_per_round_in_the_calling_thread(
     monkeypatch.setattr(_localfs.Tree, "read_spans", counting_spans)
     idx = np.sort(np.random.default_rng(0).choice(len(want), 64, replace=False))
     _same(col[idx], [want[i] for i in idx])
-    # two rounds (the rows' lengths, then their blocks): each data file opened once in each,
-    # where a file was opened for every piece of every chunk read (dozens)
-    assert sum(opened.values()) == 8 and set(opened.values()) == {2}
+    # one round (the rows' blocks, their records saying where the rows lie): each data file
+    # opened once, where a file was opened for every piece of every chunk read (dozens), and
+    # the rows' lengths were read in a round before
+    assert sum(opened.values()) == 4 and set(opened.values()) == {1}
     assert threads == {threading.get_ident()}  # a few small reads: no task handed to the pool
 
 

@@ -124,11 +124,20 @@ def test_lazy_reads_touch_only_needed_chunks(fingerprint: dict) -> None:
     assert [r.tolist() for r in picked.unbind()] == [want[8].tolist(), want[3].tolist(), want[8].tolist()]
 
 
-def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dict, monkeypatch: Any) -> None:
-    """The record names the row each values chunk starts in, so a row range fetches its lengths
-    and its values chunks in one round of requests (object stores) or, on local files, asks the
-    kernel to read the values while the lengths are read; every range reads back exact."""
+@pytest.mark.parametrize("ends", [True, False], ids=["value_ends", "older_records"])
+def test_a_few_jagged_rows_are_read_in_one_round(
+    location: Any, fingerprint: dict, monkeypatch: Any, ends: bool
+) -> None:
+    """The record says where each row's values end, so a few rows fetch their values alone; a
+    record of an older writer names the row each values chunk starts in, so a row range
+    fetches its lengths and its values chunks in one round of requests (object stores) or, on
+    local files, asks the kernel to read the values while the lengths are read; every range
+    reads back exact."""
+    from zarr_skip.format import records
     from zarr_skip.store.storage import Storage
+
+    if not ends:
+        monkeypatch.setattr(records, "MAX_VALUE_ENDS", 0)  # the writer keeps none
 
     cache = zs.open_cache(location, fingerprint, chunk_bytes=32)  # a few rows: at most 8 chunks
     parts = [make_batch(7, seed=i, offset=10 * i) for i in range(3)]
@@ -147,6 +156,7 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
     local = cache._storage.root is not None
     view = cache.load(2)
     assert all(p.arrays["responses"]["values"].first_rows is not None for p in view._parts)
+    assert _ends(view, "responses") is ends
     for name in ("responses", "uid", "tags"):
         want = merged[name]
         lengths = view[name].lengths()
@@ -161,7 +171,7 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
                     assert list(got) == list(want[start:stop]), (name, start, stop)
                 if 0 < stop - start <= 3:  # a few rows: a handful of chunks
                     has_values = bool(lengths[start:stop].sum())
-                    assert rounds == _few_rows_rounds(local, has_values), (name, start, stop, rounds)
+                    assert rounds == _few_rows_rounds(local, has_values, _ends(view, name)), (name, start, stop, rounds)
     rng = np.random.default_rng(0)
     for name in ("responses", "tags"):
         lengths = view[name].lengths()
@@ -176,13 +186,26 @@ def test_a_few_jagged_rows_are_read_in_one_round(location: Any, fingerprint: dic
             else:
                 assert list(got) == [want[i] for i in idx]
             if size <= 3:
-                assert rounds == _few_rows_rounds(local, bool(lengths[idx].sum())), (name, idx, rounds)
+                assert rounds == _few_rows_rounds(local, bool(lengths[idx].sum()), _ends(view, name)), (
+                    name,
+                    idx,
+                    rounds,
+                )
 
 
-def _few_rows_rounds(local: bool, has_values: bool) -> list[str]:
-    """What reading a few rows of a jagged column asks of the storage: the values chunks are
-    named ahead (object stores decline, local files have the kernel read them), then one batch
-    fetches the lengths (with the values, from an object store); local values are read after."""
+def _ends(view: zs.StepView, name: str) -> bool:
+    """Whether every record of the step keeps the ``value_ends`` of column ``name``."""
+    return all(p.arrays[name]["lengths"].value_ends is not None for p in view._parts)
+
+
+def _few_rows_rounds(local: bool, has_values: bool, ends: bool) -> list[str]:
+    """What reading a few rows of a jagged column asks of the storage. When the records keep
+    where each row ends (``value_ends``): one batch of the values, if the rows hold any. Else
+    the values chunks are named ahead (object stores decline, local files have the kernel read
+    them), then one batch fetches the lengths (with the values, from an object store); local
+    values are read after."""
+    if ends:
+        return ["get"] if has_values else []
     return ["ahead", "get"] + (["get"] if local and has_values else [])
 
 

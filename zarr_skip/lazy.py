@@ -360,8 +360,22 @@ class LazyColumn:
         if self._lengths is None and self._dict is not None:
             self._lengths = self._dict.lengths()
         if self._lengths is None:
-            self._lengths = reads.checked_lengths(read_ranges(self._storage, [self._lengths_whole()])[0], self._parts)
+            known = self._recorded_lengths(range(len(self._parts)))
+            self._lengths = (
+                np.concatenate(known)
+                if known is not None
+                else reads.checked_lengths(read_ranges(self._storage, [self._lengths_whole()])[0], self._parts)
+            )
         return self._lengths
+
+    def _recorded_lengths(self, parts: Iterable[int]) -> list[np.ndarray] | None:
+        """The row lengths of mini-batches ``parts`` from their records' ``value_ends`` (checked
+        as the record was: never negative, adding to the values stored), read from no chunk;
+        None when one of them keeps none (records of older writers, or of one values chunk)."""
+        ends = [self._parts[p]["lengths"].value_ends for p in parts]
+        if any(e is None for e in ends):
+            return None
+        return [np.diff(e, prepend=np.int64(0)) for e in ends]  # type: ignore[arg-type]  # none is None
 
     def _lengths_whole(self) -> Range:
         return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
@@ -508,14 +522,21 @@ class LazyColumn:
         row_starts, value_starts = self._starts()
         first = max(0, int(np.searchsorted(row_starts, start, side="right")) - 1)
         last = int(np.searchsorted(row_starts, stop, side="left"))  # the parts first..last-1 hold the rows
-        ahead = self._values_ahead(
-            (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
-        )
         lo, hi = int(row_starts[first]), int(row_starts[last])  # all their rows: checked against their values
-        lens = read_ranges(
-            self._storage, [([p["lengths"] for p in self._parts], lo, hi, _INT64, ())], prefetch=ahead, fetched=fetched
-        )[0]
-        reads.checked_lengths(lens, self._parts[first:last])
+        known = self._recorded_lengths(range(first, last))
+        if known is not None:
+            lens = np.concatenate(known) if known else np.zeros(0, np.int64)
+        else:
+            ahead = self._values_ahead(
+                (i, start - int(row_starts[i]), stop - int(row_starts[i])) for i in range(first, last)
+            )
+            lens = read_ranges(
+                self._storage,
+                [([p["lengths"] for p in self._parts], lo, hi, _INT64, ())],
+                prefetch=ahead,
+                fetched=fetched,
+            )[0]
+            reads.checked_lengths(lens, self._parts[first:last])
         before = start - int(row_starts[first])
         return lens[before : stop - lo], int(value_starts[first]) + int(lens[:before].sum())
 
@@ -549,9 +570,28 @@ class LazyColumn:
         row_starts, value_starts = self._starts()
         which = np.searchsorted(row_starts, idx, side="right") - 1
         touched = [int(p) for p in np.unique(which)]
-        few = len(idx) <= PREFETCH_CHUNKS  # else the rows' chunks are not worth a Python loop
+        lens = self._recorded_lengths(touched)
+        if lens is None:
+            lens = yield from self._read_lengths(idx, which, touched)
+        if len(touched) == len(self._parts):
+            self._lengths = np.concatenate(lens)
+        sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
+        for p, part_lengths in zip(touched, lens, strict=True):
+            mine = which == p
+            local = idx[mine] - row_starts[p]
+            sel[mine] = part_lengths[local]
+            starts[mine] = _offsets(part_lengths)[local] + value_starts[p]
+        return sel, starts
+
+    def _read_lengths(
+        self, idx: np.ndarray, which: np.ndarray, touched: list[int]
+    ) -> Generator[Batch, None, list[np.ndarray]]:
+        """The lengths of mini-batches ``touched`` (holding rows ``idx``, of mini-batches
+        ``which``), read and checked: a reader for :func:`reads.read_rounds`, whose batch
+        fetches, for a few rows, their values chunks too (as :meth:`_lengths_range` does)."""
+        row_starts = self._starts()[0]
         batch = Batch()
-        if few:
+        if len(idx) <= PREFETCH_CHUNKS:  # else the rows' chunks are not worth a Python loop
             batch.prefetch += self._values_ahead(
                 (p, i - int(row_starts[p]), i - int(row_starts[p]) + 1)
                 for i, p in zip(idx.tolist(), which.tolist(), strict=True)
@@ -563,15 +603,7 @@ class LazyColumn:
         yield batch  # the lengths read
         for p, part_lengths in zip(touched, lens, strict=True):
             reads.checked_lengths(part_lengths, [self._parts[p]])
-        if len(touched) == len(self._parts):
-            self._lengths = np.concatenate(lens)
-        sel, starts = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
-        for p, part_lengths in zip(touched, lens, strict=True):
-            mine = which == p
-            local = idx[mine] - row_starts[p]
-            sel[mine] = part_lengths[local]
-            starts[mine] = _offsets(part_lengths)[local] + value_starts[p]
-        return sel, starts
+        return lens
 
     def _select(self, idx: np.ndarray) -> Any:
         return read_rounds(self._storage, [self._reader(idx)])[0]

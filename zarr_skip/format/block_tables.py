@@ -45,26 +45,29 @@ def to_json(starts: Sequence[Sequence[int]], crcs: Sequence[Sequence[int]]) -> d
     and the checksums ``crcs[c]`` (two empty lists: read whole)."""
     return {
         "counts": [len(s) for s in starts],
-        "starts": _encode([x for s in starts for x in s]),
-        "crc32c": _encode([x for c in crcs for x in c]),
+        "starts": to_base64([x for s in starts for x in s]),
+        "crc32c": to_base64([x for c in crcs for x in c]),
     }
 
 
-def _encode(values: list[int]) -> str:
+def to_base64(values: Sequence[int] | np.ndarray) -> str:
+    """``values`` (each in 0 .. 2**32-1) as a record keeps many numbers: base64 of uint32,
+    little-endian."""
     return base64.b64encode(np.asarray(values, dtype="<u4").tobytes()).decode("ascii")
 
 
-def _decode(value: Any, what: str, where: str) -> list[int]:
+def from_base64(value: Any, what: str, where: str) -> np.ndarray:
+    """The uint32 values of :func:`to_base64` (as read-only uint32), or MetadataError naming
+    ``what`` and ``where`` when ``value`` is not such a string."""
     if not isinstance(value, str):
-        raise MetadataError(f"{where}: block_table {what} must be a base64 string")
+        raise MetadataError(f"{where}: {what} must be a base64 string")
     try:
         raw = binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError):
-        raise MetadataError(f"{where}: block_table {what} is not base64") from None
+        raise MetadataError(f"{where}: {what} is not base64") from None
     if len(raw) % 4:
-        raise MetadataError(f"{where}: block_table {what} is not a whole number of uint32 values")
-    out: list[int] = np.frombuffer(raw, dtype="<u4").tolist()
-    return out
+        raise MetadataError(f"{where}: {what} is not a whole number of uint32 values")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def from_json(table: Any, sizes: Sequence[int], where: str) -> BlockIndex:
@@ -78,7 +81,8 @@ def from_json(table: Any, sizes: Sequence[int], where: str) -> BlockIndex:
         raise MetadataError(f"{where}: block_table counts must list one int per chunk")
     if counts and min(counts) < 0:
         raise MetadataError(f"{where}: block_table counts must not be negative")
-    starts, crcs = _decode(table["starts"], "starts", where), _decode(table["crc32c"], "crc32c", where)
+    starts = from_base64(table["starts"], "block_table starts", where).tolist()
+    crcs = from_base64(table["crc32c"], "block_table crc32c", where).tolist()
     if len(starts) != sum(counts) or len(crcs) != sum(counts) + sum(1 for n in counts if n):
         raise MetadataError(
             f"{where}: block_table lists {len(starts)} starts and {len(crcs)} checksums for "

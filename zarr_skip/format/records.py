@@ -10,7 +10,8 @@ Every record a reader acts on is checked here first:
   and consistent with the others (chunk counts with shapes, stored sizes with the compression
   bound, byte totals with their sums) before an array is allocated or a key is built;
 - the **lengths** of jagged columns (read from chunks): non-negative, summing to the values
-  the mini-batch's record says it stored.
+  the mini-batch's record says it stored, and the running sums its record keeps (``value_ends``,
+  :func:`value_ends`, which a read of a few rows takes instead of reading them) when it does.
 
 A violation is a :class:`~zarr_skip.errors.MetadataError` naming the file. Records of
 format versions 1 and 2 (zarr_skip 0.1 and 0.2) lack the place fields: they are read as
@@ -125,7 +126,7 @@ def check_summary(summary: Mapping[str, Any], where: str) -> None:
 
 def check_part(doc: Mapping[str, Any], where: str) -> None:
     """Every count, shape and size of a complete mini-batch record, before any is used:
-    :func:`check_frame` and :func:`check_column` of every column.
+    :func:`check_frame`, and :func:`check_column` and :func:`value_ends` of every column.
 
     Raises
     ------
@@ -135,6 +136,7 @@ def check_part(doc: Mapping[str, Any], where: str) -> None:
     _check_header(doc, where)
     for name in doc["columns"]:
         check_column(doc, name, where)
+        value_ends(doc, name, where)
     _check_total(doc, where)
 
 
@@ -230,6 +232,47 @@ def check_column(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Blo
     if "codes" in arrays:
         _check_entries(arrays, rows, f"{where}, {name}")
     return indexes
+
+
+def value_ends(doc: Mapping[str, Any], name: str, where: str) -> np.ndarray | None:
+    """Where each row's values end in a jagged column of a record :func:`check_column` passed
+    (``value_ends`` of its lengths entry: the lengths' running sums, so that a read of a few
+    rows finds their values without reading the lengths; see :func:`ends_of`), as int64;
+    None when it keeps none. One per row, never falling, the last the values stored."""
+    arrays = doc["columns"][name]["arrays"]
+    lengths = arrays.get("lengths")
+    if not isinstance(lengths, Mapping) or "value_ends" not in lengths:
+        return None
+    where = f"{where}, {name}/lengths"
+    if "codes" in arrays:  # (check_column saw the values)
+        raise MetadataError(f"{where}: value_ends belong to a plain jagged column (lengths and values)")
+    ends = block_tables.from_base64(lengths["value_ends"], "value_ends", where).astype(np.int64)
+    rows, values = lengths["shape"][0], arrays["values"]["shape"][0]
+    if len(ends) != rows or (rows and int(ends[-1]) != values) or (rows == 0 and values):
+        raise MetadataError(f"{where}: value_ends must hold one end per row, the last the {values} values stored")
+    if rows > 1 and bool((ends[1:] < ends[:-1]).any()):
+        raise MetadataError(f"{where}: value_ends must not fall (a row's length is never negative)")
+    return ends
+
+
+def ends_of(lengths: np.ndarray) -> str:
+    """The ``value_ends`` a record keeps of a mini-batch's ``lengths`` of a jagged column
+    (their running sums, base64 of uint32): write them only when the values stored are
+    fewer than ``2**32`` (:data:`MAX_VALUE_ENDS`)."""
+    return block_tables.to_base64(np.cumsum(lengths, dtype=np.int64))
+
+
+#: a record keeps ``value_ends`` only of a mini-batch storing fewer values in a column than this
+MAX_VALUE_ENDS = 1 << 32
+
+
+def check_ends_agree(lengths: np.ndarray, ends: np.ndarray | None, where: str) -> None:
+    """A mini-batch's stored ``lengths`` are the ones its record's ``value_ends`` say."""
+    if ends is not None and not np.array_equal(np.cumsum(lengths, dtype=np.int64), ends):
+        raise MetadataError(
+            f"{where}: the stored row lengths disagree with the record's value_ends (the lengths chunk or the "
+            "record was altered)"
+        )
 
 
 def _check_entries(arrays: Mapping[str, Any], rows: int, where: str) -> None:
@@ -330,9 +373,17 @@ def check_codes(codes: np.ndarray, entries: int, where: str) -> np.ndarray:
     return codes
 
 
-def split_lengths(lengths: np.ndarray, rows: Sequence[int], values: Sequence[int], where: Sequence[str]) -> None:
-    """:func:`check_lengths` of each mini-batch of lengths concatenated across mini-batches."""
+def split_lengths(
+    lengths: np.ndarray,
+    rows: Sequence[int],
+    values: Sequence[int],
+    where: Sequence[str],
+    ends: Sequence[np.ndarray | None],
+) -> None:
+    """:func:`check_lengths` and :func:`check_ends_agree` of each mini-batch of lengths
+    concatenated across mini-batches."""
     start = 0
-    for n, v, w in zip(rows, values, where, strict=True):
+    for n, v, w, e in zip(rows, values, where, ends, strict=True):
         check_lengths(lengths[start : start + n], v, w)
+        check_ends_agree(lengths[start : start + n], e, w)
         start += n

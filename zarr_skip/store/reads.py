@@ -56,6 +56,9 @@ class ArrayPart:
     #: block (see :mod:`zarr_skip.store.blockreads`)
     blocks: tuple[tuple[int, ...], ...] | None = None
     block_crcs: tuple[tuple[int, ...], ...] | None = None
+    #: of a jagged column's lengths (in a record that keeps them, else None): where each row's
+    #: values end, the lengths' running sums (:func:`records.value_ends`)
+    value_ends: np.ndarray | None = field(default=None, repr=False, compare=False)
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of chunks in a shard
     first_key: str = field(init=False, repr=False, compare=False)  # of chunk 0 (or the shard)
 
@@ -242,20 +245,33 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
     def _build(self, name: str) -> dict[str, ArrayPart]:
         doc, where = self._doc, self._where
         indexes = records.check_column(doc, name, where)
+        ends = records.value_ends(doc, name, where)
         entry = doc["columns"][name]
         multi = len(entry["arrays"]) > 1
         for aname in entry["arrays"]:
             _contained(aname, f"array of column {name!r}", where)
         try:
-            return {aname: self._array(name, aname, a, multi, indexes[aname]) for aname, a in entry["arrays"].items()}
+            return {
+                aname: self._array(name, aname, a, multi, indexes[aname], ends if aname == "lengths" else None)
+                for aname, a in entry["arrays"].items()
+            }
         except MetadataError:
             raise
         except (KeyError, TypeError, ValueError, RecursionError, MemoryError) as exc:
             raise MetadataError(f"{where}, column {name!r}: malformed metadata ({exc!r:.200})") from None
 
-    def _array(self, name: str, aname: str, a: Mapping[str, Any], multi: bool, index: BlockIndex | None) -> ArrayPart:
+    def _array(
+        self,
+        name: str,
+        aname: str,
+        a: Mapping[str, Any],
+        multi: bool,
+        index: BlockIndex | None,
+        ends: np.ndarray | None,
+    ) -> ArrayPart:
         """Array ``aname`` of column ``name`` (``multi``: one of several) from its record entry
-        ``a`` and block ``index``, both checked (:func:`records.check_column`)."""
+        ``a``, block ``index`` and value ``ends``, all checked (:func:`records.check_column`,
+        :func:`records.value_ends`)."""
         blocks = index if self._packed else None
         return ArrayPart(
             path=layout.join(self._data, name, aname) if multi else layout.join(self._data, name),
@@ -273,6 +289,7 @@ class ColumnArrays(Mapping[str, dict[str, ArrayPart]]):
             offset=int(a.get("offset", 0)) if self._packed else 0,
             blocks=None if blocks is None else blocks[0],
             block_crcs=None if blocks is None else blocks[1],
+            value_ends=ends,
         )
 
 
@@ -290,21 +307,24 @@ def _compression(codec: Any) -> chunks.Compression:
 
 def checked_lengths(lengths: np.ndarray, parts: Sequence[Mapping[str, ArrayPart]]) -> np.ndarray:
     """``lengths`` of the plain mini-batches ``parts`` concatenated, once each mini-batch's are
-    known to be non-negative and to add to the values its record says it stored (else a
-    MetadataError, never rows cut from the wrong values)."""
+    known to be non-negative, to add to the values its record says it stored, and to be the
+    ones its record's ``value_ends`` say (else a MetadataError, never rows cut from the wrong
+    values)."""
     records.split_lengths(
         lengths,
         [a["lengths"].rows for a in parts],
         [a["values"].rows for a in parts],
         [a["lengths"].where for a in parts],
+        [a["lengths"].value_ends for a in parts],
     )
     return lengths
 
 
 def checked_entries(a: Mapping[str, ArrayPart], codes: np.ndarray | None, lengths: np.ndarray) -> None:
     """The ``lengths`` (and ``codes``, of a dictionary-encoded mini-batch) of one mini-batch's
-    column, checked against its stored values and its entries."""
+    column, checked against its stored values, its record's ``value_ends`` and its entries."""
     records.check_lengths(lengths, a["values"].rows, a["lengths"].where)
+    records.check_ends_agree(lengths, a["lengths"].value_ends, a["lengths"].where)
     if codes is not None:
         records.check_codes(codes, len(lengths), a["codes"].where)
 

@@ -640,10 +640,8 @@ def _write_arrays(
                 members.append(Member(key, partial(_take, taken.jobs, array, count > 1), int(arr.nbytes)))
                 chunk_members.append((key, array))
             entry["arrays"][aname] = array
-            if aname == "values" and count > 1 and "lengths" in col.arrays:
-                lengths = col.arrays["lengths"]
-                first = chunks.first_rows(lengths.source if isinstance(lengths, Narrowed) else lengths, per)
-                array["first_rows"] = first
+        if "values" in col.arrays and "lengths" in col.arrays:
+            _index_rows(entry["arrays"], col.arrays)
         manifest[col.spec.name] = entry
     # fresh: the file's name is this writer's, in the index it claimed, and no reader opens it
     # before the completion record names its size and every chunk's checksum (a torn file of a
@@ -656,6 +654,22 @@ def _write_arrays(
     nbytes = sum(sum(arr["sizes"]) for entry in manifest.values() for arr in entry["arrays"].values())
     raw = sum(col.nbytes for col in batch.columns)  # the logical size, as numpy's nbytes
     return manifest, nbytes, raw, size
+
+
+def _index_rows(entries: dict[str, Any], arrays: Mapping[str, StoredArray]) -> None:
+    """Where a jagged column's rows lie in its values, kept in its record (``entries``: the
+    record entries of its arrays): each values chunk's first row (of values in several
+    chunks), and each row's end (``value_ends``, of a plain column whose values a read can
+    take in part: several chunks, or blocks), so that a read of a few rows goes to their
+    values without reading their lengths first."""
+    lengths, values = arrays["lengths"], entries["values"]
+    plain = lengths.source if isinstance(lengths, Narrowed) else lengths
+    several = values.get("shard") is True  # a shard of its chunks: more than one
+    if several:
+        values["first_rows"] = chunks.first_rows(plain, values["chunk"])
+    fits = arrays["values"].shape[0] < records.MAX_VALUE_ENDS
+    if (several or "blocks" in values) and "codes" not in arrays and fits:
+        entries["lengths"]["value_ends"] = records.ends_of(plain)
 
 
 def _take(jobs: list[Job], array: dict[str, Any], shard: bool) -> bytes | Iterator[bytes]:
