@@ -21,7 +21,7 @@ from zarr.storage import MemoryStore
 import zarr_skip as zs
 from zarr_skip.errors import ChecksumError, MetadataError, MissingDataError
 from zarr_skip.format import block_tables, blosc_frames, chunks, layout
-from zarr_skip.store import blockreads, reads
+from zarr_skip.store import blockreads, fetching, reads, storage
 
 #: small blocks and chunks, so that small batches make chunks of several blocks
 BLOCK = 1024
@@ -202,6 +202,33 @@ def test_a_few_rows_read_by_blocks_on_every_backend(location: Any, spy: Spy) -> 
     idx = np.sort(np.random.default_rng(3).choice(256, 16, replace=False))
     _same(col[idx], [_rows(batches, "responses")[i] for i in idx])
     assert 0 < spy.blocks <= 3 * 16 < blocks // 4
+
+
+def test_a_few_rows_on_an_object_store_fetch_each_data_file_in_one_request(
+    location: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object store's request costs a round trip: the pieces of a data file a read of a
+    few rows needs come in one ranged GET, stepping over the blocks between them
+    (``Storage.hole_bytes``), where local files and memory read them apart."""
+    from pathlib import Path
+
+    from zarr_skip.store.storage import Storage
+
+    monkeypatch.setattr(blockreads, "GAP_BYTES", 0)  # local files and memory: no bytes between pieces
+    monkeypatch.setattr(fetching, "MAX_HOLE_BYTES", 0)
+    batches = [_batch(_long_rows(128, i), 151936, i) for i in range(2)]
+    _write(location, batches, zs.Compression("auto", blocksize=BLOCK))
+    asked: list[list[tuple[str, list[tuple[int, int]]]]] = []
+    real = Storage.get_spans
+    monkeypatch.setattr(Storage, "get_spans", lambda self, r, **k: asked.append(r) or real(self, r, **k))
+    col = zs.open_cache(location).load(1)["responses"]
+    idx = np.sort(np.random.default_rng(5).choice(256, 16, replace=False))
+    _same(col[idx], [_rows(batches, "responses")[i] for i in idx])
+    spans = [len(s) for requests in asked for _, s in requests]
+    if isinstance(location, (CountingStore, Path)):
+        assert col._storage.hole_bytes is None and max(spans) > 1
+    else:
+        assert col._storage.hole_bytes == storage.REMOTE_HOLE_BYTES and spans == [1, 1]
 
 
 def _damaged() -> tuple[Any, Keys, Any, zs.StepView, list[torch.Tensor]]:

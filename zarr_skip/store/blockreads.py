@@ -8,7 +8,7 @@ record of a packed mini-batch (format 4) keeps, for each such chunk, where each 
 and the crc32c of the chunk's header and table and of each block (``blocks`` and
 ``block_crc32c``, checked by :func:`records.check_column`). A read of some rows of such a chunk
 then fetches only its header and table and the blocks holding those rows (pieces at most
-:data:`GAP_BYTES` apart as one range, with the other chunks of the read:
+:data:`GAP_BYTES` apart as one range, farther on an object store, with the other chunks of the read:
 :func:`fetching.fetch_chunks`) and decodes those blocks alone. (Values chunks fetched whole
 ahead of their rows' lengths, as a read of a few rows from an object store does to wait for one
 round of requests instead of two, are decoded whole.)
@@ -50,6 +50,9 @@ class Piece:
     file: str
     start: int
     length: int
+    #: the most bytes read between this piece and a neighbour of another chunk
+    #: (:func:`fetching.fetch_chunks`, which reads no more than its own limit on local files)
+    max_hole: int = 16 << 10
 
     def key(self, _chunk: int) -> str:
         return self.file
@@ -57,14 +60,10 @@ class Piece:
     def span(self, _chunk: int) -> tuple[int, int]:
         return (self.start, self.length)
 
-    @property
-    def max_hole(self) -> int:
-        """The most bytes read between this piece and a neighbour (:data:`GAP_BYTES`)."""
-        return GAP_BYTES
-
 
 #: pieces of a chunk at most this many bytes apart are fetched as one range (reading the bytes
-#: between costs less than another request)
+#: between costs less than another request); an object store's reads step over far more
+#: (:attr:`Storage.hole_bytes`)
 GAP_BYTES = 16 << 10
 
 
@@ -86,10 +85,14 @@ class BlockPlan:
         return len(self.blocks) * self.array.compression.blocksize
 
 
-def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], ...]) -> BlockPlan | None:
+def plan(
+    a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], ...], gap: int | None = None
+) -> BlockPlan | None:
     """The blocks of chunk ``c`` of ``a`` holding its rows ``src`` (a slice, an array of row
     numbers in the chunk, or ``(start, stop)`` runs of them), when its record indexes its
-    blocks and they are few enough; None to read the whole chunk."""
+    blocks and they are few enough; None to read the whole chunk. Its pieces are at least
+    ``gap`` bytes apart (None: :data:`GAP_BYTES`), and may be read with others as close."""
+    gap = GAP_BYTES if gap is None else gap
     starts = None if a.file is None or a.blocks is None else a.blocks[c]
     block = a.compression.blocksize
     row = a.chunk_bytes // a.chunk
@@ -115,12 +118,12 @@ def plan(a: ArrayPart, c: int, src: slice | np.ndarray | tuple[tuple[int, int], 
     spans: list[list[int]] = []  # [start, end] of each piece
     cuts = []
     for start, length in wanted:  # rising: merged with the last piece when close to it
-        if spans and start - spans[-1][1] <= GAP_BYTES:
+        if spans and start - spans[-1][1] <= gap:
             spans[-1][1] = start + length
         else:
             spans.append([start, start + length])
         cuts.append((len(spans) - 1, start - spans[-1][0], length))
-    pieces = tuple(Piece(a.file, lo, hi - lo) for lo, hi in spans)  # type: ignore[arg-type]  # a.file is set (above)
+    pieces = tuple(Piece(a.file, lo, hi - lo, gap) for lo, hi in spans)  # type: ignore[arg-type]  # a.file is set (above)
     return BlockPlan(a, c, tuple(int(k) for k in needed), pieces, tuple(cuts))
 
 

@@ -38,12 +38,12 @@ class _Run:
     hole: int = 0  # the largest hole after it that it may step over
 
 
-def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]]) -> list[Any]:
+def fetch_chunks(storage: Storage, items: Sequence[tuple[Any, ...]], hole: int = MAX_HOLE_BYTES) -> list[Any]:
     """The stored bytes of chunk ``item[1]`` of array ``item[0]`` for each item (None where
     absent; fewer bytes where the file is cut short): chunks lying back to back in one file
     are fetched together, one ranged read (a ``pread``, or a ranged GET) per run of them, a
-    run stepping over holes of a few bytes (see the module docstring)."""
-    hole = MAX_HOLE_BYTES
+    run stepping over holes of up to ``hole`` bytes (see the module docstring; some blocks of
+    a chunk, a :class:`blockreads.Piece`, may say fewer)."""
     ranged: list[list[_Run]] = []  # per file: its runs, rising
     spans: dict[str, list[tuple[int, int, int, int]]] = {}
     for n, item in enumerate(items):

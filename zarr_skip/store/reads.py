@@ -24,7 +24,7 @@ from zarr_skip.format import chunks, layout, records
 from zarr_skip.format.block_tables import BlockIndex
 from zarr_skip.format.jsonvalues import from_json_value
 from zarr_skip.format.specs import ColumnSpec
-from zarr_skip.store import blockreads
+from zarr_skip.store import blockreads, fetching
 from zarr_skip.store.fetching import fetch_chunks
 from zarr_skip.store.memo import ChunkMemo
 from zarr_skip.store.storage import Storage
@@ -612,10 +612,12 @@ def _decode_jobs(
     ahead = [(a, c) for a, c in prefetch if (a.path, c) not in fetched]
     if ahead and not storage.read_ahead([(a.key(c), a.span(c)) for a, c in ahead]):
         todo += ahead
-    plans = [blockreads.plan(job[0], job[1], _rows_wanted(job[3])) if len(job) > 2 else None for job in todo]
+    gap = storage.hole_bytes  # an object store's: some blocks of chunks read in few requests
+    plans = [blockreads.plan(job[0], job[1], _rows_wanted(job[3]), gap) if len(job) > 2 else None for job in todo]
     whole = [job for job, p in zip(todo, plans, strict=True) if p is None]
     pieces = [(piece, 0) for p in plans if p is not None for piece in p.pieces]
-    blobs = iter(fetch_chunks(storage, [*whole, *pieces]))
+    hole = gap if gap is not None and (few or pieces) else fetching.MAX_HOLE_BYTES
+    blobs = iter(fetch_chunks(storage, [*whole, *pieces], hole))
     work: list[tuple[tuple[Any, ...], Any]] = []
     for job, blob in zip(whole, blobs, strict=False):
         if len(job) == 2:  # fetched ahead: a later call decodes it

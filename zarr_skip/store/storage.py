@@ -43,6 +43,13 @@ T = TypeVar("T")
 _PROTO = default_buffer_prototype()
 #: requests in flight at once; object stores are latency-bound, local disks don't mind
 CONCURRENCY = 64
+#: on an object store, the most bytes a read of a few rows fetches between two pieces it
+#: needs of one data file rather than making two requests (:attr:`Storage.hole_bytes`): a
+#: request costs a round trip, and a data file's bytes arrive at hundreds of MB/s. 64 random
+#: rows of the medium step in 4 mini-batches (8 KiB blocks) on a local SeaweedFS took 30-35 ms
+#: in ~50 ranged GETs of pieces at most 16 KiB apart, 13 ms this way, against 21 ms for the
+#: whole column (2026-12-04, benchmarks/README.md)
+REMOTE_HOLE_BYTES = 1 << 20
 
 
 def open_store(
@@ -113,6 +120,14 @@ class Storage:
         conditional PUT, memory. Not a directory, which may be a shared mount where two
         creators both read back their own record for a while (``tests/test_shared.py``)."""
         return not isinstance(self.store, LocalStore)
+
+    @property
+    def hole_bytes(self) -> int | None:
+        """How many bytes a read of some blocks of chunks (a few rows) steps over rather than
+        making another request: :data:`REMOTE_HOLE_BYTES` on an object store, where a request
+        costs a round trip; None on local files and in memory (a few KiB there, see
+        :mod:`~zarr_skip.store.fetching` and :mod:`~zarr_skip.store.blockreads`)."""
+        return None if self._tree is not None or isinstance(self.store, MemoryStore) else REMOTE_HOLE_BYTES
 
     @property
     def fork_safe(self) -> bool:
