@@ -123,3 +123,29 @@ def test_an_s3_store_opens_without_a_request_and_pickles() -> None:
     assert str(store).startswith("object_store://") and store.read_only
     back = pickle.loads(pickle.dumps(store))
     assert type(back) is type(store) and back.read_only and str(back) == str(store)
+
+
+def test_opening_the_same_s3_location_again_reuses_its_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making an S3 store costs milliseconds (its HTTP client) and its connections: a cache
+    opened again on the same settings reuses it; other settings, environment or process make
+    another, and settings that are not plain data are never shared."""
+    from datetime import timedelta
+
+    from zarr_skip.store import _s3
+
+    first = open_s3_store("s3://bucket/a/b", SEAWEED)
+    assert open_s3_store("s3://bucket/a/b", SEAWEED, read_only=True)._inner is first._inner
+    assert open_s3_store("s3://bucket/a/c", SEAWEED)._inner is not first._inner
+    assert open_s3_store("s3://bucket/a/b", {**SEAWEED, "secret": "other"})._inner is not first._inner
+    monkeypatch.setenv("AWS_REQUEST_PAYER", "true")
+    assert open_s3_store("s3://bucket/a/b", SEAWEED)._inner is not first._inner
+    monkeypatch.delenv("AWS_REQUEST_PAYER")
+    assert open_s3_store("s3://bucket/a/b", SEAWEED)._inner is first._inner
+    timed = {**SEAWEED, "retry_config": {"max_retries": 2, "retry_timeout": timedelta(seconds=5)}}
+    made = [open_s3_store("s3://bucket/a/b", timed)._inner for _ in range(2)]  # not plain data: not shared
+    assert made[0] is not made[1] and made[0] is not first._inner
+    monkeypatch.setattr(_s3.os, "getpid", lambda: -1)  # a forked child: its parent's clients are not its own
+    assert open_s3_store("s3://bucket/a/b", SEAWEED)._inner is not first._inner
+    for i in range(_s3.MADE_STORES + 1):  # at most MADE_STORES kept
+        open_s3_store(f"s3://bucket/many/{i}", SEAWEED)
+    assert len(_s3._MADE._stores) == _s3.MADE_STORES

@@ -14,9 +14,12 @@ zarr's ``ObjectStore`` (and of :mod:`._s3_claims`) reaches obstore.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import pickle
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping
 from itertools import chain
 from typing import TYPE_CHECKING, Any, cast
@@ -177,12 +180,61 @@ def open_s3_store(
             "storage_options (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or an AWS profile), "
             "or anon=True for a public bucket"
         )
-    try:
-        inner = S3Store(loc.bucket, prefix=loc.prefix or None, config=cast("S3Config", config), **extra, **provider)
-    except Exception as exc:
-        raise ConfigError(f"cannot configure S3 store for s3://{loc.fsspec_path}: {exc}") from exc
+    key = None if provider else _settings_key(loc, config, extra)
+    inner = _MADE.get(key) if key is not None else None
+    if inner is None:
+        try:
+            inner = S3Store(loc.bucket, prefix=loc.prefix or None, config=cast("S3Config", config), **extra, **provider)
+        except Exception as exc:
+            raise ConfigError(f"cannot configure S3 store for s3://{loc.fsspec_path}: {exc}") from exc
+        if key is not None:
+            _MADE.put(key, inner)
     logger.debug("opened obstore S3Store for s3://%s (read_only=%s)", loc.fsspec_path, read_only)
     return ForkCheckedObjectStore(inner, read_only=read_only)
+
+
+def _settings_key(loc: S3Location, config: Mapping[str, Any], extra: Mapping[str, Any]) -> str | None:
+    """What makes an S3 store: its bucket, prefix, settings and the ``AWS_*`` environment it
+    reads, as text; None when a setting is not plain data (such as a credential provider of
+    the caller's): such a store is never shared. (Stores of an AWS profile are not shared
+    either: the caller leaves ``provider`` out.)"""
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    try:
+        return json.dumps([loc.bucket, loc.prefix, config, extra, env], sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+
+
+class _MadeStores:
+    """The S3 stores this process made, by their settings (at most :data:`MADE_STORES`):
+    making one costs ~9 ms of CPU (its HTTP client), and a cache opened again on the same
+    settings reuses it with its open connections. Forgotten in a forked child."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: OrderedDict[str, S3Store] = OrderedDict()
+        self._pid = os.getpid()
+
+    def get(self, key: str) -> S3Store | None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._stores.clear()
+                self._pid = os.getpid()
+            found = self._stores.get(key)
+            if found is not None:
+                self._stores.move_to_end(key)
+            return found
+
+    def put(self, key: str, store: S3Store) -> None:
+        with self._lock:
+            self._stores[key] = store
+            while len(self._stores) > MADE_STORES:
+                self._stores.popitem(last=False)
+
+
+#: S3 stores kept for reuse in one process (the least recently opened forgotten first)
+MADE_STORES = 16
+_MADE = _MadeStores()
 
 
 def _credential_provider(config: dict[str, Any], profile: str | None) -> dict[str, Any]:
