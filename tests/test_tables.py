@@ -84,6 +84,20 @@ def test_jagged_columns_read_their_lengths_never_their_values() -> None:
     assert {k.split("/w-")[1].split("/", 1)[1] for k in store.reads if "/w-" in k} == {"responses/lengths/c.0"}
 
 
+def test_jagged_lengths_the_records_keep_are_read_from_no_chunk() -> None:
+    store = CountingStore()
+    cache = zs.open_cache(store, dict(FINGERPRINT), chunk_bytes=32)  # token ids in several chunks
+    batches = [make_batch(6, seed=i) for i in range(2)]
+    for b in batches:
+        cache.write(1, b, expected=2)
+    view = zs.open_cache(store).load(1)
+    assert all(p.arrays["responses"]["lengths"].value_ends is not None for p in view._parts)
+    store.reads.clear()
+    table = zs.open_cache(store).table(columns=["responses"])
+    assert table["response_length"].tolist() == [len(r) for b in batches for r in b["responses"].unbind()]
+    assert not [k for k in store.reads if "/responses/" in k], sorted(store.reads)
+
+
 def test_steps_of_other_schemas_and_incomplete_steps(location: Any) -> None:
     cache = _write(location, range(1, 3))
     cache.write(3, {"scores": np.arange(4, dtype=np.float32), "extra": ["a", "b", "c", "d"]})

@@ -465,12 +465,17 @@ class LazyColumn:
         return {"lengths": reads.checked_lengths(arrays[0], self._parts), "values": arrays[1]}
 
     def _lengths_ranges(self) -> list[Range]:
-        """What reading every row's length takes; :meth:`_lengths_of` gives the lengths."""
-        return self._dict.lengths_ranges() if self._dict is not None else [self._lengths_whole()]
+        """What reading every row's length takes (nothing when the records say where each row
+        ends); :meth:`_lengths_of` gives the lengths."""
+        if self._dict is not None:
+            return self._dict.lengths_ranges()
+        return [] if all(p["lengths"].value_ends is not None for p in self._parts) else [self._lengths_whole()]
 
     def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         d = self._dict
-        return reads.checked_lengths(arrays[0], self._parts) if d is None else d.lengths_of(arrays)
+        if d is not None:
+            return d.lengths_of(arrays)
+        return reads.checked_lengths(arrays[0], self._parts) if arrays else self.lengths()
 
     def _restore_whole(self, arrays: Sequence[np.ndarray]) -> Any:
         """The column from the arrays :meth:`_whole` named."""
