@@ -10,8 +10,9 @@ for the same data on both backends (medians over ``--reps``):
 
 * write of one jagged step (``as_mapping(jagged_payload(preset))``, converted untimed;
   ``open_cache`` untimed),
-* full read (``open_cache`` + ``load(step).to_dict()``), one column (``responses``) and 64 rows
-  of it, each including ``open_cache``,
+* full read (``open_cache`` + ``load(step).to_dict()``), one column (``responses``), its
+  first 64 rows and 64 random rows of it (new rows each repetition), each including
+  ``open_cache``,
 * ``open_cache`` + ``status()`` of ``--status-steps`` small steps (8 rows each),
 * one GET of a small key (the round trip every metadata read pays).
 
@@ -35,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks import load
 from benchmarks.formats import fingerprint, same
 from benchmarks.machine import REPO_ROOT, machine_info
@@ -45,12 +48,13 @@ from benchmarks.servers import test_helper
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 BACKENDS = ("local", "s3")
-OPS = ("write", "read", "column", "rows64", "status", "get")
+OPS = ("write", "read", "column", "rows64", "random64", "status", "get")
 OP_LABEL = {
     "write": "write one step",
     "read": "full read (open + load + to_dict)",
     "column": "one column (`responses`)",
-    "rows64": "64 rows of `responses`",
+    "rows64": "the first 64 rows of `responses`",
+    "random64": "64 random rows of `responses`",
     "status": "open + status()",
     "get": "GET of a small key",
 }
@@ -113,6 +117,9 @@ class _Where:
     def rows64(self, backend: str, step: int) -> Any:
         return self.open(backend).load(step)["responses"][:64]
 
+    def random64(self, backend: str, step: int, picks: Any) -> Any:
+        return self.open(backend).load(step)["responses"][picks]
+
     def status(self, backend: str) -> list[Any]:
         return self.open(backend, status=True).status()
 
@@ -154,16 +161,22 @@ def _round_trips(
     (zarr's event loop, codecs, the S3 connection pool, the server's volumes), not kept."""
     from zarr_skip.synthetic import as_mapping, jagged_payload
 
+    rng = np.random.default_rng(0)
     for rep in range(reps + 1):
         step = rep + 1
         mapping = as_mapping(jagged_payload(preset, seed=rep, step=step))
+        picks = np.sort(rng.choice(preset.rows, 64, replace=False))  # new rows each repetition
         order = BACKENDS if rep % 2 == 0 else BACKENDS[::-1]
         for backend in order:
             t_write, info = timed(where.open(backend).write, step, mapping)
             t_read, got = timed(where.read, backend, step)
             t_col, col = timed(where.column, backend, step)
             t_rows, _ = timed(where.rows64, backend, step)
+            t_random, rows = timed(where.random64, backend, step, picks)
             bad = sorted(k for k in mapping if k not in got or not same(mapping[k], got[k]))
+            want = mapping["responses"].unbind()
+            if not all(same(want[int(i)], r) for i, r in zip(picks, rows.unbind(), strict=True)):
+                bad.append("responses (random rows)")
             if bad or not same(mapping["responses"], col):
                 raise RuntimeError(f"{backend}: round trip differs in {bad or ['responses']}")
             stored, logical = part_sizes(info)
@@ -171,11 +184,17 @@ def _round_trips(
             extra.setdefault("step_raw_nbytes", logical)
             del got, col
             if rep:
-                for op, t in (("write", t_write), ("read", t_read), ("column", t_col), ("rows64", t_rows)):
+                for op, t in (
+                    ("write", t_write),
+                    ("read", t_read),
+                    ("column", t_col),
+                    ("rows64", t_rows),
+                    ("random64", t_random),
+                ):
                     samples[backend][op].append(t)
             log(
                 f"rep {rep} {backend:5s}: write {t_write:.3f}s read {t_read:.3f}s "
-                f"column {t_col:.3f}s rows64 {t_rows:.3f}s"
+                f"column {t_col:.3f}s rows64 {t_rows:.3f}s random64 {t_random:.3f}s"
             )
         del mapping
 
