@@ -13,6 +13,7 @@ import zarr
 from helpers import CountingStore, Keys, assert_equal, concat, make_batch, stored_bytes, write_sharded
 
 import zarr_skip as zs
+from zarr_skip.format import layout
 from zarr_skip.store.reads import read_range
 
 
@@ -231,6 +232,48 @@ def test_opening_reads_the_root_and_the_experiment_in_one_round(
         assert calls == [("read_ahead", [experiment]), ("get", [root]), ("get", [experiment])]
     else:
         assert calls == [("read_ahead", [experiment]), ("get_many", [root, experiment])]
+
+
+def test_opening_without_a_fingerprint_reads_the_root_with_its_listing(
+    location: Any, fingerprint: dict, monkeypatch: Any
+) -> None:
+    """Finding the one experiment stored: the root's document and listing in one round, then
+    each level's documents and listings (an experiment may nest below a group)."""
+    from zarr_skip.store.storage import Storage
+
+    zs.open_cache(location, fingerprint).write(1, make_batch(2))
+    calls: list[tuple[str, list[str], list[str]]] = []
+    inside: list[bool] = []  # local files: list_and_get reads through get_many, not counted again
+    real_lg, real_many = Storage.list_and_get, Storage.get_many
+
+    def list_and_get(self: Any, prefixes: Any, keys: Any) -> Any:
+        prefixes, keys = list(prefixes), list(keys)
+        calls.append(("list_and_get", prefixes, keys))
+        inside.append(True)
+        try:
+            return real_lg(self, prefixes, keys)
+        finally:
+            inside.pop()
+
+    def get_many(self: Any, keys: Any) -> Any:
+        keys = list(keys)
+        if not inside:
+            calls.append(("get_many", [], keys))
+        return real_many(self, keys)
+
+    monkeypatch.setattr(Storage, "list_and_get", list_and_get)
+    monkeypatch.setattr(Storage, "get_many", get_many)
+    cache = zs.open_cache(location)
+    exp = cache.experiment
+    assert exp is not None and cache.fingerprint == layout.normalize_fingerprint(fingerprint)
+    group = exp.rsplit("/", 1)[0]  # the verl project, holding the experiment
+    assert calls == [
+        ("list_and_get", [""], ["zarr.json"]),
+        ("get_many", [], [f"{group}/zarr.json"]),
+        ("list_and_get", [group], []),
+        ("get_many", [], [f"{exp}/zarr.json"]),
+        ("list_and_get", [exp], []),
+    ]
 
 
 def test_load_and_status_wait_for_few_rounds_of_requests(fingerprint: dict, monkeypatch: Any) -> None:

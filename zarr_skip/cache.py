@@ -191,9 +191,10 @@ class Cache:
             early = self._read_early([layout.meta_key(name)])
             self._open_root(early)
             self._open_experiment(name, fp, early)
-        else:
-            self._open_root({})
-            found = self.experiments()
+        else:  # the root and its listing in one round of requests: experiments are found below it
+            listings, blobs = storage.list_and_get([""], [layout.METADATA])
+            self._open_root({layout.METADATA: blobs[0]})
+            found = self._experiments(listings[0])
             if experiment is not None:
                 name = exps.match_experiment(experiment, list(found), self.location)
                 self.experiment, self.fingerprint = name, found[name]
@@ -289,10 +290,14 @@ class Cache:
 
     def experiments(self) -> dict[str, dict[str, Any]]:
         """Experiment names stored at this location, with their fingerprints."""
+        return self._experiments()
+
+    def _experiments(self, root_listing: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """:meth:`experiments`, the root's listing already read (None: list it)."""
         if self._create_root:
             self._damaged = {}
             return {}
-        found, self._damaged = exps.find_experiments(self._storage)
+        found, self._damaged = exps.find_experiments(self._storage, first=root_listing)
         return found
 
     def damaged_experiments(self) -> dict[str, str]:

@@ -41,15 +41,18 @@ _DEPTH = 6
 _NEAR = 3
 
 
-def find_experiments(storage: Storage, below: str = "") -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def find_experiments(
+    storage: Storage, below: str = "", first: list[str] | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Experiment names stored below ``below`` (the root by default) with their fingerprints,
     found by walking groups until one carries the experiment attribute; and the experiment
-    groups found damaged (a record altered or moved, or steps without a record): path -> why."""
+    groups found damaged (a record altered or moved, or steps without a record): path -> why.
+    ``first``: the listing of ``below``, when the caller read it already."""
     found: dict[str, dict[str, Any]] = {}
     damaged: dict[str, str] = {}
     level = [below]
-    for _ in range(_DEPTH):
-        listings = storage.list_dirs(level)
+    for depth in range(_DEPTH):
+        listings = [first] if depth == 0 and first is not None else storage.list_dirs(level)
         for parent, names in zip(level, listings, strict=True):
             if parent and parent not in found and any(layout.is_step_name(n) for n in names):
                 damaged.setdefault(
