@@ -329,9 +329,9 @@ def test_each_chunk_is_fetched_once_an_epoch(tmp_path: Path, monkeypatch: pytest
     fetched: Counter[tuple[str, int]] = Counter()
     original = reads.fetch_chunks
 
-    def counted(storage: Any, items: Any) -> Any:
+    def counted(storage: Any, items: Any, *rest: Any) -> Any:
         fetched.update((item[0].path, item[1]) for item in items)
-        return original(storage, items)
+        return original(storage, items, *rest)
 
     monkeypatch.setattr(reads, "fetch_chunks", counted)
     ds = RolloutIterableDataset(tmp_path / "cache")

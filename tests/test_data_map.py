@@ -126,10 +126,10 @@ def _count_fetches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], Counter[
     fetched: Counter[tuple[str, int]] = Counter()
     original = reads.fetch_chunks
 
-    def counted(storage: Any, items: Any) -> Any:
+    def counted(storage: Any, items: Any, *rest: Any) -> Any:
         calls.append(len(items))
         fetched.update((item[0].path, item[1]) for item in items)
-        return original(storage, items)
+        return original(storage, items, *rest)
 
     monkeypatch.setattr(reads, "fetch_chunks", counted)
     return calls, fetched
