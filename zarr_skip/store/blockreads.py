@@ -50,9 +50,10 @@ class Piece:
     file: str
     start: int
     length: int
-    #: the most bytes read between this piece and a neighbour of another chunk
-    #: (:func:`fetching.fetch_chunks`, which reads no more than its own limit on local files)
-    max_hole: int = 16 << 10
+    #: the most bytes read between this piece and a neighbour of another chunk: the gap its
+    #: plan merged pieces at (:func:`plan`; :func:`fetching.fetch_chunks` reads no more than
+    #: its own limit on local files)
+    max_hole: int
 
     def key(self, _chunk: int) -> str:
         return self.file
