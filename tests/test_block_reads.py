@@ -125,7 +125,8 @@ def test_a_few_rows_fetch_and_decode_only_their_blocks(
     view = _write(store, batches)
     col = view["responses"]
     values = [p.arrays["responses"]["values"] for p in view._parts]
-    assert all(a.blocks is not None and all(len(s) == CHUNK_BYTES // BLOCK for s in a.blocks) for a in values)
+    per_chunk = CHUNK_BYTES * chunks.BLOCKED_VALUES_CHUNKS // BLOCK  # token ids in blocks: larger chunks
+    assert all(a.blocks is not None and all(len(s) == per_chunk for s in a.blocks) for a in values)
     stored = sum(sum(a.sizes) for a in values)
     store.bytes_read.clear()
     idx = np.sort(np.random.default_rng(0).choice(1024, 64, replace=False))

@@ -155,6 +155,24 @@ def test_auto_compression_by_width(tmp_path: Path, fingerprint: dict) -> None:
     assert np.array_equal(array[:], batch["old_log_probs"].numpy())
 
 
+def test_token_ids_in_small_blocks_aim_for_larger_chunks() -> None:
+    """A read of a few rows takes blocks, so chunks of blocks grow; the default's do not."""
+    ids, floats = np.dtype("i4"), np.dtype("f4")
+    small = Compression("auto", blocksize=8 << 10)
+    for chunk_bytes in (chunks.DEFAULT_CHUNK_BYTES, 64 << 10):
+        blocked = chunks.array_codec("values", small, ids)
+        assert chunks.chunk_target("values", blocked, ids, chunk_bytes) == chunks.BLOCKED_VALUES_CHUNKS * chunk_bytes
+        default = chunks.array_codec("values", Compression("auto"), ids)  # one block per chunk
+        assert chunks.chunk_target("values", default, ids, chunk_bytes) == chunk_bytes
+        # floats and lengths keep chunk_bytes (and no block index: blosc's blocks of them are larger)
+        for name, dtype in (("values", floats), ("lengths", ids)):
+            codec = chunks.array_codec(name, small, dtype)
+            assert chunks.chunk_target(name, codec, dtype, chunk_bytes) == chunk_bytes
+    # a blocksize as large as the chunk is one block: nothing to read by the block
+    whole = chunks.array_codec("values", Compression("auto", blocksize=chunks.VALUES_CHUNK_BYTES), ids)
+    assert chunks.chunk_target("values", whole, ids, 4 << 20) == chunks.VALUES_CHUNK_BYTES
+
+
 @pytest.mark.parametrize(
     ("value", "error"),
     [
