@@ -193,6 +193,37 @@ def test_frames_whose_blocks_blosc_sized_otherwise_keep_no_block_index_and_read_
     assert zs.open_cache(store).verify().ok
 
 
+@pytest.mark.parametrize(("width", "per"), [(4, BLOCK // 8), (3, 0)])
+def test_rows_of_trailing_values_read_by_blocks(monkeypatch: pytest.MonkeyPatch, width: int, per: int) -> None:
+    """Values of several numbers each, stored as uint16 (rows of 8 bytes: whole rows per
+    block, read from the blocks alone; of 6 bytes: rows across two blocks, read in place in
+    their chunk)."""
+    pers: list[int] = []
+    real = blockreads.decode
+
+    def decode(p: blockreads.BlockPlan, blobs: Any, where: str) -> np.ndarray:
+        pers.append(p.per)
+        return real(p, blobs, where)
+
+    monkeypatch.setattr(blockreads, "decode", decode)
+    g = torch.Generator().manual_seed(width)
+    batches = []
+    for lengths in (_long_rows(96, width), _long_rows(80, width + 1)):
+        offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        offsets[1:] = torch.tensor(lengths).cumsum(0)
+        values = torch.randint(0, 5000, (int(offsets[-1]), width), generator=g, dtype=torch.int32)
+        batches.append({"points": torch.nested.nested_tensor_from_jagged(values, offsets=offsets)})
+    view = _write(MemoryStore(), batches, zs.Compression("blosc-zstd", 1, "shuffle", BLOCK))
+    col = view["points"]
+    assert view._parts[0].arrays["points"]["values"].dtype == np.uint16
+    col.lengths()
+    want = _rows(batches, "points")
+    idx = np.sort(np.random.default_rng(width).choice(len(want), 12, replace=False))
+    _same(col[idx], [want[i] for i in idx])
+    _same(col[40:43], want[40:43])
+    assert pers and set(pers) == {per}
+
+
 def test_a_few_rows_read_by_blocks_on_every_backend(location: Any, spy: Spy) -> None:
     """Memory, local disk (preads of the data file) and S3 (ranged GETs) alike."""
     batches = [_batch(_long_rows(128, i), 151936, i) for i in range(2)]

@@ -651,7 +651,12 @@ def _decode(storage: Storage, job: tuple[Any, ...], blob: Any) -> None:
     where = a.describe(storage, c)
     if isinstance(blob, tuple):
         block_plan, pieces = blob
-        _put(out, dst, blockreads.decode(block_plan, pieces, where), src)
+        moved = (
+            Runs(tuple((block_plan.moved(s), d) for s, d in src.pairs))
+            if isinstance(src, Runs)
+            else block_plan.moved(src)
+        )
+        _put(out, dst, blockreads.decode(block_plan, pieces, where), moved)
         return
     size, crc = a.sizes[c], a.crc(c)
     if n < a.chunk:  # the last chunk: zarr stores it at the full chunk shape
