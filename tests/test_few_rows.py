@@ -133,8 +133,12 @@ def test_a_gathered_frame_decodes_to_its_blocks_in_one_call() -> None:
         gathered = blosc_frames.gathered_frame(head, pick, [frame[starts[k] : ends[k]] for k in pick])
         want = b"".join(bytes(body[k * 4096 : (k + 1) * 4096]) for k in pick)
         assert bytes(codec.decode(gathered)) == want
+        assert head.gathered_bytes(pick) == len(want) == sum(head.block_bytes(k) for k in pick)
     with pytest.raises(ValueError, match="blocks"):  # the short block is not the frame's last
         blosc_frames.gathered_frame(head, [4, 0], [frame[starts[4] :], frame[starts[0] : ends[0]]])
+    for bad in ([5], [-1, 0], [1, 1], []):  # outside the frame, repeated, none
+        with pytest.raises(ValueError, match="blocks"):
+            blosc_frames.gathered_frame(head, bad, [frame[starts[0] : ends[0]]] * len(bad))
 
 
 def test_the_blocks_of_a_chunk_are_decoded_in_one_codec_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

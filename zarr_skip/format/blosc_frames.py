@@ -56,6 +56,13 @@ class Header(NamedTuple):
         """The bytes block ``k`` decodes to (the last one may be shorter)."""
         return min(self.blocksize, self.nbytes - k * self.blocksize)
 
+    def gathered_bytes(self, blocks: Sequence[int]) -> int:
+        """The bytes blocks ``blocks`` (rising, of this frame) decode to: all but the frame's
+        last block are whole (ValueError for blocks that are not rising or not in the frame)."""
+        if not blocks or blocks[0] < 0 or blocks[-1] >= self.blocks or list(blocks) != sorted(set(blocks)):
+            raise ValueError(f"blocks {list(blocks)!r} of a frame of {self.blocks} blocks")
+        return len(blocks) * self.blocksize - (self.blocksize - self.block_bytes(blocks[-1]))
+
 
 def parse_header(frame: bytes | memoryview) -> Header | None:
     """The header ``frame`` starts with; None when it is too short to hold one."""
@@ -89,19 +96,18 @@ def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[bytes |
     """One frame of blocks ``blocks`` (rising) of a frame with header ``head`` (of several blocks,
     each one stream: see :func:`block_starts`), whose compressed bytes are ``bodies``: blosc
     decodes it in one call (one context for all of them) to those blocks' bytes back to back.
-    Only the frame's last block may be shorter than the others (ValueError otherwise)."""
-    sizes = [head.block_bytes(k) for k in blocks]
-    if not sizes or any(n != head.blocksize for n in sizes[:-1]) or not 0 < sizes[-1] <= head.blocksize:
-        raise ValueError(f"blocks {list(blocks)!r} of a frame of {head.blocks} blocks")
+    Only the frame's last block may be shorter than the others (ValueError for blocks that
+    are not rising or not in the frame: :meth:`Header.gathered_bytes`)."""
+    total = head.gathered_bytes(blocks)
     first = table_bytes(len(blocks))
     starts, at = [], first
     for body in bodies:
         starts.append(at)
         at += len(body)
-    block = head.blocksize if len(sizes) > 1 else sizes[0]  # blosc refuses a block larger than the frame
+    block = head.blocksize if len(blocks) > 1 else total  # blosc refuses a block larger than the frame
     return b"".join(
         [
-            _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, sum(sizes), block, at),
+            _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, total, block, at),
             struct.pack(f"<{len(starts)}I", *starts),
             *bodies,
         ]

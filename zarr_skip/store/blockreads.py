@@ -182,7 +182,7 @@ def decode(p: BlockPlan, blobs: Sequence[Any], where: str) -> np.ndarray:
     head = _checked_header(a, c, items[0], where)
     # the blocks in one frame, decoded in one call: a call per block cost a codec context each
     # (~10 us of the ~35 an 8 KiB zstd block costs)
-    blocks = np.empty(sum(head.block_bytes(k) for k in p.blocks), dtype=np.uint8)
+    blocks = np.empty(head.gathered_bytes(p.blocks), dtype=np.uint8)
     try:
         a.compression.codec().decode(blosc_frames.gathered_frame(head, p.blocks, items[1:]), out=blocks)  # type: ignore[union-attr]
     except (ValueError, RuntimeError) as exc:
