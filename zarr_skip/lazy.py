@@ -371,11 +371,15 @@ class LazyColumn:
     def _recorded_lengths(self, parts: Iterable[int]) -> list[np.ndarray] | None:
         """The row lengths of mini-batches ``parts`` from their records' ``value_ends`` (checked
         as the record was: never negative, adding to the values stored), read from no chunk;
-        None when one of them keeps none (records of older writers, or of one values chunk)."""
+        None when one of them keeps none (:meth:`_recorded_ends`)."""
+        ends = self._recorded_ends(parts)
+        return None if ends is None else [np.diff(e, prepend=np.int64(0)) for e in ends]
+
+    def _recorded_ends(self, parts: Iterable[int]) -> list[np.ndarray] | None:
+        """The ``value_ends`` the records of mini-batches ``parts`` keep; None when one of them
+        keeps none (records of older writers, or of one values chunk)."""
         ends = [self._parts[p]["lengths"].value_ends for p in parts]
-        if any(e is None for e in ends):
-            return None
-        return [np.diff(e, prepend=np.int64(0)) for e in ends]  # type: ignore[arg-type]  # none is None
+        return None if any(e is None for e in ends) else ends  # type: ignore[return-value]  # none is None
 
     def _lengths_whole(self) -> Range:
         return ([p["lengths"] for p in self._parts], 0, self._rows, np.dtype(np.int64), ())
@@ -469,7 +473,7 @@ class LazyColumn:
         ends); :meth:`_lengths_of` gives the lengths."""
         if self._dict is not None:
             return self._dict.lengths_ranges()
-        return [] if all(p["lengths"].value_ends is not None for p in self._parts) else [self._lengths_whole()]
+        return [] if self._recorded_ends(range(len(self._parts))) is not None else [self._lengths_whole()]
 
     def _lengths_of(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         d = self._dict
