@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _HEADER = struct.Struct("<BBBBIII")
 _START = struct.Struct("<I")
@@ -32,6 +32,9 @@ MEMCPYED = 0x02
 #: flags: each block is compressed as one stream (not split by byte significance); only then is
 #: a frame's last, shorter block the frame blosc makes of those bytes alone
 DONT_SPLIT = 0x10
+#: the compressor of a frame's streams (the flags' top three bits) when it is zstd: each
+#: compressed stream is then one zstd frame
+ZSTD = 4
 #: bytes of a frame's header
 HEADER_BYTES = _HEADER.size
 
@@ -51,6 +54,11 @@ class Header(NamedTuple):
     def blocks(self) -> int:
         """How many blocks the frame's bytes are cut into (0 for an empty frame)."""
         return -(-self.nbytes // self.blocksize) if self.blocksize > 0 else 0
+
+    @property
+    def compressor(self) -> int:
+        """The compressor of the frame's streams (:data:`ZSTD`, ...)."""
+        return self.flags >> 5
 
     def block_bytes(self, k: int) -> int:
         """The bytes block ``k`` decodes to (the last one may be shorter)."""
@@ -98,18 +106,35 @@ def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[bytes |
     decodes it in one call (one context for all of them) to those blocks' bytes back to back.
     Only the frame's last block may be shorter than the others (ValueError for blocks that
     are not rising or not in the frame: :meth:`Header.gathered_bytes`)."""
+    return _frame(head, blocks, [(body,) for body in bodies])
+
+
+def stored_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) -> bytes:
+    """The same frame with each block's bytes as blosc's compressor had them (shuffled, when
+    ``head`` says so) in ``streams``, stored uncompressed: blosc copies each one (a stream as
+    long as its block is stored as it is) and undoes the shuffle, in one call. So streams
+    decompressed elsewhere (:mod:`zarr_skip.format.zstd_blocks`) are unshuffled at blosc's
+    speed. ValueError for a stream whose length is not its block's."""
+    sizes = [head.block_bytes(k) for k in blocks]
+    if [len(s) for s in streams] != sizes:
+        raise ValueError(f"streams of {[len(s) for s in streams]} bytes for blocks of {sizes} bytes")
+    return _frame(head, blocks, [(_START.pack(n), s) for n, s in zip(sizes, streams, strict=True)])
+
+
+def _frame(head: Header, blocks: Sequence[int], bodies: Sequence[tuple[Any, ...]]) -> bytes:
+    """A frame of blocks ``blocks`` of the frame of ``head``, block ``k`` made of the pieces
+    ``bodies[k]`` joined."""
     total = head.gathered_bytes(blocks)
-    first = table_bytes(len(blocks))
-    starts, at = [], first
+    starts, at = [], table_bytes(len(blocks))
     for body in bodies:
         starts.append(at)
-        at += len(body)
+        at += sum(len(piece) for piece in body)
     block = head.blocksize if len(blocks) > 1 else total  # blosc refuses a block larger than the frame
     return b"".join(
         [
             _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, total, block, at),
             struct.pack(f"<{len(starts)}I", *starts),
-            *bodies,
+            *(piece for body in bodies for piece in body),
         ]
     )
 

@@ -20,7 +20,7 @@ import numcodecs
 import numpy as np
 
 from zarr_skip.errors import ChecksumError, ConfigError, MissingDataError
-from zarr_skip.format import blosc_frames
+from zarr_skip.format import blosc_frames, zstd_blocks
 
 #: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch, a
 #: larger one a shard (one file) of such chunks
@@ -114,7 +114,7 @@ class Compression:
         if self.name == "zstd":
             return numcodecs.Zstd(level=self.level)
         if self.name in _BLOSC:
-            return numcodecs.Blosc(
+            return zstd_blocks.Blosc(  # numcodecs' Blosc; small zstd blocks decoded by zstandard
                 cname=_BLOSC[self.name],
                 clevel=self.level,
                 shuffle=_SHUFFLES[self.shuffle],

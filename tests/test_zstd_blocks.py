@@ -1,0 +1,156 @@
+"""Blosc frames of small zstd blocks decoded through zstandard (``zarr_skip/format/zstd_blocks.py``):
+the same bytes as blosc alone gives, for every frame blosc makes, the frames of some blocks a
+read of a few rows gathers, blocks blosc stored uncompressed, and a short last block; other
+frames left to blosc; damaged ones refused. Speed: ``benchmarks/block_decode.py``."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import torch
+from helpers import FINGERPRINT
+
+import zarr_skip as zs
+from zarr_skip.errors import ChecksumError
+from zarr_skip.format import blosc_frames, chunks, zstd_blocks
+
+SHUFFLES = {
+    "noshuffle": numcodecs.Blosc.NOSHUFFLE,
+    "shuffle": numcodecs.Blosc.SHUFFLE,
+    "bit": numcodecs.Blosc.BITSHUFFLE,
+}
+
+
+def _data(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "tokens":
+        return rng.integers(0, 151936, n).astype("<u4")
+    if kind == "logprobs":
+        return rng.normal(-1, 1, n).astype("<f4")
+    if kind == "lengths":
+        return rng.integers(1, 4000, n).astype("<u2")
+    # blocks of zeros beside blocks of noise: blosc stores the noise blocks as they are
+    out = np.zeros(n, dtype="<u8")
+    noisy = rng.integers(0, 2**63, n, dtype=np.uint64)
+    noise = (np.arange(n) // 2048) % 2 == 1  # every other 16 KiB
+    out[noise] = noisy[noise]
+    return out
+
+
+def _codecs(shuffle: str, block: int) -> tuple[numcodecs.Blosc, zstd_blocks.Blosc]:
+    args = {"cname": "zstd", "clevel": 1, "shuffle": SHUFFLES[shuffle], "blocksize": block}
+    return numcodecs.Blosc(**args), zstd_blocks.Blosc(**args)
+
+
+@pytest.mark.parametrize("kind", ["tokens", "logprobs", "lengths", "mixed"])
+@pytest.mark.parametrize("block", [4096, 8192, 16384])
+@pytest.mark.parametrize("shuffle", ["shuffle", "noshuffle", "bit"])
+def test_small_zstd_blocks_decode_to_what_blosc_gives(kind: str, block: int, shuffle: str) -> None:
+    data = _data(kind, 10 * block // 4 + 7)  # ten blocks or more, the last one short
+    plain, ours = _codecs(shuffle, block)
+    frame = bytes(plain.encode(data))
+    streams = zstd_blocks.small_block_streams(frame)
+    head = blosc_frames.parse_header(frame)
+    assert streams is not None and head is not None and len(streams) == head.blocks >= 2
+    if kind == "mixed":  # some blocks stored as they are, some compressed
+        assert {len(s) == head.block_bytes(k) for k, s in enumerate(streams)} == {True, False}
+    want = data.view(np.uint8).tobytes()
+    assert bytes(plain.decode(frame)) == want
+    assert bytes(ours.decode(frame)) == want
+    out = np.empty_like(data)
+    assert ours.decode(frame, out=out) is out and out.tobytes() == want
+
+
+def test_the_frames_a_few_rows_gather_decode_to_their_blocks() -> None:
+    data = _data("tokens", 9 * 2048 + 300)
+    plain, ours = _codecs("shuffle", 8192)
+    frame = bytes(plain.encode(data))
+    head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
+    assert head is not None and starts is not None
+    ends = (*starts[1:], len(frame))
+    raw = data.view(np.uint8)
+    for pick in ([0, 1], [2, 5, 9], [3, 4, 5, 6], [8, 9]):
+        gathered = blosc_frames.gathered_frame(head, pick, [frame[starts[k] : ends[k]] for k in pick])
+        assert zstd_blocks.small_block_streams(gathered) is not None
+        want = b"".join(raw[k * 8192 : (k + 1) * 8192].tobytes() for k in pick)
+        assert bytes(ours.decode(gathered)) == bytes(plain.decode(gathered)) == want
+
+
+def test_other_frames_are_left_to_blosc() -> None:
+    data = _data("tokens", 64 << 10)
+    frames = {
+        "one block per chunk": numcodecs.Blosc("zstd", 1, 1, 0).encode(data[: 128 << 10 // 4]),
+        "32 KiB blocks": numcodecs.Blosc("zstd", 1, 1, 32 << 10).encode(data),
+        "lz4": numcodecs.Blosc("lz4", 5, 1, 8192).encode(data),
+        "stored uncompressed": numcodecs.Blosc("zstd", 0, 1, 8192).encode(data),
+        "one small block": numcodecs.Blosc("zstd", 1, 1, 8192).encode(data[:1000]),
+    }
+    for what, frame in frames.items():
+        assert zstd_blocks.small_block_streams(bytes(frame)) is None, what
+        assert bytes(zstd_blocks.Blosc("zstd", 1, 1, 8192).decode(frame)) == bytes(numcodecs.Blosc().decode(frame))
+    frame = bytearray(numcodecs.Blosc("zstd", 1, 1, 8192).encode(data))
+    starts = blosc_frames.block_starts(bytes(frame))
+    assert starts is not None
+    frame[starts[3] : starts[3] + 4] = (1 << 20).to_bytes(4, "little")  # a stream's length field off
+    assert zstd_blocks.small_block_streams(bytes(frame)) is None
+    assert zstd_blocks.small_block_streams(bytes(frame[:-10])) is None  # cut short
+
+
+def test_a_damaged_stream_is_refused_not_decoded() -> None:
+    data = _data("tokens", 8 * 2048)
+    plain, ours = _codecs("shuffle", 8192)
+    frame = bytearray(plain.encode(data))
+    starts = blosc_frames.block_starts(bytes(frame))
+    assert starts is not None
+    frame[starts[2] + 4 : starts[2] + 8] = b"\0\0\0\0"  # block 2's zstd magic
+    with pytest.raises(ValueError, match="zstd block"):
+        ours.decode(bytes(frame))
+    with pytest.raises(RuntimeError):
+        plain.decode(bytes(frame))
+    body = chunks.with_crc(bytes(frame))  # its own crc32c holds: the codec must catch it
+    codec = chunks.Compression("blosc-zstd", 1, "shuffle", 8192)
+    with pytest.raises(ChecksumError, match="does not decode"):
+        chunks.decode_into(body, np.empty_like(data), codec, stored_size=len(body), where="x")
+
+
+def test_the_codec_encodes_and_describes_itself_as_numcodecs_blosc() -> None:
+    codec = chunks.Compression("blosc-zstd", 1, "shuffle", 8192).codec()
+    assert isinstance(codec, zstd_blocks.Blosc)
+    plain = numcodecs.Blosc("zstd", 1, numcodecs.Blosc.SHUFFLE, 8192)
+    data = _data("tokens", 5000)
+    assert bytes(codec.encode(data)) == bytes(plain.encode(data))
+    assert codec.get_config() == plain.get_config()
+    again = pickle.loads(pickle.dumps(codec))
+    assert isinstance(again, zstd_blocks.Blosc) and bytes(again.decode(plain.encode(data))) == data.tobytes()
+
+
+def test_reads_in_small_blocks_decode_through_zstandard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(50, 3000, 64)
+    offsets = torch.zeros(65, dtype=torch.int64)
+    offsets[1:] = torch.from_numpy(lengths).cumsum(0)
+    values = torch.from_numpy(rng.integers(0, 151936, int(offsets[-1])))
+    col = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    cache = zs.open_cache(tmp_path / "c", FINGERPRINT, compression=zs.Compression("auto", blocksize=8 << 10))
+    cache.write(1, {"responses": col})
+    calls: list[int] = []
+    real = zstd_blocks.decompressed
+
+    def spy(head: blosc_frames.Header, streams: list[memoryview]) -> list[object]:
+        calls.append(len(streams))
+        return real(head, streams)
+
+    monkeypatch.setattr(zstd_blocks, "decompressed", spy)
+    view = zs.open_cache(tmp_path / "c").load(1)
+    rows = np.array([3, 17, 40, 63])
+    got = view["responses"][rows].unbind()
+    assert calls  # the blocks holding those rows
+    assert all(torch.equal(a, col.unbind()[int(r)]) for a, r in zip(got, rows, strict=True))
+    calls.clear()
+    whole = zs.open_cache(tmp_path / "c").load(1)["responses"][:]
+    assert sum(calls) >= int(offsets[-1]) * 4 // (8 << 10)  # every block of the column
+    assert torch.equal(whole.values(), col.values())

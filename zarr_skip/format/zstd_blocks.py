@@ -1,0 +1,100 @@
+"""Blosc frames of small zstd blocks decoded with zstandard (pure: bytes in, bytes out).
+
+Blosc decodes each block of a frame with a fixed cost besides its bytes: numcodecs' build
+decodes an 8 KiB zstd block of shuffled token ids in ~15-18 us, of which ~10 us go to the
+block as such (a 512 KiB block decodes at ~1.2 GB/s, 8 KiB ones at ~0.45 GB/s). zstandard
+(the zstd library's own Python binding) decompresses the same streams in ~8 us each. So a frame
+of small zstd blocks (:data:`SMALL_BLOCK_BYTES` or less: what ``Compression("auto",
+blocksize=...)`` writes for token ids, and the frames of some blocks that a read of a few rows
+gathers, :func:`blosc_frames.gathered_frame`) is decoded here in two steps: zstandard
+decompresses every block's stream in one call (without the interpreter lock), then blosc takes
+them as a frame of blocks stored uncompressed (:func:`blosc_frames.stored_frame`), which it
+copies and unshuffles at its own speed. Other frames (larger blocks, other compressors, one
+block, split streams, stored uncompressed) are decoded by blosc alone, as zarr would.
+
+Every frame is walked as :func:`blosc_frames.block_starts` checks it (blocks in order, inside
+the frame, each one stream); a frame this walk does not take is left to blosc, which refuses
+what it cannot decode. A stream decompressing to another size than its block's is a
+ValueError, as blosc's own failure is a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any
+
+import numcodecs
+import numpy as np
+from numcodecs.compat import ensure_contiguous_ndarray
+
+from zarr_skip.format import blosc_frames
+
+#: frames of blocks of at most this many bytes are decoded through zstandard. On the token ids
+#: of the realistic medium step (one thread, chunks of 512 KiB and 2 MiB), blosc alone decodes
+#: blocks of 8 / 16 / 32 KiB at 430-454 / 439-604 / 739-781 MB/s, zstandard then blosc at
+#: 609-664 / 702-741 / 747-822 MB/s; one block per chunk, blosc alone, at ~1.2 GB/s and through
+#: zstandard at ~1.1 GB/s (``benchmarks/block_decode.py``)
+SMALL_BLOCK_BYTES = 16 << 10
+
+_LENGTH = struct.Struct("<i")
+#: each thread's decompressor (zstandard's are not shared between threads)
+_local = threading.local()
+
+
+class Blosc(numcodecs.Blosc):  # type: ignore[misc]  # numcodecs is untyped
+    """numcodecs' Blosc codec, decoding frames of small zstd blocks through zstandard (see the
+    module's docstring); it encodes as numcodecs' does."""
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        frame = memoryview(ensure_contiguous_ndarray(buf).view(np.uint8))
+        streams = small_block_streams(frame)
+        if streams is None:
+            return super().decode(buf, out)
+        head = blosc_frames.parse_header(frame)
+        assert head is not None  # small_block_streams parsed it
+        stored = blosc_frames.stored_frame(head, range(head.blocks), decompressed(head, streams))
+        return super().decode(stored, out)
+
+
+def small_block_streams(frame: bytes | memoryview) -> list[memoryview] | None:
+    """The stream of each block of ``frame`` (without its length field), when it is a blosc
+    frame of two or more zstd blocks of at most :data:`SMALL_BLOCK_BYTES`, each one stream of
+    the length its field gives; None for any other frame (for blosc to decode)."""
+    head = blosc_frames.parse_header(frame)
+    if head is None or head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES:
+        return None
+    starts = blosc_frames.block_starts(frame)
+    if starts is None:
+        return None
+    view = memoryview(frame)
+    streams = []
+    for start, end in zip(starts, (*starts[1:], head.cbytes), strict=True):
+        if end - start < _LENGTH.size or _LENGTH.unpack_from(view, start)[0] != end - start - _LENGTH.size:
+            return None
+        streams.append(view[start + _LENGTH.size : end])
+    return streams
+
+
+def decompressed(head: blosc_frames.Header, streams: list[memoryview]) -> list[Any]:
+    """Each block's bytes as blosc's compressor had them (shuffled, when ``head`` says so): a
+    stream as long as its block was stored as it is, the others are zstd frames, decompressed
+    in one call. ValueError when one does not decompress to its block's size."""
+    import zstandard
+
+    sizes = [head.block_bytes(k) for k in range(len(streams))]
+    packed = [k for k, (s, n) in enumerate(zip(streams, sizes, strict=True)) if len(s) != n]
+    out: list[Any] = list(streams)
+    if not packed:
+        return out
+    decompressor = getattr(_local, "decompressor", None)
+    if decompressor is None:
+        decompressor = _local.decompressor = zstandard.ZstdDecompressor()
+    want = np.asarray([sizes[k] for k in packed], dtype=np.uint64).tobytes()
+    try:
+        got: Any = decompressor.multi_decompress_to_buffer([streams[k] for k in packed], decompressed_sizes=want)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"a zstd block does not decompress ({exc})") from None
+    for k, data in zip(packed, got, strict=True):
+        out[k] = data
+    return out
