@@ -20,6 +20,7 @@ part                      what                                                re
 ``bench_tables``          columns as arrays, ``Cache.table``, import time     ``tables.*``
 ``bench_data``            torch datasets, random items, Ray vs ``table()``    ``data.*``
 ``few_rows``              a few rows vs the whole column: blocks and codecs   ``few_rows.*``
+``block_decode``          small zstd blocks: blosc alone vs through zstandard ``block_decode.*``
 ========================  ==================================================  =======================
 
 Then ``suite.{md,json}``: each part's command, exit code, duration and load verdict, and the
@@ -58,6 +59,7 @@ def parts(out: Path, quick: bool) -> list[tuple[str, list[str]]]:
                               "--array-preset", preset, "--reps", "1", "--out", str(out)]),
             ("bench_data", ["--preset", preset, "--steps", "2", "--items", "50", "--reps", "1", "--out", str(out)]),
             ("few_rows", ["--presets", preset, "--reps", "1", "--out", str(out)]),
+            ("block_decode", ["--preset", preset, "--reps", "1", "--per-round", "5", "--out", str(out)]),
         ]  # fmt: skip
     return [
         ("bench", ["--preset", preset, "--reps", "5", "--out", str(out)]),
@@ -67,6 +69,7 @@ def parts(out: Path, quick: bool) -> list[tuple[str, list[str]]]:
         ("bench_tables", ["--reps", "3", "--out", str(out)]),  # its S3 loop baseline alone takes ~25 s a rep
         ("bench_data", ["--preset", preset, "--steps", "8", "--reps", "3", "--out", str(out)]),
         ("few_rows", ["--presets", "medium,large", "--reps", "7", "--out", str(out)]),
+        ("block_decode", ["--preset", preset, "--reps", "7", "--out", str(out)]),
     ]
 
 

@@ -567,7 +567,7 @@ def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -
 
 @pytest.mark.parametrize(
     "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "few_rows", "load",
-             "suite", "summary", "write_floor", "fuse_race"],
+             "suite", "summary", "write_floor", "fuse_race", "block_decode"],
 )  # fmt: skip
 def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
@@ -589,6 +589,23 @@ def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
     assert got["nbytes_stored"]["lz4"]["column"] > got["nbytes_stored"]["default"]["column"]
     assert "| small | auto-8k |" in (tmp_path / "few_rows.md").read_text()
     assert not list(tmp_path.glob(".bench-tmp-rows-*"))
+
+
+@pytest.mark.slow
+def test_the_block_decode_benchmark_times_blosc_alone_and_through_zstandard(tmp_path: Path) -> None:
+    from benchmarks import block_decode
+
+    argv = ["--preset", "small", "--reps", "1", "--per-round", "2", "--out", str(tmp_path)]
+    assert block_decode.main(argv) == 0
+    r = json.loads((tmp_path / "block_decode.json").read_text())
+    assert list(r["frames_mb_s"]) == ["8 KiB", "16 KiB", "32 KiB", "one block"]
+    assert all(len(v) == 1 and v[0] > 0 for got in r["frames_mb_s"].values() for v in got.values())
+    assert set(r["reads_ms"]) == {"every core", "one core"}  # the second in a process pinned to one core
+    for ops in r["reads_ms"].values():
+        assert {m: len(ops["rows"][m]["wall"]) for m in block_decode.MODES} == {"blosc": 1, "zarr_skip": 1}
+    md = (tmp_path / "block_decode.md").read_text()
+    assert "| 8 KiB |" in md and "| 64 random rows | one core |" in md
+    assert not list(tmp_path.glob(".bench-tmp-blocks-*"))
 
 
 @pytest.mark.parametrize("fmt", ["torch_save_jagged", "pickle_padded", "plain_dump_realistic", "zarr_skip_jagged"])
