@@ -53,9 +53,10 @@ def test_small_zstd_blocks_decode_to_what_blosc_gives(kind: str, block: int, shu
     data = _data(kind, 10 * block // 4 + 7)  # ten blocks or more, the last one short
     plain, ours = _codecs(shuffle, block)
     frame = bytes(plain.encode(data))
-    streams = zstd_blocks.small_block_streams(frame)
-    head = blosc_frames.parse_header(frame)
-    assert streams is not None and head is not None and len(streams) == head.blocks >= 2
+    found = zstd_blocks.small_block_streams(frame)
+    assert found is not None
+    head, streams = found
+    assert head == blosc_frames.parse_header(frame) and len(streams) == head.blocks >= 2
     if kind == "mixed":  # some blocks stored as they are, some compressed
         assert {len(s) == head.block_bytes(k) for k, s in enumerate(streams)} == {True, False}
     want = data.view(np.uint8).tobytes()
@@ -154,3 +155,24 @@ def test_reads_in_small_blocks_decode_through_zstandard(tmp_path: Path, monkeypa
     whole = zs.open_cache(tmp_path / "c").load(1)["responses"][:]
     assert sum(calls) >= int(offsets[-1]) * 4 // (8 << 10)  # every block of the column
     assert torch.equal(whole.values(), col.values())
+
+
+def _with_stream(frame: bytes, k: int, stream: bytes) -> bytes:
+    """``frame`` (of several small blocks) with block ``k``'s stream replaced by ``stream``."""
+    head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
+    assert head is not None and starts is not None
+    ends = (*starts[1:], len(frame))
+    bodies = [frame[a:b] for a, b in zip(starts, ends, strict=True)]
+    bodies[k] = len(stream).to_bytes(4, "little") + stream
+    return blosc_frames.gathered_frame(head, range(head.blocks), bodies)
+
+
+def test_a_zstd_frame_claiming_more_than_its_block_is_not_decompressed() -> None:
+    import zstandard
+
+    data = _data("tokens", 4 * 2048)
+    plain, ours = _codecs("shuffle", 8192)
+    frame = bytes(plain.encode(data))
+    big = zstandard.ZstdCompressor(level=1).compress(bytes(64 << 20))  # claims 64 MiB in 2 KiB
+    with pytest.raises(ValueError, match=f"block 1: a zstd frame of {64 << 20} bytes for a block of 8192"):
+        ours.decode(_with_stream(frame, 1, big))

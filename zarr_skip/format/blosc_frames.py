@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 _HEADER = struct.Struct("<BBBBIII")
@@ -106,7 +107,7 @@ def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[bytes |
     decodes it in one call (one context for all of them) to those blocks' bytes back to back.
     Only the frame's last block may be shorter than the others (ValueError for blocks that
     are not rising or not in the frame: :meth:`Header.gathered_bytes`)."""
-    return _frame(head, blocks, [(body,) for body in bodies])
+    return _frame(head, blocks, bodies, [len(body) for body in bodies])
 
 
 def stored_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) -> bytes:
@@ -115,26 +116,26 @@ def stored_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) ->
     long as its block is stored as it is) and undoes the shuffle, in one call. So streams
     decompressed elsewhere (:mod:`zarr_skip.format.zstd_blocks`) are unshuffled at blosc's
     speed. ValueError for a stream whose length is not its block's."""
-    sizes = [head.block_bytes(k) for k in blocks]
+    size, nbytes = head.blocksize, head.nbytes
+    sizes = [min(size, nbytes - k * size) for k in blocks]
     if [len(s) for s in streams] != sizes:
         raise ValueError(f"streams of {[len(s) for s in streams]} bytes for blocks of {sizes} bytes")
-    return _frame(head, blocks, [(_START.pack(n), s) for n, s in zip(sizes, streams, strict=True)])
+    pieces = [piece for n, s in zip(sizes, streams, strict=True) for piece in (_START.pack(n), s)]
+    return _frame(head, blocks, pieces, [_START.size + n for n in sizes])
 
 
-def _frame(head: Header, blocks: Sequence[int], bodies: Sequence[tuple[Any, ...]]) -> bytes:
-    """A frame of blocks ``blocks`` of the frame of ``head``, block ``k`` made of the pieces
-    ``bodies[k]`` joined."""
+def _frame(head: Header, blocks: Sequence[int], pieces: Sequence[Any], lengths: Sequence[int]) -> bytes:
+    """A frame of blocks ``blocks`` of the frame of ``head``, whose blocks' bytes (``lengths``
+    each) are ``pieces`` joined."""
     total = head.gathered_bytes(blocks)
-    starts, at = [], table_bytes(len(blocks))
-    for body in bodies:
-        starts.append(at)
-        at += sum(len(piece) for piece in body)
+    first = table_bytes(len(blocks))
+    starts = list(accumulate(lengths[:-1], initial=first))
     block = head.blocksize if len(blocks) > 1 else total  # blosc refuses a block larger than the frame
     return b"".join(
         [
-            _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, total, block, at),
+            _HEADER.pack(head.version, head.versionlz, head.flags, head.typesize, total, block, first + sum(lengths)),
             struct.pack(f"<{len(starts)}I", *starts),
-            *(piece for body in bodies for piece in body),
+            *pieces,
         ]
     )
 

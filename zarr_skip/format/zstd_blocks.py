@@ -47,20 +47,17 @@ class Blosc(numcodecs.Blosc):  # type: ignore[misc]  # numcodecs is untyped
     module's docstring); it encodes as numcodecs' does."""
 
     def decode(self, buf: Any, out: Any = None) -> Any:
-        frame = memoryview(ensure_contiguous_ndarray(buf).view(np.uint8))
-        streams = small_block_streams(frame)
-        if streams is None:
+        found = small_block_streams(memoryview(ensure_contiguous_ndarray(buf).view(np.uint8)))
+        if found is None:
             return super().decode(buf, out)
-        head = blosc_frames.parse_header(frame)
-        assert head is not None  # small_block_streams parsed it
-        stored = blosc_frames.stored_frame(head, range(head.blocks), decompressed(head, streams))
-        return super().decode(stored, out)
+        head, streams = found
+        return super().decode(blosc_frames.stored_frame(head, range(head.blocks), decompressed(head, streams)), out)
 
 
-def small_block_streams(frame: bytes | memoryview) -> list[memoryview] | None:
-    """The stream of each block of ``frame`` (without its length field), when it is a blosc
-    frame of two or more zstd blocks of at most :data:`SMALL_BLOCK_BYTES`, each one stream of
-    the length its field gives; None for any other frame (for blosc to decode)."""
+def small_block_streams(frame: bytes | memoryview) -> tuple[blosc_frames.Header, list[memoryview]] | None:
+    """The header of ``frame`` and the stream of each of its blocks (without its length field),
+    when it is a blosc frame of two or more zstd blocks of at most :data:`SMALL_BLOCK_BYTES`,
+    each one stream of the length its field gives; None for any other frame (for blosc)."""
     head = blosc_frames.parse_header(frame)
     if head is None or head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES:
         return None
@@ -73,16 +70,20 @@ def small_block_streams(frame: bytes | memoryview) -> list[memoryview] | None:
         if end - start < _LENGTH.size or _LENGTH.unpack_from(view, start)[0] != end - start - _LENGTH.size:
             return None
         streams.append(view[start + _LENGTH.size : end])
-    return streams
+    return head, streams
 
 
 def decompressed(head: blosc_frames.Header, streams: list[memoryview]) -> list[Any]:
     """Each block's bytes as blosc's compressor had them (shuffled, when ``head`` says so): a
     stream as long as its block was stored as it is, the others are zstd frames, decompressed
-    in one call. ValueError when one does not decompress to its block's size."""
+    in one call (which lets go of the interpreter lock once for them all: a call per block
+    made two threads decoding chunks wait on each other) into buffers of their blocks' sizes
+    (a frame claiming another size is not decompressed). ValueError for one that does not
+    decompress to its block's size."""
     import zstandard
 
-    sizes = [head.block_bytes(k) for k in range(len(streams))]
+    size, nbytes = head.blocksize, head.nbytes
+    sizes = [min(size, nbytes - k * size) for k in range(len(streams))]
     packed = [k for k, (s, n) in enumerate(zip(streams, sizes, strict=True)) if len(s) != n]
     out: list[Any] = list(streams)
     if not packed:
@@ -92,6 +93,9 @@ def decompressed(head: blosc_frames.Header, streams: list[memoryview]) -> list[A
         decompressor = _local.decompressor = zstandard.ZstdDecompressor()
     want = np.asarray([sizes[k] for k in packed], dtype=np.uint64).tobytes()
     try:
+        for k in packed:
+            if (claimed := zstandard.frame_content_size(streams[k])) not in (sizes[k], -1):
+                raise ValueError(f"block {k}: a zstd frame of {claimed} bytes for a block of {sizes[k]}")
         got: Any = decompressor.multi_decompress_to_buffer([streams[k] for k in packed], decompressed_sizes=want)
     except zstandard.ZstdError as exc:
         raise ValueError(f"a zstd block does not decompress ({exc})") from None
