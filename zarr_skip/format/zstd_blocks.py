@@ -4,13 +4,14 @@ Blosc decodes each block of a frame with a fixed cost besides its bytes: numcode
 decodes an 8 KiB zstd block of shuffled token ids in ~15-18 us, of which ~10 us go to the
 block as such (a 512 KiB block decodes at ~1.2 GB/s, 8 KiB ones at ~0.45 GB/s). zstandard
 (the zstd library's own Python binding) decompresses the same streams in ~8 us each. So a frame
-of small zstd blocks (:data:`SMALL_BLOCK_BYTES` or less: what ``Compression("auto",
-blocksize=...)`` writes for token ids, and the frames of some blocks that a read of a few rows
-gathers, :func:`blosc_frames.gathered_frame`) is decoded here in two steps: zstandard
-decompresses every block's stream in one call (without the interpreter lock), then blosc takes
-them as a frame of blocks stored uncompressed (:func:`blosc_frames.stored_frame`), which it
-copies and unshuffles at its own speed. Other frames (larger blocks, other compressors, one
-block, split streams, stored uncompressed) are decoded by blosc alone, as zarr would.
+of many small zstd blocks (:data:`MIN_BLOCKS` or more, of :data:`SMALL_BLOCK_BYTES` or less:
+the chunks ``Compression("auto", blocksize=...)`` writes for token ids, read whole, and the
+frames of many blocks a read of some rows gathers, :func:`blosc_frames.gathered_frame`) is
+decoded here in two steps: zstandard decompresses every block's stream in one call (without
+the interpreter lock), then blosc takes them as a frame of blocks stored uncompressed
+(:func:`blosc_frames.stored_frame`), which it copies and unshuffles at its own speed. Other
+frames (larger blocks, a few blocks, other compressors, split streams, stored uncompressed)
+are decoded by blosc alone, as zarr would.
 
 Every frame is walked as :func:`blosc_frames.block_starts` checks it (blocks in order, inside
 the frame, each one stream); a frame this walk does not take is left to blosc, which refuses
@@ -36,6 +37,12 @@ from zarr_skip.format import blosc_frames
 #: 609-664 / 702-741 / 747-822 MB/s; one block per chunk, blosc alone, at ~1.2 GB/s and through
 #: zstandard at ~1.1 GB/s (``benchmarks/block_decode.py``)
 SMALL_BLOCK_BYTES = 16 << 10
+#: and of at least this many blocks: each call into zstandard costs its code and tables fetched
+#: again into a CPU cache a cold read left cold, which a few blocks do not earn back. Reading 64
+#: random rows of the large step cold (gathered frames of ~5 blocks) took 1.16x blosc's time
+#: through zstandard from 2 blocks on, 1.02x from 16 on (the medium step 1.00-1.03x both ways;
+#: medians of 60 alternated reads), while warm reads gain from 2 blocks on
+MIN_BLOCKS = 16
 
 _LENGTH = struct.Struct("<i")
 #: each thread's decompressor (zstandard's are not shared between threads)
@@ -56,13 +63,14 @@ class Blosc(numcodecs.Blosc):  # type: ignore[misc]  # numcodecs is untyped
 
 def small_block_streams(frame: bytes | memoryview) -> tuple[blosc_frames.Header, list[memoryview]] | None:
     """The header of ``frame`` and the stream of each of its blocks (without its length field),
-    when it is a blosc frame of two or more zstd blocks of at most :data:`SMALL_BLOCK_BYTES`,
-    each one stream of the length its field gives; None for any other frame (for blosc)."""
+    when it is a blosc frame of :data:`MIN_BLOCKS` zstd blocks or more, of at most
+    :data:`SMALL_BLOCK_BYTES` each, each one stream of the length its field gives; None for any
+    other frame (for blosc)."""
     head = blosc_frames.parse_header(frame)
     if head is None or head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES:
         return None
     starts = blosc_frames.block_starts(frame)
-    if starts is None:
+    if starts is None or len(starts) < MIN_BLOCKS:
         return None
     view = memoryview(frame)
     streams = []
