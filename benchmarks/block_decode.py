@@ -14,7 +14,8 @@ rotated:
   KiB and in one block per chunk; MB/s of decoded bytes, one thread.
 * ``reads``: the step written in 4 mini-batches with ``Compression("auto", blocksize=8 << 10)``
   (the few-row setting), its view opened once (as a data loader keeps it): ``--rows`` random
-  rows of ``responses``, then the whole column, warm; milliseconds of wall time and of the
+  rows of ``responses``, then the whole column, warm, then each again cold (the step's files
+  evicted from the page cache before each read); milliseconds of wall time and of the
   process's CPU time (all threads) per read, on every core and pinned to one (a process of its
   own, started with that affinity, as a data loader's worker often is).
 
@@ -94,30 +95,38 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+#: the reads timed: (what, page cache), and how many of them a round takes per ``--per-round``
+READS = {("rows", "warm"): 1, ("whole", "warm"): 20, ("rows", "cold"): 6, ("whole", "cold"): 20}
+
+
 def measure_reads(root: Path, reps: int, rows: int, per_round: int) -> dict[str, Any]:
-    """Wall and CPU milliseconds per read of ``rows`` random rows and of the whole column, per
-    mode, a sample per round (the mean of ``per_round`` reads)."""
+    """Wall and CPU milliseconds per read of ``rows`` random rows and of the whole column,
+    warm and cold (the step's files evicted before each read, the view kept open), per mode, a
+    sample per round (the mean of its reads)."""
     import numpy as np
 
     import zarr_skip as zs
+    from benchmarks.few_rows import evict
 
     col = zs.open_cache(root).load(1)[COLUMN]
     rng = np.random.default_rng(0)
-    res: dict[str, Any] = {op: {m: {"wall": [], "cpu": []} for m in MODES} for op in ("rows", "whole")}
+    res: dict[str, Any] = {f"{op} {cache}": {m: {"wall": [], "cpu": []} for m in MODES} for op, cache in READS}
     for r, order in enumerate(_rounds(reps + 1)):  # round 0 warms up, not kept
         for mode in order:
             _mode(mode)
-            for op, n in (("rows", per_round), ("whole", max(1, per_round // 20))):
-                picks = [np.sort(rng.choice(len(col), rows, replace=False)) for _ in range(n)]
-                cpu, start = _cpu(), time.perf_counter()
-                for p in picks:
-                    if op == "rows":
-                        col[p]
-                    else:
-                        col[:]
+            for (op, cache), share in READS.items():
+                n = max(1, per_round // share)
+                wall = cpu = 0.0
+                for _ in range(n):
+                    picks = np.sort(rng.choice(len(col), rows, replace=False))
+                    if cache == "cold":
+                        evict(root)
+                    c0, t0 = _cpu(), time.perf_counter()
+                    col[picks] if op == "rows" else col[:]  # noqa: B018 - read for its time
+                    wall, cpu = wall + time.perf_counter() - t0, cpu + _cpu() - c0
                 if r:
-                    res[op][mode]["wall"].append((time.perf_counter() - start) / n * 1e3)
-                    res[op][mode]["cpu"].append((_cpu() - cpu) / n * 1e3)
+                    res[f"{op} {cache}"][mode]["wall"].append(wall / n * 1e3)
+                    res[f"{op} {cache}"][mode]["cpu"].append(cpu / n * 1e3)
     return res
 
 
@@ -177,15 +186,16 @@ def report(res: dict[str, Any]) -> str:
         lines.append(f"| {block} | {_mmm(got['blosc'], '{:.0f}')} | {_mmm(got['zarr_skip'], '{:.0f}')} | {ratio:.2f} |")
     lines += [
         "",
-        f"Reads of the step in 8 KiB blocks, its view open, warm (ms per read; CPU: all threads of the "
-        f"process; machine of {res['cores']} cores):",
+        f"Reads of the step in 8 KiB blocks, its view open, warm or cold (its files evicted before each read); "
+        f"ms per read; CPU: all threads of the process; machine of {res['cores']} cores:",
         "",
         "| read | cores | blosc alone: wall | zarr_skip: wall | ratio | blosc alone: CPU | zarr_skip: CPU | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for cores, ops in res["reads_ms"].items():
-        for op, got in ops.items():
-            what = f"{res['rows']} random rows" if op == "rows" else "whole column"
+        for key, got in ops.items():
+            op, cache = key.split()
+            what = f"{res['rows']} random rows, {cache}" if op == "rows" else f"whole column, {cache}"
             cells = []
             for kind in ("wall", "cpu"):
                 a, b = got["blosc"][kind], got["zarr_skip"][kind]

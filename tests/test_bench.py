@@ -602,9 +602,10 @@ def test_the_block_decode_benchmark_times_blosc_alone_and_through_zstandard(tmp_
     assert all(len(v) == 1 and v[0] > 0 for got in r["frames_mb_s"].values() for v in got.values())
     assert set(r["reads_ms"]) == {"every core", "one core"}  # the second in a process pinned to one core
     for ops in r["reads_ms"].values():
-        assert {m: len(ops["rows"][m]["wall"]) for m in block_decode.MODES} == {"blosc": 1, "zarr_skip": 1}
+        assert set(ops) == {"rows warm", "whole warm", "rows cold", "whole cold"}
+        assert {m: len(ops["rows cold"][m]["wall"]) for m in block_decode.MODES} == {"blosc": 1, "zarr_skip": 1}
     md = (tmp_path / "block_decode.md").read_text()
-    assert "| 8 KiB |" in md and "| 64 random rows | one core |" in md
+    assert "| 8 KiB |" in md and "| 64 random rows, cold | one core |" in md
     assert not list(tmp_path.glob(".bench-tmp-blocks-*"))
 
 
