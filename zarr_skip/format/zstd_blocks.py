@@ -32,10 +32,9 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from zarr_skip.format import blosc_frames
 
 #: frames of blocks of at most this many bytes are decoded through zstandard. On the token ids
-#: of the realistic medium step (one thread, chunks of 512 KiB and 2 MiB), blosc alone decodes
-#: blocks of 8 / 16 / 32 KiB at 430-454 / 439-604 / 739-781 MB/s, zstandard then blosc at
-#: 609-664 / 702-741 / 747-822 MB/s; one block per chunk, blosc alone, at ~1.2 GB/s and through
-#: zstandard at ~1.1 GB/s (``benchmarks/block_decode.py``)
+#: of the realistic medium step (chunks of 2 MiB, one thread; ``benchmarks/block_decode.py``,
+#: quiet), blosc alone decodes blocks of 8 / 16 / 32 KiB at 429 / 610 / 766 MB/s, zstandard then
+#: blosc at 606 / 737 / 764 MB/s; one block per chunk, 1435 MB/s either way
 SMALL_BLOCK_BYTES = 16 << 10
 #: and of at least this many blocks: each call into zstandard costs its code and tables fetched
 #: again into a CPU cache a cold read left cold, which a few blocks do not earn back. Reading 64
