@@ -5,7 +5,7 @@ Usage::
     python -m benchmarks.block_decode --preset medium --reps 7 --out benchmarks/results
 
 The baseline is numcodecs' Blosc alone (:data:`zarr_skip.format.zstd_blocks.SMALL_BLOCK_BYTES`
-set to 0); zarr_skip decodes frames of zstd blocks of up to 16 KiB through zstandard
+set to 0); zarr_skip decodes frames of 16 or more zstd blocks of up to 16 KiB through zstandard
 (:mod:`zarr_skip.format.zstd_blocks`). Both run in the same process, interleaved round by round,
 rotated:
 
