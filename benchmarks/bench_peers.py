@@ -47,12 +47,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -439,30 +436,23 @@ def main(argv: list[str] | None = None) -> int:
     mon = load.guard(args)
     if mon is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-tmp-peers-", dir=args.out))
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    mon.start()
-    try:
-        res = measure(args.preset, args.reps, work, args.cold, args.seed, wanted)
-    finally:
-        record = mon.stop()
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    run = load.run_monitored(
+        mon,
+        args.out,
+        ".bench-tmp-peers-",
+        lambda work: measure(args.preset, args.reps, work, args.cold, args.seed, wanted),
+        keep=args.keep,
+    )
+    res, record = run.result, run.record
     res.update(
-        started=started,
+        started=run.started,
         command="python -m benchmarks.bench_peers " + " ".join(sys.argv[1:] if argv is None else argv),
         machine=machine_info(args.out),
         load=record,
         baseline=DEFINITION,
     )
     res["summary"] = summarize(res)
-    text = report(res)
-    (args.out / f"peers_{args.preset}.md").write_text(text)
-    (args.out / f"peers_{args.preset}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(text)
+    load.publish(args.out, f"peers_{args.preset}", res, report(res))
     log(f"wrote {args.out / f'peers_{args.preset}.md'}")
     return load.exit_code(record, args.require_quiet)
 

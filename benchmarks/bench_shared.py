@@ -42,20 +42,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import re
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -458,25 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     mon = load.guard(args)
     if mon is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-tmp-shared-", dir=args.out))
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    mon.start()
-    try:
-        res = measure(args, work)
-    finally:
-        record = mon.stop()
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    run = load.run_monitored(mon, args.out, ".bench-tmp-shared-", lambda work: measure(args, work), keep=args.keep)
+    res, record = run.result, run.record
     command = "python -m benchmarks.bench_shared " + " ".join(sys.argv[1:] if argv is None else argv)
-    res.update(started=started_at, load=record, machine=machine_info(args.out), command=command)
+    res.update(started=run.started, load=record, machine=machine_info(args.out), command=command)
     res["summary"] = summarize(res)
-    text = report(res)
-    (args.out / f"shared_{args.preset}.md").write_text(text)
-    (args.out / f"shared_{args.preset}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(text)
+    load.publish(args.out, f"shared_{args.preset}", res, report(res))
     log(f"wrote {args.out / f'shared_{args.preset}.md'}")
     return load.exit_code(record, args.require_quiet)
 

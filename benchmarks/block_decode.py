@@ -29,13 +29,10 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -222,28 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     mon = load.guard(args)
     if mon is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-tmp-blocks-", dir=args.out))
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    mon.start()
-    try:
-        res = measure(args.preset, args.reps, args.rows, args.per_round, work)
-    finally:
-        record = mon.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    run = load.run_monitored(
+        mon,
+        args.out,
+        ".bench-tmp-blocks-",
+        lambda work: measure(args.preset, args.reps, args.rows, args.per_round, work),
+    )
+    res = run.result
     res.update(
-        started=started,
+        started=run.started,
         command="python -m benchmarks.block_decode " + " ".join(sys.argv[1:] if argv is None else argv),
         reps=args.reps,
         rows=args.rows,
         preset=args.preset,
-        load=record,
+        load=run.record,
     )
-    text = report(res)
-    (args.out / "block_decode.md").write_text(text)
-    (args.out / "block_decode.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(text)
-    return load.exit_code(record, args.require_quiet)
+    load.publish(args.out, "block_decode", res, report(res))
+    return load.exit_code(run.record, args.require_quiet)
 
 
 if __name__ == "__main__":

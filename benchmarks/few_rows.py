@@ -29,14 +29,10 @@ with the step written, untimed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -180,28 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     mon = load.guard(args)
     if mon is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-tmp-rows-", dir=args.out))
-    started = datetime.now(UTC).isoformat(timespec="seconds")
-    mon.start()
-    try:
-        presets = {p: measure(p, args.reps, args.rows, work) for p in args.presets.split(",") if p}
-    finally:
-        record = mon.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    run = load.run_monitored(
+        mon,
+        args.out,
+        ".bench-tmp-rows-",
+        lambda work: {p: measure(p, args.reps, args.rows, work) for p in args.presets.split(",") if p},
+    )
     res = {
-        "started": started,
+        "started": run.started,
         "command": "python -m benchmarks.few_rows " + " ".join(sys.argv[1:] if argv is None else argv),
         "reps": args.reps,
         "rows": args.rows,
-        "presets": presets,
-        "load": record,
+        "presets": run.result,
+        "load": run.record,
     }
-    text = report(res)
-    (args.out / "few_rows.md").write_text(text)
-    (args.out / "few_rows.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(text)
-    return load.exit_code(record, args.require_quiet)
+    load.publish(args.out, "few_rows", res, report(res))
+    return load.exit_code(run.record, args.require_quiet)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -561,6 +562,45 @@ def guard(args: argparse.Namespace) -> LoadMonitor | None:
 def exit_code(record: Mapping[str, Any] | None, require_quiet: bool) -> int:
     """3 when ``--require-quiet`` and the run was BUSY, else 0."""
     return 3 if require_quiet and record is not None and record.get("busy") else 0
+
+
+@dataclass
+class MonitoredRun:
+    """What :func:`run_monitored` gives: the measurement's result, when it started (UTC, ISO)
+    and the load record of its run."""
+
+    result: Any
+    started: str
+    record: dict[str, Any] | None
+
+
+def run_monitored(
+    mon: LoadMonitor, out: Path, prefix: str, measure: Callable[[Path], Any], *, keep: bool = False
+) -> MonitoredRun:
+    """``measure(work)`` under ``mon`` (from :func:`guard`), ``work`` a new directory in ``out``
+    (made if needed) named ``prefix...``, removed afterwards unless ``keep``."""
+    from datetime import UTC, datetime
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=out))
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    mon.start()
+    try:
+        result = measure(work)
+    finally:
+        record = mon.stop()
+        if keep:
+            print(f"kept {work}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return MonitoredRun(result, started, record)
+
+
+def publish(out: Path, stem: str, res: Mapping[str, Any], text: str) -> None:
+    """A script's results: ``text`` as ``out/{stem}.md`` (and printed), ``res`` as ``out/{stem}.json``."""
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(text)
 
 
 def line(record: Mapping[str, Any] | None) -> str:

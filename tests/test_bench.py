@@ -265,6 +265,32 @@ def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytes
     assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
 
 
+def test_a_monitored_run_works_in_a_directory_of_its_own_then_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import load
+
+    monkeypatch.delenv(load.BEFORE_ENV, raising=False)
+    out, seen = tmp_path / "out", []
+    mon = load.LoadMonitor(interval_s=0.05, probe_s=0.05)
+    mon.take_before()
+    run = load.run_monitored(mon, out, ".bench-tmp-x-", lambda work: seen.append(work) or 7)
+    assert run.result == 7 and seen[0].parent == out and seen[0].name.startswith(".bench-tmp-x-")
+    assert not seen[0].exists() and run.record is not None and run.started.endswith("+00:00")
+    mon = load.LoadMonitor(interval_s=0.05, probe_s=0.05)
+    mon.take_before()
+    kept = load.run_monitored(mon, out, ".bench-tmp-x-", lambda work: work, keep=True)
+    assert kept.result.is_dir() and f"kept {kept.result}" in capsys.readouterr().err
+    mon = load.LoadMonitor(interval_s=0.05, probe_s=0.05)
+    mon.take_before()
+    with pytest.raises(ZeroDivisionError):  # a failed measurement still stops the monitor and cleans up
+        load.run_monitored(mon, out, ".bench-tmp-y-", lambda work: 1 // 0)
+    assert mon.result is not None and not list(out.glob(".bench-tmp-y-*"))
+    load.publish(out, "x", {"a": 1, "when": Path("p")}, "# x\n")
+    assert (out / "x.md").read_text() == "# x\n" and json.loads((out / "x.json").read_text()) == {"a": 1, "when": "p"}
+    assert "# x" in capsys.readouterr().out
+
+
 def test_writes_that_wait_on_the_disk_make_the_machine_busy_and_are_named() -> None:
     from benchmarks.load import verdict
 
