@@ -134,6 +134,7 @@ def test_a_gathered_frame_decodes_to_its_blocks_in_one_call() -> None:
         want = b"".join(bytes(body[k * 4096 : (k + 1) * 4096]) for k in pick)
         assert bytes(codec.decode(gathered)) == want
         assert head.gathered_bytes(pick) == len(want) == sum(head.block_bytes(k) for k in pick)
+        assert head.block_sizes(pick) == [head.block_bytes(k) for k in pick]
     with pytest.raises(ValueError, match="blocks"):  # the short block is not the frame's last
         blosc_frames.gathered_frame(head, [4, 0], [frame[starts[4] :], frame[starts[0] : ends[0]]])
     for bad in ([5], [-1, 0], [1, 1], []):  # outside the frame, repeated, none

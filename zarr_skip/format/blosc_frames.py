@@ -22,7 +22,7 @@ The blosc 1 frame (all fields little-endian)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Any, NamedTuple
 
@@ -64,6 +64,11 @@ class Header(NamedTuple):
     def block_bytes(self, k: int) -> int:
         """The bytes block ``k`` decodes to (the last one may be shorter)."""
         return min(self.blocksize, self.nbytes - k * self.blocksize)
+
+    def block_sizes(self, blocks: Iterable[int]) -> list[int]:
+        """:meth:`block_bytes` of each of ``blocks`` (one list, not a call per block)."""
+        size, nbytes = self.blocksize, self.nbytes
+        return [min(size, nbytes - k * size) for k in blocks]
 
     def gathered_bytes(self, blocks: Sequence[int]) -> int:
         """The bytes blocks ``blocks`` (rising, of this frame) decode to: all but the frame's
@@ -116,8 +121,7 @@ def stored_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) ->
     long as its block is stored as it is) and undoes the shuffle, in one call. So streams
     decompressed elsewhere (:mod:`zarr_skip.format.zstd_blocks`) are unshuffled at blosc's
     speed. ValueError for a stream whose length is not its block's."""
-    size, nbytes = head.blocksize, head.nbytes
-    sizes = [min(size, nbytes - k * size) for k in blocks]
+    sizes = head.block_sizes(blocks)
     if [len(s) for s in streams] != sizes:
         raise ValueError(f"streams of {[len(s) for s in streams]} bytes for blocks of {sizes} bytes")
     pieces = [piece for n, s in zip(sizes, streams, strict=True) for piece in (_START.pack(n), s)]

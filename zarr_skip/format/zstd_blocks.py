@@ -89,8 +89,7 @@ def decompressed(head: blosc_frames.Header, streams: list[memoryview]) -> list[A
     decompress to its block's size."""
     import zstandard
 
-    size, nbytes = head.blocksize, head.nbytes
-    sizes = [min(size, nbytes - k * size) for k in range(len(streams))]
+    sizes = head.block_sizes(range(len(streams)))
     packed = [k for k, (s, n) in enumerate(zip(streams, sizes, strict=True)) if len(s) != n]
     out: list[Any] = list(streams)
     if not packed:
