@@ -38,7 +38,7 @@ from typing import Any
 
 from benchmarks import load
 from benchmarks.machine import REPO_ROOT
-from benchmarks.measure import spread
+from benchmarks.measure import spread_text
 
 COLUMN = "responses"
 BLOCKS = (8 << 10, 16 << 10, 32 << 10, 0)  # 0: one block per chunk
@@ -160,8 +160,7 @@ def measure(preset: str, reps: int, rows: int, per_round: int, work: Path) -> di
 
 
 def _mmm(values: list[float], fmt: str = "{:.2f}") -> str:
-    lo, mid, hi = spread(values)
-    return f"{fmt.format(lo)} / **{fmt.format(mid)}** / {fmt.format(hi)}"
+    return spread_text(values, fmt)
 
 
 def report(res: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ import torch
 import zarr_skip as zs
 from benchmarks import load
 from benchmarks.machine import REPO_ROOT
-from benchmarks.measure import spread
+from benchmarks.measure import spread_text
 from zarr_skip.synthetic import as_mapping, jagged_payload
 
 FINGERPRINT = {"bench": "few_rows"}
@@ -136,7 +136,7 @@ def measure(preset: str, reps: int, rows: int, work: Path) -> dict[str, Any]:
 
 
 def _mmm(values: list[float]) -> str:
-    return " / ".join(f"{v * 1e3:.1f}" if i != 1 else f"**{v * 1e3:.1f}**" for i, v in enumerate(spread(values)))
+    return spread_text(values, scale=1e3)
 
 
 def report(res: dict[str, Any]) -> str:

@@ -154,3 +154,10 @@ class PeakRSS:
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     """min, median and max of ``values`` (how every benchmark reports repeated samples)."""
     return min(values), statistics.median(values), max(values)
+
+
+def spread_text(values: Sequence[float], fmt: str = "{:.1f}", scale: float = 1.0) -> str:
+    """:func:`spread` of ``values`` (each times ``scale``) as the reports show it:
+    ``min / **median** / max``, each in ``fmt``."""
+    lo, mid, hi = (fmt.format(v * scale) for v in spread(values))
+    return f"{lo} / **{mid}** / {hi}"

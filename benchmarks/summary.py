@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import REPO_ROOT
-from benchmarks.measure import spread
+from benchmarks.measure import spread, spread_text
 
 #: (label, source, contender, reference) of each row; a source's keys are read by :func:`_samples`
 Row = tuple[str, str, tuple[str, ...], tuple[str, ...] | None]
@@ -88,8 +88,7 @@ def load_record(source: str, res: Mapping[str, Any]) -> Mapping[str, Any] | None
 
 
 def _mmm(v: Sequence[float]) -> str:
-    lo, med, hi = spread(v)
-    return f"{lo * 1e3:.1f} / **{med * 1e3:.1f}** / {hi * 1e3:.1f}"
+    return spread_text(v, scale=1e3)
 
 
 def _median(v: Sequence[float]) -> float:

@@ -265,6 +265,13 @@ def test_the_monitor_records_the_load_before_and_during_a_run(monkeypatch: pytes
     assert load.LoadMonitor().take_before()["loadavg"][0] == 9.0
 
 
+def test_a_spread_reads_min_median_max_with_the_median_in_bold() -> None:
+    from benchmarks.measure import spread_text
+
+    assert spread_text([0.0123, 0.0101, 0.0456, 0.02], scale=1e3) == "10.1 / **16.2** / 45.6"
+    assert spread_text([3.0, 1.0, 2.0], "{:.2f}") == "1.00 / **2.00** / 3.00"
+
+
 def test_a_monitored_run_works_in_a_directory_of_its_own_then_publishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
