@@ -34,7 +34,7 @@ from typing import Any
 
 from . import load
 from .formats import FORMATS, OPS
-from .machine import REPO_ROOT, machine_info, physical_limits
+from .machine import REPO_ROOT, command_line, machine_info, physical_limits
 from .report import markdown, score, verdict_line
 from .runners import Runner, bench_preset, log
 from .worker import worker_main, zygote_main
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = _workdir(args, out_dir)
-    command = "python -m benchmarks.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("bench", argv)
     ctx: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,

@@ -56,7 +56,7 @@ from typing import Any
 from benchmarks import load
 from benchmarks.baseline import DEFINITION, plain_dump, plain_load
 from benchmarks.formats import fingerprint
-from benchmarks.machine import REPO_ROOT, machine_info
+from benchmarks.machine import REPO_ROOT, command_line, machine_info
 from benchmarks.measure import disk_usage, drop_cache, spread
 
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     res, record = run.result, run.record
     res.update(
         started=run.started,
-        command="python -m benchmarks.bench_peers " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=command_line("bench_peers", argv),
         machine=machine_info(args.out),
         load=record,
         baseline=DEFINITION,

@@ -57,7 +57,7 @@ from typing import Any
 
 from benchmarks import load
 from benchmarks.formats import fingerprint
-from benchmarks.machine import REPO_ROOT, machine_info
+from benchmarks.machine import REPO_ROOT, command_line, machine_info
 from benchmarks.measure import drop_cache, spread
 from benchmarks.servers import test_helper
 
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run = load.run_monitored(mon, args.out, ".bench-tmp-shared-", lambda work: measure(args, work), keep=args.keep)
     res, record = run.result, run.record
-    command = "python -m benchmarks.bench_shared " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("bench_shared", argv)
     res.update(started=run.started, load=record, machine=machine_info(args.out), command=command)
     res["summary"] = summarize(res)
     load.publish(args.out, f"shared_{args.preset}", res, report(res))

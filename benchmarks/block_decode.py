@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import load
-from benchmarks.machine import REPO_ROOT
+from benchmarks.machine import REPO_ROOT, command_line
 from benchmarks.measure import spread_text
 
 COLUMN = "responses"
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run.result
     res.update(
         started=run.started,
-        command="python -m benchmarks.block_decode " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=command_line("block_decode", argv),
         reps=args.reps,
         rows=args.rows,
         preset=args.preset,

@@ -41,7 +41,7 @@ import torch
 
 import zarr_skip as zs
 from benchmarks import load
-from benchmarks.machine import REPO_ROOT
+from benchmarks.machine import REPO_ROOT, command_line
 from benchmarks.measure import spread_text
 from zarr_skip.synthetic import as_mapping, jagged_payload
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     res = {
         "started": run.started,
-        "command": "python -m benchmarks.few_rows " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("few_rows", argv),
         "reps": args.reps,
         "rows": args.rows,
         "presets": run.result,

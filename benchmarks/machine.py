@@ -12,14 +12,22 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .measure import drop_cache
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces a run of ``python -m benchmarks.<script>`` with ``argv``
+    (None: this process's own arguments), as a report records it."""
+    return f"python -m benchmarks.{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+
 
 # --------------------------------------------------------------------------- physical limits
 

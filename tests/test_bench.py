@@ -697,3 +697,15 @@ def test_the_report_gives_the_median_of_each_repetitions_own_ratio() -> None:
     lines = report._paired_section(report.paired(out))
     assert "| write | 0.900 |" in lines and any("zarr_skip_realistic / tq_batch_realistic" in ln for ln in lines)
     assert report._paired_section({}) == []
+
+
+def test_the_command_a_report_records_reproduces_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from benchmarks.machine import command_line
+
+    assert command_line("few_rows", ["--presets", "medium", "--reps", "3"]) == (
+        "python -m benchmarks.few_rows --presets medium --reps 3"
+    )
+    monkeypatch.setattr(sys, "argv", ["few_rows.py", "--require-quiet"])  # None: this process's arguments
+    assert command_line("bench_peers", None) == "python -m benchmarks.bench_peers --require-quiet"
