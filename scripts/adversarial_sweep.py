@@ -4,14 +4,15 @@ The suite runs a short sweep (tests/test_adversarial.py); this script runs as ma
 you ask for (``tests/_adversary.py`` has the list: bit flips, truncations and deletions of any
 file, swaps of chunks, records, data groups, mini-batch and step directories, records edited
 with their checksums recomputed, forged lengths chunks, one-byte edits of the experiment
-record), each on a fresh copy of the same cache, and prints
+record, edited block tables and ``first_rows``), each on a fresh copy of the same cache
+(``--blocked``: one whose token ids reads of a few rows take by the block), and prints
 
 - silently wrong reads: a read that returned other data than was written (must be 0);
 - the verify detection rate: of the damages that change what a reader gets (a read raises
   or is wrong), the share ``verify()`` reports (must be 100%);
 - untyped exceptions: errors outside the ``ZarrSkipError`` tree (must be 0).
 
-    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0]
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--blocked]
 
 Exit status 1 when any of the three figures is off.
 """
@@ -35,12 +36,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corruptions", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--blocked", action="store_true", help="token ids in small blocks, read by the block")
     parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        figures = sweep(Path(tmp), args.corruptions, args.seed)
+        figures = sweep(Path(tmp), args.corruptions, args.seed, args.blocked)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
     for t in figures.trials:
         if args.verbose or t.wrong or t.untyped or (t.changed and not t.flagged):

@@ -2,16 +2,28 @@
 
 A pristine cache (three steps of two mini-batches, every column kind, small chunks so that
 arrays are shards of several chunks and many chunk files have equal sizes) is copied for every
-trial and damaged once: bit flips, truncations and deletions of any file, swaps of chunks,
-mini-batch records, run records, data groups, mini-batch and step directories, records edited
-with their checksums recomputed, forged lengths chunks with their records updated, and
-one-byte edits of the experiment record. Then every step is read (whole, one row, a slice,
-chosen rows), ``status()`` and ``verify()`` run, and the trial records:
+trial and damaged once: bit flips of any file or of a chunk, truncations and deletions of any
+file, swaps of chunks, mini-batch records, run records, data groups, mini-batch and step
+directories, records edited with their checksums recomputed, forged lengths chunks with their
+records updated, one-byte edits of the experiment record, and the indexes a record keeps for
+reads of a few rows (block tables, ``first_rows``) edited with its checksum recomputed. Then
+every step is read (whole, one row, a slice, chosen rows), ``status()`` and ``verify()`` run,
+and the trial records:
 
 - ``wrong``: a read returned something else than what was written (must never happen);
 - ``changed``: some read raised or was wrong (the damage changes what a reader gets);
 - ``flagged``: ``verify()`` reported a problem, or opening the cache raised a typed error;
 - ``untyped``: an exception outside the ``ZarrSkipError`` tree (must never happen).
+
+A second pristine cache (``blocked``) stores its token ids as a read of a few rows takes
+them in part: ``Compression("auto", blocksize=...)``, longer rows in chunks of many small
+blosc blocks, so that the reads fetch, check and decode some blocks of a chunk alone
+(``zarr_skip/store/blockreads.py``, ``zarr_skip/format/zstd_blocks.py``).
+
+Not drawn: ``value_ends`` rewritten with the record's checksum. Ends that still rise to the
+values stored are a consistent record, which crc32c does not tell from a real one
+(``docs/format.md``): a read of a few rows cuts them there, and whole reads and ``verify()``
+find them against the stored lengths (``tests/test_value_ends.py``).
 
 Used by ``tests/test_adversarial.py`` (a short run) and ``scripts/adversarial_sweep.py``.
 """
@@ -28,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from helpers import FINGERPRINT, ChunkRegion, assert_equal, concat, make_batch, members_of_file
 
 import zarr_skip as zs
-from zarr_skip.format import chunks, layout
+from zarr_skip.format import block_tables, chunks, layout
 
 STEPS = (1, 2, 3)
 #: the reads made of every step: (column, row selection); None selects everything
@@ -42,14 +55,36 @@ READS: tuple[tuple[str, Any], ...] = (
     ("tags", [7, 0, 3]),
     ("input_ids", [0, 11]),
     ("raw_prompt", 4),
+    ("responses", [11, 0, 5, 6]),
 )
+#: the blocked cache's blosc blocks (the smallest blosc keeps: 16 token ids) and chunk target
+BLOCK_BYTES = chunks.MIN_BLOCK_BYTES
+BLOCKED_CHUNK_BYTES = 1 << 10
 
 
-def build(root: Path) -> dict[tuple[int, str, str], Any]:
-    """Write the pristine cache at ``root``; returns what every read of it gives."""
-    cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=48)
+def _batch(step: int, i: int, blocked: bool) -> dict[str, Any]:
+    """Mini-batch ``i`` of ``step``: every column kind; ``blocked``, with responses of 20-119
+    tokens (several blocks a row, a few rows a chunk)."""
+    batch = make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i)
+    if blocked:
+        rng = np.random.default_rng(10 * step + i)
+        offsets = torch.zeros(7, dtype=torch.int64)
+        offsets[1:] = torch.from_numpy(rng.integers(20, 120, 6)).cumsum(0)
+        values = torch.from_numpy(rng.integers(0, 151936, int(offsets[-1])))
+        batch["responses"] = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    return batch
+
+
+def build(root: Path, blocked: bool = False) -> dict[tuple[int, str, str], Any]:
+    """Write the pristine cache at ``root`` (``blocked``: token ids in small blocks); returns
+    what every read of it gives."""
+    if blocked:
+        compression = zs.Compression("auto", blocksize=BLOCK_BYTES)
+        cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=BLOCKED_CHUNK_BYTES, compression=compression)
+    else:
+        cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=48)
     for step in STEPS:
-        batches = [make_batch(6, seed=10 * step + i, offset=100 * step + 6 * i) for i in range(2)]
+        batches = [_batch(step, i, blocked) for i in range(2)]
         for b in batches:
             cache.write(step, b, expected=2)
         assert_equal(cache.load(step).to_dict(), concat(batches), f"step {step}")
@@ -146,6 +181,20 @@ def flip(rng: random.Random, root: Path) -> str:
     data[bit // 8] ^= 1 << (bit % 8)
     path.write_bytes(bytes(data))
     return f"flip bit {bit} of {path.relative_to(root)}"
+
+
+def flip_chunk(rng: random.Random, root: Path) -> str | None:
+    """One bit of the chunks (and shards) flipped, any of their bits as likely: mostly of the
+    token ids, whose blocks, in the blocked cache, a read of a few rows checks and decodes alone."""
+    regions = _chunk_members(root)
+    if not regions:
+        return None
+    (region,) = rng.choices(regions, weights=[r.length for r in regions])
+    data = bytearray(region.read_bytes())
+    bit = rng.randrange(len(data) * 8)
+    data[bit // 8] ^= 1 << (bit % 8)
+    region.write_bytes(bytes(data))
+    return f"flip bit {bit} of the chunk at {region.offset} of {region.file.relative_to(root)}"
 
 
 def truncate(rng: random.Random, root: Path) -> str:
@@ -320,6 +369,50 @@ def forge_lengths(rng: random.Random, root: Path) -> str:
     return f"forge the {which} of {name} in {path.relative_to(root)} ({what})"
 
 
+def _indexes(root: Path) -> list[tuple[Path, str, str, str]]:
+    """Every read index the mini-batch records keep: (record, column, array, field)."""
+    out = []
+    for path, doc in _part_records(root):
+        for name, col in sorted(doc["attributes"][layout.PART_ATTR]["columns"].items()):
+            for aname, arr in sorted(col["arrays"].items()):
+                out += [(path, name, aname, key) for key in ("block_table", "first_rows") if key in arr]
+    return out
+
+
+def _edit_table(rng: random.Random, table: dict[str, Any], delta: int) -> str:
+    """One count, block start or block checksum of a block table changed."""
+    part = rng.choice(["counts", "starts", "crc32c"])
+    if part == "counts":
+        i = rng.randrange(len(table["counts"]))
+        table["counts"][i] = max(0, table["counts"][i] + rng.choice([-1, 1]))
+        return f"block_table counts[{i}]"
+    values = block_tables.from_base64(table[part], part, "").astype(np.int64)
+    i = rng.randrange(len(values))
+    values[i] = values[i] ^ (1 << rng.randrange(32)) if part == "crc32c" else max(0, values[i] + delta)
+    table[part] = block_tables.to_base64(values % (1 << 32))
+    return f"block_table {part}[{i}]"
+
+
+def edit_index(rng: random.Random, root: Path) -> str | None:
+    """A read index of a mini-batch record (a block table's counts, starts or checksums, or a
+    values array's ``first_rows``) edited, its checksum recomputed."""
+    found = _indexes(root)
+    if not found:
+        return None
+    path, name, aname, key = rng.choice(found)
+    doc = json.loads(path.read_text())
+    arr = doc["attributes"][layout.PART_ATTR]["columns"][name]["arrays"][aname]
+    delta = rng.choice([-64, -16, -1, 1, 16, 64, 1 << 20])
+    if key == "block_table":
+        what = _edit_table(rng, arr["block_table"], delta)
+    else:
+        i = rng.randrange(len(arr["first_rows"]))
+        arr["first_rows"][i] = max(0, arr["first_rows"][i] + delta)
+        what = f"first_rows[{i}]"
+    _rewrite(path, doc, layout.PART_ATTR)
+    return f"edit {what} ({name}/{aname}, {delta:+}) of {path.relative_to(root)}, checksum recomputed"
+
+
 def edit_experiment(rng: random.Random, root: Path) -> str:
     """One byte of the experiment record changed, still valid JSON."""
     path = rng.choice(_files(root, lambda p: _attr(p, f'"{layout.EXPERIMENT_ATTR}"')))
@@ -338,7 +431,7 @@ def edit_experiment(rng: random.Random, root: Path) -> str:
 
 DAMAGES: tuple[Callable[[random.Random, Path], str | None], ...] = (
     flip,
-    flip,
+    flip_chunk,
     truncate,
     delete,
     swap_chunks,
@@ -348,6 +441,7 @@ DAMAGES: tuple[Callable[[random.Random, Path], str | None], ...] = (
     edit_record,
     edit_other,
     forge_lengths,
+    edit_index,
     edit_experiment,
 )
 
@@ -378,10 +472,11 @@ class Figures:
         return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
 
 
-def sweep(base: Path, n: int, seed: int = 0) -> Figures:
-    """``n`` random damages of the pristine cache, each on a fresh copy."""
+def sweep(base: Path, n: int, seed: int = 0, blocked: bool = False) -> Figures:
+    """``n`` random damages of the pristine cache (``blocked``: token ids in small blocks),
+    each on a fresh copy."""
     pristine = base / "pristine"
-    expected = build(pristine)
+    expected = build(pristine, blocked)
     rng = random.Random(seed)
     trials = [attack(pristine, base / "work", expected, rng) for _ in range(n)]
     return Figures(trials)
