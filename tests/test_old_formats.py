@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from helpers import assert_equal
 
 import zarr_skip as zs
+from zarr_skip.cli.main import main
 from zarr_skip.format import layout
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,8 +28,6 @@ def old_cache(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[int, Path
 
 
 def _root_version(where: Path) -> int:
-    import json
-
     doc: dict[str, Any] = json.loads((where / "zarr.json").read_text())
     return int(doc["attributes"]["zarr_skip"]["version"])
 
@@ -67,6 +67,25 @@ def test_an_old_cache_verifies_clean_and_takes_new_steps(old_cache: tuple[int, P
     assert_equal(cache.load(5).to_dict(), fx.batch(5, 0))
     assert_equal(cache.load(0).minibatches[1].to_dict(), fx.batch(0, 1))
     assert zs.open_cache(where).verify().ok
+
+
+def test_verify_names_the_steps_whose_records_do_not_name_their_place(
+    old_cache: tuple[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Format 2 records do not name their place (format 3 on do): a chunk swapped between two
+    mini-batches reads as if it belonged. verify lists such steps as unbound, and the CLI says
+    so beside its "ok" (which it printed alone)."""
+    version, where = old_cache
+    want = list(fx.STEPS) if version < 3 else []
+    assert list(zs.open_cache(where).verify().unbound) == want
+    code = main(["verify", str(where)])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count(": ok") == 1 and out.count("unbound") == len(want)
+    if want:
+        assert "unbound: step(s) 0 written by an older zarr_skip (format 1 or 2)" in out
+    code = main(["verify", str(where), "--json"])
+    (exp,) = json.loads(capsys.readouterr().out)["experiments"]
+    assert code == 0 and exp["ok"] and exp["unbound"] == want
 
 
 def test_an_old_chunk_file_grown_far_past_its_record_is_refused_without_being_read_whole(

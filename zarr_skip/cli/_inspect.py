@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from zarr_skip.cli._format import age, clip, human_bytes, render_rows, table
@@ -11,6 +12,7 @@ from zarr_skip.views.display import ratio_text as ratio
 if TYPE_CHECKING:
     from zarr_skip.cli._context import Context
     from zarr_skip.format.state import StepInfo
+    from zarr_skip.maintenance import VerifyReport
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_verify"]
 
@@ -182,6 +184,38 @@ def _check_steps_exist(cache: Any, name: str, steps: list[int]) -> None:
         )
 
 
+def _verify_doc(name: str, report: VerifyReport) -> dict[str, Any]:
+    """What ``verify --json`` says of one experiment."""
+    return {
+        "name": name,
+        "ok": report.ok,
+        "steps": list(report.steps),
+        "chunks": report.chunks,
+        "nbytes_stored": report.nbytes_stored,
+        "problems": [
+            {
+                "step": p.step,
+                "minibatch": p.minibatch,
+                "column": p.column,
+                "path": p.path,
+                "kind": p.kind,
+                "error": p.error,
+            }
+            for p in report.problems
+        ],
+        "unbound": list(report.unbound),
+    }
+
+
+def _unbound_line(steps: Sequence[int]) -> str:
+    """What ``verify`` could not check in ``steps``, whose records do not name their place."""
+    return (
+        f"unbound: step(s) {', '.join(map(str, steps))} written by an older zarr_skip (format 1 or 2), "
+        "whose records do not name their place: a chunk or record moved or swapped between "
+        "mini-batches there goes unnoticed"
+    )
+
+
 def cmd_verify(ctx: Context) -> int:
     """Read every chunk; exit 1 and list the problems when anything is broken."""
     from zarr_skip.cli._context import parse_steps
@@ -203,26 +237,7 @@ def cmd_verify(ctx: Context) -> int:
             with ctx.bar(f"verify {name}", "chunk") as bar:
                 report = cache.verify(steps, progress=bar.callback())
             bad += len(report.problems)
-            docs.append(
-                {
-                    "name": name,
-                    "ok": report.ok,
-                    "steps": list(report.steps),
-                    "chunks": report.chunks,
-                    "nbytes_stored": report.nbytes_stored,
-                    "problems": [
-                        {
-                            "step": p.step,
-                            "minibatch": p.minibatch,
-                            "column": p.column,
-                            "path": p.path,
-                            "kind": p.kind,
-                            "error": p.error,
-                        }
-                        for p in report.problems
-                    ],
-                }
-            )
+            docs.append(_verify_doc(name, report))
             status = "ok" if report.ok else f"{len(report.problems)} problem(s)"
             ctx.say(
                 f"{name}: {len(report.steps)} step(s), {report.chunks} chunk(s), "
@@ -230,6 +245,8 @@ def cmd_verify(ctx: Context) -> int:
             )
             for p in report.problems:
                 ctx.say(f"  BROKEN {p}")
+            if report.unbound:
+                ctx.say(f"  {_unbound_line(report.unbound)}")
     if ctx.json:
         ctx.emit({"location": str(ctx.args.location), "ok": bad == 0, "experiments": docs})
     return 1 if bad else 0
