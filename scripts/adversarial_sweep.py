@@ -5,16 +5,21 @@ you ask for (``tests/_adversary.py`` has the list: bit flips, truncations and de
 file, swaps of chunks, records, data groups, mini-batch and step directories, records edited
 with their checksums recomputed, forged lengths chunks, one-byte edits of the experiment
 record, edited block tables and ``first_rows``), each on a fresh copy of the same cache
-(``--blocked``: one whose token ids reads of a few rows take by the block), and prints
+(``--cache``: ``plain``; ``blocked``, whose token ids reads of a few rows take by the block;
+or the checked-in caches of older formats, ``format2`` and ``format3``), and prints
 
 - silently wrong reads: a read that returned other data than was written (must be 0);
 - the verify detection rate: of the damages that change what a reader gets (a read raises
   or is wrong), the share ``verify()`` reports (must be 100%);
 - untyped exceptions: errors outside the ``ZarrSkipError`` tree (must be 0).
 
-    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--blocked]
+Format 2 records do not name their place: a chunk or record swapped there may read wrong
+unnoticed, on steps ``verify()`` lists as unbound. Such trials are counted apart (``excused``)
+and do not fail the run; the detection rate counts them as missed.
 
-Exit status 1 when any of the three figures is off.
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked]
+
+Exit status 1 when any of the three figures is off (format 2: beyond its excused swaps).
 """
 
 from __future__ import annotations
@@ -29,20 +34,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _adversary import sweep  # noqa: E402
+from _adversary import KINDS, sweep  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corruptions", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--blocked", action="store_true", help="token ids in small blocks, read by the block")
+    parser.add_argument("--cache", choices=KINDS, default="plain", help="the cache to damage (default: plain)")
     parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        figures = sweep(Path(tmp), args.corruptions, args.seed, args.blocked)
+        figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
     for t in figures.trials:
         if args.verbose or t.wrong or t.untyped or (t.changed and not t.flagged):
@@ -56,8 +61,10 @@ def main() -> int:
     caught = figures.changed - len(figures.missed)
     print(f"verify detection rate:  {figures.detection:.1%} ({caught} of {figures.changed})")
     print(f"untyped exceptions:     {figures.untyped}")
+    if figures.excused:
+        print(f"excused (format 2):     {len(figures.excused)} swaps on steps verify lists as unbound")
     print(f"time:                   {time.perf_counter() - start:.1f} s")
-    return 1 if figures.wrong or figures.untyped or figures.missed else 0
+    return 1 if figures.failed else 0
 
 
 if __name__ == "__main__":

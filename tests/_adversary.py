@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _fixture_batch as fx
 import numpy as np
 import torch
 from helpers import FINGERPRINT, ChunkRegion, assert_equal, concat, make_batch, members_of_file
@@ -56,6 +57,8 @@ READS: tuple[tuple[str, Any], ...] = (
     ("input_ids", [0, 11]),
     ("raw_prompt", 4),
     ("responses", [11, 0, 5, 6]),
+    ("points", [1, 7]),  # the old formats' fixtures: ragged rows with a trailing dimension
+    ("extra_info", slice(2, 8)),
 )
 #: the blocked cache's blosc blocks (the smallest blosc keeps: 16 token ids) and chunk target
 BLOCK_BYTES = chunks.MIN_BLOCK_BYTES
@@ -75,29 +78,40 @@ def _batch(step: int, i: int, blocked: bool) -> dict[str, Any]:
     return batch
 
 
-def build(root: Path, blocked: bool = False) -> dict[tuple[int, str, str], Any]:
-    """Write the pristine cache at ``root`` (``blocked``: token ids in small blocks); returns
-    what every read of it gives."""
-    if blocked:
+#: the pristine caches a sweep can attack: written now (``plain``, and ``blocked``: token ids
+#: in small blocks), or the checked-in caches of older formats (``tests/fixtures``)
+KINDS = ("plain", "blocked", "format2", "format3")
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def build(root: Path, kind: str = "plain") -> dict[tuple[int, str, str], Any]:
+    """Make the pristine cache of ``kind`` (:data:`KINDS`) at ``root``; returns what every read
+    of it gives."""
+    if kind.startswith("format"):
+        shutil.copytree(FIXTURES / kind, root)
+        return _reads(zs.open_cache(root), fx.STEPS)
+    if kind == "blocked":
         compression = zs.Compression("auto", blocksize=BLOCK_BYTES)
         cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=BLOCKED_CHUNK_BYTES, compression=compression)
     else:
         cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=48)
     for step in STEPS:
-        batches = [_batch(step, i, blocked) for i in range(2)]
+        batches = [_batch(step, i, kind == "blocked") for i in range(2)]
         for b in batches:
             cache.write(step, b, expected=2)
         assert_equal(cache.load(step).to_dict(), concat(batches), f"step {step}")
-    return _reads(zs.open_cache(root))
+    return _reads(zs.open_cache(root), STEPS)
 
 
-def _reads(cache: zs.Cache) -> dict[tuple[int, str, str], Any]:
+def _reads(cache: zs.Cache, steps: tuple[int, ...]) -> dict[tuple[int, str, str], Any]:
+    """Every read of :data:`READS` of every step (of the columns a step has)."""
     out: dict[tuple[int, str, str], Any] = {}
-    for step in STEPS:
+    for step in steps:
         view = cache.load(step)
         out[step, "*", "*"] = view.to_dict()
         for col, sel in READS:
-            out[step, col, repr(sel)] = view[col][sel]
+            if col in view:
+                out[step, col, repr(sel)] = view[col][sel]
     return out
 
 
@@ -108,6 +122,8 @@ class Trial:
     changed: bool = False
     flagged: bool = False
     untyped: list[str] = field(default_factory=list)
+    #: verify() listed steps whose records do not name their place (formats 1 and 2)
+    unbound: bool = False
 
 
 def attack(
@@ -151,7 +167,8 @@ def attack(
             trial.changed = True
             trial.wrong.append(f"{key}: {type(exc).__name__}: {exc}")
     try:
-        trial.flagged = not cache.verify().ok
+        report = cache.verify()
+        trial.flagged, trial.unbound = not report.ok, bool(report.unbound)
     except zs.ZarrSkipError:
         trial.flagged = True
     except Exception:  # noqa: BLE001
@@ -218,11 +235,17 @@ def _swap_files(a: Path, b: Path) -> None:
 
 
 def _chunk_members(root: Path) -> list[ChunkRegion]:
-    """Every chunk member (a chunk, or a shard) of every packed data file below ``root``."""
-    out = []
+    """Every chunk member (a chunk, or a shard) of every packed data file below ``root``, and
+    every chunk file (formats 2 and 3) as a whole."""
+    out = [ChunkRegion(p, 0, p.stat().st_size) for p in _data_files(root) if p.suffix != ".zip"]
     for file in _files(root, lambda p: p.suffix == ".zip"):
         out += [ChunkRegion(file, *span) for name, span in members_of_file(file).items() if _chunk(Path(name))]
     return out
+
+
+def _data_files(root: Path) -> list[Path]:
+    """The files holding chunks: the data files of format 4, else each chunk's file."""
+    return _files(root, lambda p: p.suffix == ".zip") or _files(root, _chunk)
 
 
 def swap_chunks(rng: random.Random, root: Path) -> str | None:
@@ -241,14 +264,23 @@ def swap_chunks(rng: random.Random, root: Path) -> str | None:
         a.write_bytes(db)
         b.write_bytes(da)
         return f"swap chunks at {a.offset} of {a.file.relative_to(root)} and {b.offset} of {b.file.relative_to(root)}"
-    x, y = rng.sample(_files(root, lambda p: p.suffix == ".zip"), 2)
+    x, y = rng.sample(_data_files(root), 2)
     _swap_files(x, y)
     return f"swap data files {x.relative_to(root)} and {y.relative_to(root)}"
 
 
-def swap_records(rng: random.Random, root: Path) -> str:
-    kind = rng.choice([layout.PART_ATTR, layout.RUN_ATTR, layout.STEP_ATTR])
-    a, b = rng.sample(_files(root, lambda p: _attr(p, f'"{kind}"')), 2)
+def swap_records(rng: random.Random, root: Path) -> str | None:
+    """Two mini-batch records, two run records or two step summaries (of the kinds there are
+    two of)."""
+    found = {
+        k: _files(root, lambda p, k=k: _attr(p, f'"{k}"'))
+        for k in (layout.PART_ATTR, layout.RUN_ATTR, layout.STEP_ATTR)
+    }
+    kinds = [k for k, files in found.items() if len(files) > 1]
+    if not kinds:
+        return None
+    kind = rng.choice(kinds)
+    a, b = rng.sample(found[kind], 2)
     _swap_files(a, b)
     return f"swap {kind} records {a.relative_to(root)} and {b.relative_to(root)}"
 
@@ -260,17 +292,20 @@ def _swap_dirs(a: Path, b: Path) -> None:
     tmp.rename(b)
 
 
-def swap_dirs(rng: random.Random, root: Path) -> str:
-    """Two step directories, two mini-batch directories, or two mini-batches' data files."""
-    kind = rng.choice(["step", "mini-batch", "data group"])
+def swap_dirs(rng: random.Random, root: Path) -> str | None:
+    """Two step directories, two mini-batch directories, or two mini-batches' data files (or
+    data groups: directories of chunk files, formats 2 and 3), of the kinds there are two of."""
     parts = [p.parent for p in _files(root, lambda p: _attr(p, f'"{layout.PART_ATTR}"'))]
-    if kind == "step":
-        dirs = sorted({p.parent.parent for p in parts})
-    elif kind == "mini-batch":
-        dirs = parts
-    else:
-        dirs = [d for p in parts for d in p.iterdir() if d.suffix == ".zip"]
-    a, b = rng.sample(dirs, 2)
+    found = {
+        "step": sorted({p.parent.parent for p in parts}),
+        "mini-batch": parts,
+        "data group": [d for p in parts for d in sorted(p.iterdir()) if d.name.startswith("w-")],
+    }
+    kinds = [k for k, dirs in found.items() if len(dirs) > 1]
+    if not kinds:
+        return None
+    kind = rng.choice(kinds)
+    a, b = rng.sample(found[kind], 2)
     _swap_dirs(a, b)
     return f"swap {kind} directories {a.relative_to(root)} and {b.relative_to(root)}"
 
@@ -358,13 +393,18 @@ def forge_lengths(rng: random.Random, root: Path) -> str:
         data[: arr["shape"][0]] = rng.choice([0, 1, 3, 200])
         what = f"all {int(data[0])}"
     blob = chunks.encode(data, codec)
-    offset = data_file.stat().st_size
-    with open(data_file, "ab") as f:  # after the data file's end, the record moved to it
-        f.write(blob)
+    if "container" in rec:  # format 4: after the data file's end, the record moved to it
+        offset = data_file.stat().st_size
+        with open(data_file, "ab") as f:
+            f.write(blob)
+        rec["data_nbytes"] = offset + len(blob)
+        arr["offset"] = offset
+    else:  # formats 2 and 3: the chunk's own file
+        (data_file / name / which / "c.0").write_bytes(blob)
     rec["nbytes"] += len(blob) - arr["sizes"][0]
-    rec["data_nbytes"] = offset + len(blob)
-    arr["sizes"], arr["crc32c"] = [len(blob)], [int.from_bytes(blob[-4:], "little")]
-    arr["offset"] = offset
+    arr["sizes"] = [len(blob)]
+    if "crc32c" in arr:  # (not in format 2)
+        arr["crc32c"] = [int.from_bytes(blob[-4:], "little")]
     _rewrite(path, doc, layout.PART_ATTR)
     return f"forge the {which} of {name} in {path.relative_to(root)} ({what})"
 
@@ -446,9 +486,26 @@ DAMAGES: tuple[Callable[[random.Random, Path], str | None], ...] = (
 )
 
 
+def holds(trial: Trial, kind: str) -> bool:
+    """What every trial of a cache of ``kind`` must show: no untyped error, no wrong read and
+    every change flagged by verify(); except in format 2, whose records do not name their
+    place: there a wrong read or a miss after a swap, on a step verify() lists as unbound."""
+    if trial.untyped:
+        return False
+    if not trial.wrong and (trial.flagged or not trial.changed):
+        return True
+    return excused(trial, kind)
+
+
+def excused(trial: Trial, kind: str) -> bool:
+    """A swap in a format 2 cache, on a step verify() lists as unbound (:func:`holds`)."""
+    return kind == "format2" and trial.unbound and trial.damage.startswith("swap")
+
+
 @dataclass
 class Figures:
     trials: list[Trial]
+    kind: str = "plain"
 
     @property
     def wrong(self) -> int:
@@ -468,15 +525,25 @@ class Figures:
         return [t for t in self.trials if t.changed and not t.flagged]
 
     @property
+    def failed(self) -> list[Trial]:
+        """Trials that break what a cache of this kind must show (:func:`holds`)."""
+        return [t for t in self.trials if not holds(t, self.kind)]
+
+    @property
+    def excused(self) -> list[Trial]:
+        """Trials wrong or missed that format 2 cannot tell (:func:`excused`)."""
+        return [t for t in self.trials if (t.wrong or t in self.missed) and excused(t, self.kind)]
+
+    @property
     def detection(self) -> float:
         return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
 
 
-def sweep(base: Path, n: int, seed: int = 0, blocked: bool = False) -> Figures:
-    """``n`` random damages of the pristine cache (``blocked``: token ids in small blocks),
-    each on a fresh copy."""
+def sweep(base: Path, n: int, seed: int = 0, kind: str = "plain") -> Figures:
+    """``n`` random damages of the pristine cache of ``kind`` (:data:`KINDS`), each on a fresh
+    copy."""
     pristine = base / "pristine"
-    expected = build(pristine, blocked)
+    expected = build(pristine, kind)
     rng = random.Random(seed)
     trials = [attack(pristine, base / "work", expected, rng) for _ in range(n)]
-    return Figures(trials)
+    return Figures(trials, kind)
