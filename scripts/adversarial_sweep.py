@@ -6,7 +6,8 @@ file, swaps of chunks, records, data groups, mini-batch and step directories, re
 with their checksums recomputed, forged lengths chunks, one-byte edits of the experiment
 record, edited block tables and ``first_rows``), each on a fresh copy of the same cache
 (``--cache``: ``plain``; ``blocked``, whose token ids reads of a few rows take by the block;
-or the checked-in caches of older formats, ``format2`` and ``format3``), and prints
+or the checked-in caches of older formats, ``format2`` and ``format3``), read as local files
+or (``--as-remote``) through the Store path S3 takes, and prints
 
 - silently wrong reads: a read that returned other data than was written (must be 0);
 - the verify detection rate: of the damages that change what a reader gets (a read raises
@@ -17,7 +18,7 @@ Format 2 records do not name their place: a chunk or record swapped there may re
 unnoticed, on steps ``verify()`` lists as unbound. Such trials are counted apart (``excused``)
 and do not fail the run; the detection rate counts them as missed.
 
-    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked]
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked] [--as-remote]
 
 Exit status 1 when any of the three figures is off (format 2: beyond its excused swaps).
 """
@@ -42,12 +43,15 @@ def main() -> int:
     parser.add_argument("--corruptions", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", choices=KINDS, default="plain", help="the cache to damage (default: plain)")
+    parser.add_argument(
+        "--as-remote", action="store_true", help="read through the Store path S3 takes (ranged gets across holes)"
+    )
     parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache)
+        figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache, args.as_remote)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
     for t in figures.trials:
         if args.verbose or t.wrong or t.untyped or (t.changed and not t.flagged):

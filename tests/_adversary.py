@@ -43,6 +43,7 @@ import _fixture_batch as fx
 import numpy as np
 import torch
 from helpers import FINGERPRINT, ChunkRegion, assert_equal, concat, make_batch, members_of_file
+from zarr.storage import LocalStore
 
 import zarr_skip as zs
 from zarr_skip.format import block_tables, chunks, layout
@@ -115,6 +116,12 @@ def _reads(cache: zs.Cache, steps: tuple[int, ...]) -> dict[tuple[int, str, str]
     return out
 
 
+class AsRemote(LocalStore):
+    """zarr's LocalStore read as zarr_skip reads an object store (S3): through the Store's
+    ranged gets, a few rows' blocks fetched in requests planned across holes
+    (``Storage.hole_bytes``), not by the local files' own reads."""
+
+
 @dataclass
 class Trial:
     damage: str
@@ -132,16 +139,17 @@ def attack(
     expected: dict[tuple[int, str, str], Any],
     rng: random.Random,
     damage_fn: Callable[[random.Random, Path], str | None] | None = None,
+    remote: bool = False,
 ) -> Trial:
     """Copy ``pristine`` to ``work``, damage it once (with ``damage_fn``, or one drawn at
-    random), read it all back."""
+    random), read it all back (``remote``: as an object store is read, :class:`AsRemote`)."""
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(pristine, work)
     damage = (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
     trial = Trial(damage)
     try:
-        cache = zs.open_cache(work)
+        cache = zs.open_cache(AsRemote(work, read_only=True) if remote else work)
         cache.status()
     except zs.ZarrSkipError:
         trial.changed = trial.flagged = True  # the user is told at once
@@ -539,11 +547,11 @@ class Figures:
         return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
 
 
-def sweep(base: Path, n: int, seed: int = 0, kind: str = "plain") -> Figures:
+def sweep(base: Path, n: int, seed: int = 0, kind: str = "plain", remote: bool = False) -> Figures:
     """``n`` random damages of the pristine cache of ``kind`` (:data:`KINDS`), each on a fresh
-    copy."""
+    copy (``remote``: read as an object store is, :class:`AsRemote`)."""
     pristine = base / "pristine"
     expected = build(pristine, kind)
     rng = random.Random(seed)
-    trials = [attack(pristine, base / "work", expected, rng) for _ in range(n)]
+    trials = [attack(pristine, base / "work", expected, rng, remote=remote) for _ in range(n)]
     return Figures(trials, kind)

@@ -1,7 +1,8 @@
 """A short adversarial sweep (``scripts/adversarial_sweep.py`` runs it at size): random damage
 to a cache never gives a wrong read or an untyped error, and verify() reports every damage
 that changes what a reader gets. The same holds for a cache whose token ids a read of a few rows
-takes by the block, and for the checked-in format 3 cache. Format 2 records do not name their
+takes by the block, for the checked-in format 3 cache, and for caches read as an object store
+is read. Format 2 records do not name their
 place: there a moved or swapped chunk or record may read wrong unnoticed, and verify() lists
 such steps as unbound; nothing else is missed."""
 
@@ -12,7 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
-from _adversary import DAMAGES, KINDS, attack, build, edit_index, holds, sweep
+from _adversary import DAMAGES, KINDS, AsRemote, attack, build, edit_index, holds, sweep
 
 import zarr_skip as zs
 
@@ -25,6 +26,22 @@ def test_a_short_adversarial_sweep(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert figures.untyped == 0, [u for t in figures.trials for u in t.untyped]
     assert not figures.failed, [(t.damage, t.wrong) for t in figures.failed]
     assert figures.changed >= 15  # most damages change what a reader gets, and are caught
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "blocked"])
+def test_a_short_adversarial_sweep_read_as_an_object_store_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """The same damages read through the Store path S3 takes: ranged gets, a few rows' blocks
+    fetched in requests planned across holes."""
+    caplog.set_level(logging.ERROR, logger="zarr_skip")
+    figures = sweep(tmp_path, 30, seed=4, kind=kind, remote=True)
+    assert figures.untyped == 0, [u for t in figures.trials for u in t.untyped]
+    assert not figures.failed, [(t.damage, t.wrong) for t in figures.failed]
+    assert figures.changed >= 15
+    storage = zs.open_cache(AsRemote(tmp_path / "pristine", read_only=True))._storage
+    assert storage.root is None and storage.hole_bytes  # not the local files' reads
 
 
 def test_the_blocked_cache_is_read_by_the_block(tmp_path: Path) -> None:
