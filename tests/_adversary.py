@@ -544,7 +544,7 @@ class Figures:
     @property
     def excused(self) -> list[Trial]:
         """Trials wrong or missed that format 2 cannot tell (:func:`excused`)."""
-        return [t for t in self.trials if (t.wrong or t in self.missed) and excused(t, self.kind)]
+        return [t for t in self.trials if (t.wrong or (t.changed and not t.flagged)) and excused(t, self.kind)]
 
     @property
     def detection(self) -> float:
