@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import _fixture_batch as fx
 import pytest
 from helpers import Keys, assert_equal, make_batch
 
 import zarr_skip as zs
+from zarr_skip.format import layout
+from zarr_skip.store.storage import Storage
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def age_records(location: Any, seconds: float) -> None:
@@ -189,7 +195,7 @@ def test_gc_never_deletes_a_step_whose_records_it_cannot_read(
     keys.write(record, good[: len(good) // 2])  # what a stale FUSE view returned
     report = cache.gc()
     assert all(r.step != 2 for r in report.removed)
-    assert "step 2 has unreadable records; nothing of it is removed" in caplog.text
+    assert "step 2 has unreadable or missing records; nothing of it is removed" in caplog.text
     keys.write(record, good)
     assert 2 in cache.steps()
 
@@ -208,3 +214,64 @@ def test_gc_waits_before_removing_a_step_whose_only_run_is_not_recorded_yet(on_d
     report = cache.gc()
     assert [(r.step, r.reason.split(":")[0]) for r in report.removed if r.step == 9] == [(9, "abandoned")]
     assert not fresh.parent.parent.exists()
+
+
+def test_gc_keeps_a_complete_step_whose_run_record_is_lost(cache: zs.Cache, location: Any) -> None:
+    """A run writes its record before anything else, and a step is deleted summary first: a
+    complete step whose summary names a run whose record is gone lost that record (deleted, or
+    left out of a copy). It still reads; gc removed it whole as "no recorded run (crashed
+    creation)" once older than the lease, and verify called it abandoned."""
+    keys = Keys(location)
+    (run,) = keys.dirs(f"{cache.experiment}/2")
+    want = cache.load(2).to_dict()
+    keys.delete(f"{run}/zarr.json")
+    age_records(location, 3600)
+    report = cache.gc(partial_age=0.0)
+    assert all(r.step != 2 for r in report.removed), report.removed
+    assert_equal(cache.load(2).to_dict(), want)
+    (problem,) = [p for p in cache.verify().problems if p.step == 2]
+    assert problem.error.startswith(f"run record missing: the step's summary names run {run.rpartition('/')[2]}")
+    assert problem.path.endswith(f"{run}/zarr.json") and problem.kind == "metadata"
+
+
+def test_a_step_is_deleted_summary_first(on_disk: zs.Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deletion interrupted half-way leaves no summary naming a run whose record is gone (which
+    gc keeps as damage): what is left has no summary, and gc removes it once old, as strays."""
+    cache = on_disk
+    step = tmp_path / cache.experiment / "2"
+    (run,) = [d for d in step.iterdir() if d.is_dir()]
+
+    def interrupted(self: Any, prefix: str) -> None:
+        (tmp_path / prefix / run.name / "zarr.json").unlink()  # some of the tree went
+        raise OSError("interrupted")
+
+    monkeypatch.setattr(Storage, "delete_prefix", interrupted)
+    with pytest.raises(OSError, match="interrupted"):
+        cache.delete(2)
+    monkeypatch.undo()
+    assert not (step / "zarr.json").exists() and (run / "0").is_dir()
+    report = cache.gc(partial_age=0.0)
+    assert [(r.step, r.reason) for r in report.removed if r.step == 2] == [
+        (2, "abandoned: no recorded run (crashed creation)")
+    ]
+    assert not step.exists()
+
+
+def test_gc_keeps_a_step_whose_run_record_contradicts_its_summary(tmp_path: Path) -> None:
+    """Mini-batch records of format 2 do not say what their run expects: a run record edited to
+    expect more made the complete step look abandoned (or, expecting fewer, its last
+    mini-batches surplus), and gc removed them. The summary says what the run expected."""
+    root = tmp_path / "format2"
+    shutil.copytree(FIXTURES / "format2", root)
+    (record,) = root.glob("*/0/*/zarr.json")
+    for expected in (3, 1):
+        doc = json.loads(record.read_text())
+        run = doc["attributes"]["zarr_skip.run"]
+        run["expected"] = expected
+        run["checksum"] = layout.doc_checksum(run)
+        record.write_text(json.dumps(doc))
+        cache = zs.open_cache(root, fx.FINGERPRINT)
+        assert cache.gc(partial_age=0.0).removed == ()
+        (problem,) = [p for p in cache.verify().problems if p.kind == "misplaced"]
+        assert f"run rfixture expects {expected} mini-batches, the step's summary 2" in problem.error
+        assert len(cache.load(0)) == 12

@@ -34,6 +34,7 @@ from zarr_skip.store import experiments as exps
 from zarr_skip.store.catalog import (
     attribute,
     check_experiment,
+    delete_step,
     experiment_info,
     group_doc,
     list_steps,
@@ -412,7 +413,7 @@ class Cache:
         path = layout.join(self._exp(), layout.step_name(step))
         logger.info("deleting step %d at %s", step, self._storage.key_path(path))
         self._memo.forget()  # a next write to the step scans it anew
-        self._storage.delete_prefix(path)
+        delete_step(self._storage, path)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from zarr_skip.format.state import (
     writer_alive,
 )
 from zarr_skip.store import packed
-from zarr_skip.store.catalog import StepScan, list_steps, scan_steps, summary_problem
+from zarr_skip.store.catalog import StepScan, delete_step, list_steps, scan_steps, summary_problem
 from zarr_skip.store.reads import ArrayPart, Part, checked_entries
 from zarr_skip.store.storage import Storage, parse_json
 
@@ -161,13 +161,14 @@ def _check_scan(
     problem when it was ``asked`` for, or when its summary said it was complete)."""
     step = scan.step
     problems += [Problem(step, None, None, path, why, "misplaced") for path, why in scan.misplaced]
+    problems += [_unrecorded_problem(storage, scan, run) for run in scan.unrecorded]
     lost = scan.missing if scan.summary is not None and not info.complete else []
     for run, name in scan.broken + lost:
         if run == info.run:
             path = storage.key_path(layout.meta_key(layout.join(scan.path, run, name)))
             problems.append(Problem(step, _int(name), None, path, "metadata missing or unreadable", "metadata"))
     if not info.complete:
-        if asked or (scan.summary is not None and not lost):
+        if asked or (scan.summary is not None and not lost and not scan.unrecorded):
             problems.append(
                 Problem(step, None, None, storage.key_path(scan.path), f"step is {info.state}", "incomplete")
             )
@@ -186,6 +187,16 @@ def _check_scan(
             continue
         out.append((step, rec, part))
     return out
+
+
+def _unrecorded_problem(storage: Storage, scan: StepScan, run: str) -> Problem:
+    """A run record that the step's summary names and that is gone."""
+    path = storage.key_path(layout.meta_key(layout.join(scan.path, run)))
+    why = (
+        f"run record missing: the step's summary names run {run}, whose record is gone (deleted, or "
+        "left out of a copy); its mini-batches still read, and gc removes nothing of this step"
+    )
+    return Problem(scan.step, None, None, path, why, "metadata")
 
 
 def _check_chunks(
@@ -453,7 +464,7 @@ def plan_gc(
         elif scan.damaged:
             # an unreadable record may be a stale view through a shared mount of a complete
             # step: keep everything and let verify() tell what is wrong
-            logger.warning("gc: step %d has unreadable records; nothing of it is removed", scan.step)
+            logger.warning("gc: step %d has unreadable or missing records; nothing of it is removed", scan.step)
         elif info.state == ABANDONED and scan.step not in pinned and not scan.runs:
             # no run record visible: a crashed creation, or a brand-new run's first record not
             # visible yet (its directory exists first): removed only once old, as strays are
@@ -548,11 +559,18 @@ def gc(
     for r in removals:
         logger.info("gc%s: %s (%s)", " (dry run)" if dry_run else "", storage.key_path(r.path), r.reason)
         if not dry_run:
-            if r.file or layout.is_temp(r.path):
-                storage.delete(r.path)
-            else:
-                storage.delete_prefix(r.path)
+            _remove(storage, experiment, r)
     return GcReport(tuple(removals), dry_run, plan.writing)
+
+
+def _remove(storage: Storage, experiment: str, r: Removal) -> None:
+    """Carry out one removal: a file, a step (summary first: :func:`delete_step`), or a tree."""
+    if r.file or layout.is_temp(r.path):
+        storage.delete(r.path)
+    elif r.step is not None and r.path == layout.join(experiment, layout.step_name(r.step)):
+        delete_step(storage, r.path)
+    else:
+        storage.delete_prefix(r.path)
 
 
 def lost_data_files(scans: Sequence[StepScan], keys: Iterable[str]) -> list[Removal]:

@@ -50,6 +50,10 @@ class StepScan:
     #: names below the step whose run record exists but cannot be read (damage, or a stale
     #: view through a shared-filesystem mount): never deleted on that evidence
     unreadable: list[str] = field(default_factory=list)
+    #: the run the step's summary names, when its directory holds no run record: the record was
+    #: lost (deleted, or left out of a copy), for the run wrote it before anything else, and
+    #: steps are deleted summary first (:func:`delete_step`): never deleted on that evidence
+    unrecorded: list[str] = field(default_factory=list)
     #: (run, name) of mini-batch directories whose record exists but cannot be read
     broken: list[tuple[str, str]] = field(default_factory=list)
     #: (run, name) of mini-batch directories without a record (a crash before the claim landed)
@@ -61,8 +65,9 @@ class StepScan:
 
     @property
     def damaged(self) -> bool:
-        """Whether some record of this step cannot be read (so nothing here may be deleted)."""
-        return bool(self.unreadable or self.broken or self.misplaced)
+        """Whether some record of this step cannot be read, or the run record its summary
+        names is gone (so nothing here may be deleted)."""
+        return bool(self.unreadable or self.unrecorded or self.broken or self.misplaced)
 
     @property
     def exists(self) -> bool:
@@ -109,7 +114,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
             scan.misplaced.append((where, str(exc)))
             continue
         if record is None:
-            (scan.strays if blob is None else scan.unreadable).append(name)
+            _unrecorded(scan, name, blob).append(name)
             continue
         scan.runs.append(record)
         part_paths += [(scan, name, n, layout.join(path, n)) for n in children(names) if n != layout.COMPLETION]
@@ -131,6 +136,24 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
     return scans
 
 
+def _unrecorded(scan: StepScan, name: str, blob: bytes | None) -> list[str]:
+    """Where a run directory ``name`` without a readable record goes: ``unreadable`` (a record
+    is there), ``unrecorded`` (none, but the step's summary names this run), else ``strays``
+    (a crashed creation, debris, or an object store's ghost)."""
+    if blob is not None:
+        return scan.unreadable
+    named = scan.summary is not None and scan.summary.get("run") == name
+    return scan.unrecorded if named else scan.strays
+
+
+def delete_step(storage: Storage, step_path: str) -> None:
+    """Delete a step, its summary first: a step interrupted half-deleted then holds no summary
+    naming a run whose record is gone, which :func:`scan_steps` takes for damage
+    (``StepScan.unrecorded``), and gc removes what is left once old, as any stray."""
+    storage.delete(layout.meta_key(step_path))
+    storage.delete_prefix(step_path)
+
+
 def _check_expected(scan: StepScan, storage: Storage) -> None:
     """Parts whose record says their run expects another count than the run's record does
     (a run record swapped with another step's) are refused as misplaced."""
@@ -147,6 +170,26 @@ def _check_expected(scan: StepScan, storage: Storage) -> None:
                 )
             )
             scan.parts.remove(part)
+    _check_summarized_run(scan, storage)
+
+
+def _check_summarized_run(scan: StepScan, storage: Storage) -> None:
+    """The run the step's summary names must expect what the summary says: a run record that
+    does not was edited or swapped (mini-batch records before format 3 do not say what their
+    run expects), and the step is kept whole as damaged rather than taken for abandoned."""
+    summary = scan.summary
+    if summary is None:
+        return
+    for rec in scan.runs:
+        if rec.run == summary.get("run") and rec.expected != summary.get("expected"):
+            where = storage.key_path(layout.meta_key(layout.join(scan.path, rec.run)))
+            scan.misplaced.append(
+                (
+                    where,
+                    f"{where}: run {rec.run} expects {rec.expected} mini-batches, the step's summary "
+                    f"{summary.get('expected')} (the run record was edited or swapped)",
+                )
+            )
 
 
 def own_parts(

@@ -55,7 +55,15 @@ from zarr_skip.format.describe import describe_array
 from zarr_skip.format.specs import ColumnSpec, EncodedBatch, Narrowed, StoredArray, check_same_schema
 from zarr_skip.format.state import HOST, PartRecord, RunRecord, completed, latest
 from zarr_skip.store import _localfs, packed
-from zarr_skip.store.catalog import StepScan, children, group_doc, own_parts, run_record, scan_step
+from zarr_skip.store.catalog import (
+    StepScan,
+    children,
+    delete_step,
+    group_doc,
+    own_parts,
+    run_record,
+    scan_step,
+)
 from zarr_skip.store.chunkjobs import ChunkJobs, Job
 from zarr_skip.store.heartbeats import Heartbeat
 from zarr_skip.store.packed import Member
@@ -386,7 +394,7 @@ def _replacing(
         )
         return scan
     logger.warning("overwrite: deleting step %d, completed by this run, at %s", step, storage.key_path(step_path))
-    storage.delete_prefix(step_path)
+    delete_step(storage, step_path)
     return scan_step(storage, experiment, step)
 
 
