@@ -3,7 +3,7 @@
 A pristine cache (three steps of two mini-batches, every column kind, small chunks so that
 arrays are shards of several chunks and many chunk files have equal sizes) is copied for every
 trial and damaged once: bit flips of any file or of a chunk, truncations and deletions of any
-file, swaps of chunks, mini-batch records, run records, data groups, mini-batch and step
+file, deletions of a record, swaps of chunks, mini-batch records, run records, data groups, mini-batch and step
 directories, records edited with their checksums recomputed, forged lengths chunks with their
 records updated, one-byte edits of the experiment record, and the indexes a record keeps for
 reads of a few rows (block tables, ``first_rows``) edited with its checksum recomputed. Then
@@ -188,6 +188,48 @@ def attack(
     return trial
 
 
+def _right(root: Path, expected: dict[tuple[int, str, str], Any]) -> set[tuple[int, str, str]]:
+    """The reads of ``expected`` that give what was written (errors and wrong values left out)."""
+    try:
+        cache = zs.open_cache(root)
+    except zs.ZarrSkipError:
+        return set()
+    right = set()
+    for key, want in expected.items():
+        step, col, sel = key
+        try:
+            view = cache.load(step)
+            assert_equal(view.to_dict() if col == "*" else view[col][eval(sel)], want, str(key))  # noqa: S307
+        except Exception:  # noqa: BLE001, S112 - only the reads that hold count
+            continue
+        right.add(key)
+    return right
+
+
+def gc_attack(
+    pristine: Path,
+    work: Path,
+    expected: dict[tuple[int, str, str], Any],
+    rng: random.Random,
+    kind: str,
+    damage_fn: Callable[[random.Random, Path], str | None] | None = None,
+) -> tuple[str, list[tuple[int, str, str]]]:
+    """Copy ``pristine`` to ``work``, damage it once, run ``gc`` with no grace for strays:
+    the damage, and the reads that gave what was written before gc and no longer do (what
+    gc took from a damaged cache: must be none)."""
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(pristine, work)
+    damage = (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
+    before = _right(work, expected)
+    fingerprint = fx.FINGERPRINT if kind.startswith("format") else FINGERPRINT
+    try:
+        zs.open_cache(work, fingerprint).gc(partial_age=0.0)
+    except zs.ZarrSkipError:
+        pass  # refused: nothing removed
+    return damage, sorted(before - _right(work, expected))
+
+
 # -- the damages: each returns what it did (None: nothing of its kind to damage) ------------
 
 
@@ -238,6 +280,17 @@ def delete(rng: random.Random, root: Path) -> str:
     path = rng.choice(_files(root))
     path.unlink()
     return f"delete {path.relative_to(root)}"
+
+
+def delete_record(rng: random.Random, root: Path) -> str | None:
+    """One record deleted: a mini-batch's, a run's, a step's summary or the experiment's."""
+    kinds = (layout.PART_ATTR, layout.RUN_ATTR, layout.STEP_ATTR, layout.EXPERIMENT_ATTR)
+    found = _files(root, lambda p: any(_attr(p, f'"{k}"') for k in kinds))
+    if not found:
+        return None
+    path = rng.choice(found)
+    path.unlink()
+    return f"delete the record {path.relative_to(root)}"
 
 
 def _swap_files(a: Path, b: Path) -> None:
@@ -486,6 +539,7 @@ DAMAGES: tuple[Callable[[random.Random, Path], str | None], ...] = (
     flip_chunk,
     truncate,
     delete,
+    delete_record,
     swap_chunks,
     swap_chunks,
     swap_records,
