@@ -14,11 +14,14 @@ or (``--as-remote``) through the Store path S3 takes, and prints
   or is wrong), the share ``verify()`` reports (must be 100%);
 - untyped exceptions: errors outside the ``ZarrSkipError`` tree (must be 0).
 
+With ``--gc``, gc runs after each damage instead (strays removed at any age), and the script
+counts the damages after which gc took a read that was right before it (must be 0).
+
 Format 2 records do not name their place: a chunk or record swapped there may read wrong
 unnoticed, on steps ``verify()`` lists as unbound. Such trials are counted apart (``excused``)
 and do not fail the run; the detection rate counts them as missed.
 
-    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked] [--as-remote]
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked] [--as-remote | --gc]
 
 Exit status 1 when any of the three figures is off (format 2: beyond its excused swaps).
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import random
 import sys
 import tempfile
 import time
@@ -35,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _adversary import KINDS, sweep  # noqa: E402
+from _adversary import KINDS, build, gc_attack, sweep  # noqa: E402
 
 
 def main() -> int:
@@ -46,10 +50,13 @@ def main() -> int:
     parser.add_argument(
         "--as-remote", action="store_true", help="read through the Store path S3 takes (ranged gets across holes)"
     )
+    parser.add_argument("--gc", action="store_true", help="run gc after each damage; count the reads it took")
     parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
+    if args.gc:
+        return gc_sweep(args.corruptions, args.seed, args.cache, start)
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
         figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache, args.as_remote)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
@@ -69,6 +76,22 @@ def main() -> int:
         print(f"excused (format 2):     {len(figures.excused)} swaps on steps verify lists as unbound")
     print(f"time:                   {time.perf_counter() - start:.1f} s")
     return 1 if figures.failed else 0
+
+
+def gc_sweep(n: int, seed: int, kind: str, start: float) -> int:
+    """``--gc``: damage, gc (strays at any age), and count the damages after which gc took a
+    read that was right before it (must be 0)."""
+    with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
+        pristine, rng = Path(tmp) / "pristine", random.Random(seed)
+        expected = build(pristine, kind)
+        trials = [gc_attack(pristine, Path(tmp) / "work", expected, rng, kind) for _ in range(n)]
+    lost = [(damage, reads) for damage, reads in trials if reads]
+    for damage, reads in lost:
+        print(f"{damage}: gc took {len(reads)} read(s) that were right, such as {reads[0]}")
+    print(f"corruptions, then gc:   {n}")
+    print(f"reads taken by gc:      {len(lost)} corruptions after which gc took a read that was right")
+    print(f"time:                   {time.perf_counter() - start:.1f} s")
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":
