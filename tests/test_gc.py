@@ -275,3 +275,25 @@ def test_gc_keeps_a_step_whose_run_record_contradicts_its_summary(tmp_path: Path
         (problem,) = [p for p in cache.verify().problems if p.kind == "misplaced"]
         assert f"run rfixture expects {expected} mini-batches, the step's summary 2" in problem.error
         assert len(cache.load(0)) == 12
+
+
+def test_a_replaced_runs_leftover_is_removed_though_a_stale_summary_names_it(tmp_path: Path, fingerprint: dict) -> None:
+    """A run that replaced a complete step (``overwrite``) and could not store its summary, then
+    had its removal of the old run cut short, leaves a summary naming the old run, whose
+    directory holds no record: a leftover once the new run has completed the step, not damage
+    that keeps the step whole."""
+    old = zs.open_cache(tmp_path, fingerprint, run_id="r-old")
+    old.write(2, make_batch(3, seed=1))
+    step = tmp_path / old.experiment / "2"
+    shutil.copytree(step, tmp_path / "saved")
+    new = zs.open_cache(tmp_path, fingerprint, run_id="r-new")
+    new.write(2, make_batch(3, seed=2), overwrite=True)
+    want = new.load(2).to_dict()
+    shutil.copy(tmp_path / "saved" / "zarr.json", step / "zarr.json")  # the old run's summary
+    shutil.copytree(tmp_path / "saved" / "r-old", step / "r-old", ignore=shutil.ignore_patterns("zarr.json"))
+    shutil.copy(tmp_path / "saved" / "r-old" / "0" / "zarr.json", step / "r-old" / "0" / "zarr.json")
+    report = new.gc(partial_age=0.0)
+    assert [(r.path.rpartition("/")[2], r.reason) for r in report.removed] == [
+        ("r-old", "not a recorded run (crashed creation)")
+    ]
+    assert_equal(zs.open_cache(tmp_path).load(2).to_dict(), want)

@@ -11,7 +11,7 @@ from typing import Any
 from zarr_skip.errors import MetadataError
 from zarr_skip.format import layout, records
 from zarr_skip.format.records import Place
-from zarr_skip.format.state import PartRecord, RunRecord, StepInfo, step_info, summary_info
+from zarr_skip.format.state import PartRecord, RunRecord, StepInfo, completed, step_info, summary_info
 from zarr_skip.store.storage import Storage, parse_json
 
 logger = logging.getLogger(__name__)
@@ -176,10 +176,17 @@ def _check_expected(scan: StepScan, storage: Storage) -> None:
 def _check_summarized_run(scan: StepScan, storage: Storage) -> None:
     """The run the step's summary names must expect what the summary says: a run record that
     does not was edited or swapped (mini-batch records before format 3 do not say what their
-    run expects), and the step is kept whole as damaged rather than taken for abandoned."""
+    run expects), and the step is kept whole as damaged rather than taken for abandoned. The
+    named run's directory without a record is a leftover, not damage, once another run has
+    completed the step."""
     summary = scan.summary
     if summary is None:
         return
+    if scan.unrecorded and any(completed(r, scan.parts) for r in scan.runs):
+        # another run completed the step (its summary not stored, the named run's removal cut
+        # short): the named run's directory is a replaced run's leftover, as strays are
+        scan.strays += scan.unrecorded
+        scan.unrecorded.clear()
     for rec in scan.runs:
         if rec.run == summary.get("run") and rec.expected != summary.get("expected"):
             where = storage.key_path(layout.meta_key(layout.join(scan.path, rec.run)))
