@@ -55,6 +55,7 @@ def test_the_blocked_cache_is_read_by_the_block(tmp_path: Path) -> None:
     assert damage is not None and "checksum recomputed" in damage
 
 
+@pytest.mark.slow
 def test_format_2_is_the_one_whose_swaps_go_unnoticed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The exception :func:`_adversary.holds` allows is real (two chunks of one array swapped between
     mini-batches read wrong in format 2), and only format 2 has it."""
@@ -64,7 +65,11 @@ def test_format_2_is_the_one_whose_swaps_go_unnoticed(tmp_path: Path, caplog: py
     assert not any(t.unbound for t in unbound["format3"].trials)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+#: the daily subset (``make test-fast``) takes the default cache; ``make test`` every kind
+EVERY_KIND = [k if k == "plain" else pytest.param(k, marks=pytest.mark.slow) for k in KINDS]
+
+
+@pytest.mark.parametrize("kind", EVERY_KIND)
 @pytest.mark.parametrize("damage", sorted({d.__name__ for d in DAMAGES}))
 def test_every_kind_of_damage_is_caught(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str, kind: str
