@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
-import random
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _adversary import KINDS, build, gc_attack, sweep  # noqa: E402
+from _adversary import KINDS, gc_sweep, sweep  # noqa: E402
 
 
 def main() -> int:
@@ -56,7 +55,7 @@ def main() -> int:
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
     if args.gc:
-        return gc_sweep(args.corruptions, args.seed, args.cache, start)
+        return gc_figures(args.corruptions, args.seed, args.cache, start)
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
         figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache, args.as_remote)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
@@ -78,13 +77,11 @@ def main() -> int:
     return 1 if figures.failed else 0
 
 
-def gc_sweep(n: int, seed: int, kind: str, start: float) -> int:
+def gc_figures(n: int, seed: int, kind: str, start: float) -> int:
     """``--gc``: damage, gc (strays at any age), and count the damages after which gc took a
     read that was right before it (must be 0)."""
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        pristine, rng = Path(tmp) / "pristine", random.Random(seed)
-        expected = build(pristine, kind)
-        trials = [gc_attack(pristine, Path(tmp) / "work", expected, rng, kind) for _ in range(n)]
+        trials = gc_sweep(Path(tmp), n, seed, kind)
     lost = [(damage, reads) for damage, reads in trials if reads]
     for damage, reads in lost:
         print(f"{damage}: gc took {len(reads)} read(s) that were right, such as {reads[0]}")

@@ -147,11 +147,7 @@ def attack(
 ) -> Trial:
     """Copy ``pristine`` to ``work``, damage it once (with ``damage_fn``, or one drawn at
     random), read it all back (``remote``: as an object store is read, :class:`AsRemote`)."""
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(pristine, work)
-    damage = (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
-    trial = Trial(damage)
+    trial = Trial(_damaged_copy(pristine, work, rng, damage_fn))
     try:
         cache = zs.open_cache(AsRemote(work, read_only=True) if remote else work)
         cache.status()
@@ -162,10 +158,8 @@ def attack(
         trial.untyped.append(f"open: {traceback.format_exc(limit=3)}")
         return trial
     for key, want in expected.items():
-        step, col, sel = key
         try:
-            view = cache.load(step)
-            got = view.to_dict() if col == "*" else view[col][eval(sel)]  # noqa: S307 - our own reprs
+            got = _read(cache, key)
         except zs.ZarrSkipError:
             trial.changed = True
             continue
@@ -188,6 +182,24 @@ def attack(
     return trial
 
 
+def _damaged_copy(
+    pristine: Path, work: Path, rng: random.Random, damage_fn: Callable[[random.Random, Path], str | None] | None
+) -> str:
+    """``pristine`` copied to ``work`` and damaged once (with ``damage_fn``, or one drawn at
+    random): what was done."""
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(pristine, work)
+    return (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
+
+
+def _read(cache: zs.Cache, key: tuple[int, str, str]) -> Any:
+    """The read ``key`` of :data:`READS` names (``"*"``: the whole step)."""
+    step, col, sel = key
+    view = cache.load(step)
+    return view.to_dict() if col == "*" else view[col][eval(sel)]  # noqa: S307 - our own reprs
+
+
 def _right(root: Path, expected: dict[tuple[int, str, str], Any]) -> set[tuple[int, str, str]]:
     """The reads of ``expected`` that give what was written (errors and wrong values left out)."""
     try:
@@ -196,10 +208,8 @@ def _right(root: Path, expected: dict[tuple[int, str, str], Any]) -> set[tuple[i
         return set()
     right = set()
     for key, want in expected.items():
-        step, col, sel = key
         try:
-            view = cache.load(step)
-            assert_equal(view.to_dict() if col == "*" else view[col][eval(sel)], want, str(key))  # noqa: S307
+            assert_equal(_read(cache, key), want, str(key))
         except Exception:  # noqa: BLE001, S112 - only the reads that hold count
             continue
         right.add(key)
@@ -217,10 +227,7 @@ def gc_attack(
     """Copy ``pristine`` to ``work``, damage it once, run ``gc`` with no grace for strays:
     the damage, and the reads that gave what was written before gc and no longer do (what
     gc took from a damaged cache: must be none)."""
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(pristine, work)
-    damage = (damage_fn or rng.choice(DAMAGES))(rng, work) or "nothing to damage"
+    damage = _damaged_copy(pristine, work, rng, damage_fn)
     before = _right(work, expected)
     fingerprint = fx.FINGERPRINT if kind.startswith("format") else FINGERPRINT
     try:
@@ -245,13 +252,18 @@ def _attr(p: Path, name: str) -> bool:
     return p.name == layout.METADATA and name in p.read_text(errors="replace")
 
 
-def flip(rng: random.Random, root: Path) -> str:
-    path = rng.choice(_files(root))
-    data = bytearray(path.read_bytes())
+def _flip_bit(rng: random.Random, target: Path | ChunkRegion) -> int:
+    """One bit of ``target``'s bytes flipped: which."""
+    data = bytearray(target.read_bytes())
     bit = rng.randrange(len(data) * 8)
     data[bit // 8] ^= 1 << (bit % 8)
-    path.write_bytes(bytes(data))
-    return f"flip bit {bit} of {path.relative_to(root)}"
+    target.write_bytes(bytes(data))
+    return bit
+
+
+def flip(rng: random.Random, root: Path) -> str:
+    path = rng.choice(_files(root))
+    return f"flip bit {_flip_bit(rng, path)} of {path.relative_to(root)}"
 
 
 def flip_chunk(rng: random.Random, root: Path) -> str | None:
@@ -261,10 +273,7 @@ def flip_chunk(rng: random.Random, root: Path) -> str | None:
     if not regions:
         return None
     (region,) = rng.choices(regions, weights=[r.length for r in regions])
-    data = bytearray(region.read_bytes())
-    bit = rng.randrange(len(data) * 8)
-    data[bit // 8] ^= 1 << (bit % 8)
-    region.write_bytes(bytes(data))
+    bit = _flip_bit(rng, region)
     return f"flip bit {bit} of the chunk at {region.offset} of {region.file.relative_to(root)}"
 
 
@@ -334,6 +343,16 @@ def swap_chunks(rng: random.Random, root: Path) -> str | None:
     return f"swap data files {x.relative_to(root)} and {y.relative_to(root)}"
 
 
+def _pick_pair(rng: random.Random, found: dict[str, list[Path]]) -> tuple[str, Path, Path] | None:
+    """A kind of ``found`` that has two or more, and two of it (None: no such kind)."""
+    kinds = [k for k, paths in found.items() if len(paths) > 1]
+    if not kinds:
+        return None
+    kind = rng.choice(kinds)
+    a, b = rng.sample(found[kind], 2)
+    return kind, a, b
+
+
 def swap_records(rng: random.Random, root: Path) -> str | None:
     """Two mini-batch records, two run records or two step summaries (of the kinds there are
     two of)."""
@@ -341,11 +360,10 @@ def swap_records(rng: random.Random, root: Path) -> str | None:
         k: _files(root, lambda p, k=k: _attr(p, f'"{k}"'))
         for k in (layout.PART_ATTR, layout.RUN_ATTR, layout.STEP_ATTR)
     }
-    kinds = [k for k, files in found.items() if len(files) > 1]
-    if not kinds:
+    picked = _pick_pair(rng, found)
+    if picked is None:
         return None
-    kind = rng.choice(kinds)
-    a, b = rng.sample(found[kind], 2)
+    kind, a, b = picked
     _swap_files(a, b)
     return f"swap {kind} records {a.relative_to(root)} and {b.relative_to(root)}"
 
@@ -366,11 +384,10 @@ def swap_dirs(rng: random.Random, root: Path) -> str | None:
         "mini-batch": parts,
         "data group": [d for p in parts for d in sorted(p.iterdir()) if d.name.startswith("w-")],
     }
-    kinds = [k for k, dirs in found.items() if len(dirs) > 1]
-    if not kinds:
+    picked = _pick_pair(rng, found)
+    if picked is None:
         return None
-    kind = rng.choice(kinds)
-    a, b = rng.sample(found[kind], 2)
+    kind, a, b = picked
     _swap_dirs(a, b)
     return f"swap {kind} directories {a.relative_to(root)} and {b.relative_to(root)}"
 
@@ -603,6 +620,15 @@ class Figures:
     @property
     def detection(self) -> float:
         return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
+
+
+def gc_sweep(base: Path, n: int, seed: int = 0, kind: str = "plain") -> list[tuple[str, list[tuple[int, str, str]]]]:
+    """``n`` random damages of the pristine cache of ``kind``, each followed by gc
+    (:func:`gc_attack`): each damage, and the reads gc took that were right."""
+    pristine = base / "pristine"
+    expected = build(pristine, kind)
+    rng = random.Random(seed)
+    return [gc_attack(pristine, base / "work", expected, rng, kind) for _ in range(n)]
 
 
 def sweep(base: Path, n: int, seed: int = 0, kind: str = "plain", remote: bool = False) -> Figures:
