@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -579,8 +580,6 @@ def run_monitored(
 ) -> MonitoredRun:
     """``measure(work)`` under ``mon`` (from :func:`guard`), ``work`` a new directory in ``out``
     (made if needed) named ``prefix...``, removed afterwards unless ``keep``."""
-    from datetime import UTC, datetime
-
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=prefix, dir=out))
     started = datetime.now(UTC).isoformat(timespec="seconds")

@@ -133,6 +133,7 @@ def scan_steps(storage: Storage, experiment: str, steps: Sequence[int]) -> list[
         scan.parts.append(part)
     for scan in scans:
         _check_expected(scan, storage)
+        _check_summarized_run(scan, storage)
     return scans
 
 
@@ -170,7 +171,6 @@ def _check_expected(scan: StepScan, storage: Storage) -> None:
                 )
             )
             scan.parts.remove(part)
-    _check_summarized_run(scan, storage)
 
 
 def _check_summarized_run(scan: StepScan, storage: Storage) -> None:
