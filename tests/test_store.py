@@ -378,6 +378,38 @@ def test_a_new_runs_overwrite_replaces_the_step_once_it_completes_it(
         old.write(2, first, overwrite=True)
 
 
+@pytest.mark.parametrize("damage", ["lost", "edited"], ids=["run_record_lost", "run_record_edited"])
+def test_a_damaged_complete_step_refuses_writes_unless_overwrite(location: Any, fingerprint: dict, damage: str) -> None:
+    """A complete step whose run record was lost or edited still reads (its summary names its
+    mini-batches) and ``status`` calls it complete, but a write took it for an empty or
+    unfinished step: another run replaced it without ``overwrite`` (the record lost), or
+    deleted it as an older run's leftovers (the record edited to expect more)."""
+    old = zs.open_cache(location, fingerprint)
+    first = make_batch(3, seed=1)
+    old.write(2, first)
+    keys = Keys(location)
+    record = f"{old.experiment}/2/{old.run_id}/zarr.json"
+    if damage == "lost":
+        keys.delete(record)
+    else:
+        doc = json.loads(keys.read(record))
+        run = doc["attributes"]["zarr_skip.run"]
+        run["expected"] = 2
+        run["checksum"] = layout.doc_checksum(run)
+        keys.write(record, json.dumps(doc).encode())
+    for writer in (zs.open_cache(location, fingerprint), old):  # another run, and the same one
+        complete = rf"step 2 is complete \(its summary: 1 mini-batches of run {old.run_id}; damaged"
+        with pytest.raises(zs.StepCompleteError, match=complete):
+            writer.write(2, make_batch(2, seed=5))
+        assert_equal(zs.open_cache(location).load(2).to_dict(), first)
+    new = zs.open_cache(location, fingerprint)
+    second = make_batch(2, seed=6)
+    assert not new.write(2, second, expected=2, overwrite=True).step_complete
+    assert keys.list(f"{old.experiment}/2/{old.run_id}/0")  # kept until replaced
+    assert new.write(2, second, expected=2).step_complete
+    assert_equal(zs.open_cache(location).load(2).to_dict(), concat([second, second]))
+
+
 def test_schema_mismatch_writes_nothing(location: Any, fingerprint: dict) -> None:
     cache = zs.open_cache(location, fingerprint)
     good = make_batch(4)

@@ -2,12 +2,12 @@
 
 The protocol (``docs/format.md`` has the long version):
 
-1. Scan the step's metadata. A complete step is refused (``StepCompleteError``) unless
-   ``overwrite``: it then stays, and readers see it, until this run completes the step (step
-   6 removes it); a run overwriting a step it completed itself deletes it first. A step a
-   newer run has recorded itself in is refused (``DisplacedWriterError``). A handle whose
-   last write went to this step goes on from the scan that write left (:class:`StepMemo`),
-   without a request.
+1. Scan the step's metadata. A complete step (or a damaged one its summary says is
+   complete) is refused (``StepCompleteError``) unless ``overwrite``: it then stays, and
+   readers see it, until this run completes the step (step 6 removes it); a run overwriting
+   a step it completed itself deletes it first. A step a newer run has recorded itself in
+   is refused (``DisplacedWriterError``). A handle whose last write went to this step goes
+   on from the scan that write left (:class:`StepMemo`), without a request.
 2. Record this run in the step (``{step}/{run}/zarr.json``, created exclusively), then delete the
    leftovers of older runs that did not complete the step, logging what goes. The step's own
    group (``{step}/zarr.json``) is not written here: it is written once, with the summary,
@@ -349,8 +349,10 @@ def _take_over(
         )
     # only recorded, older runs are removed: a directory without a readable record may be a
     # run being created right now, or a stale view through a shared mount (gc handles debris);
-    # a complete run stays until this run completes the step (it replaces it then)
-    stale_runs = [r for r in scan.runs if r.run != ctx.run and not completed(r, scan.parts)]
+    # a complete run stays until this run completes the step (it replaces it then), and so
+    # does the run the summary names, which completed it once (damaged: see _summarized)
+    named = None if scan.summary is None else scan.summary["run"]
+    stale_runs = [r for r in scan.runs if r.run not in (ctx.run, named) and not completed(r, scan.parts)]
     for stale in stale_runs:
         n_parts = sum(1 for p in scan.parts if p.run == stale.run)
         logger.warning(
@@ -377,18 +379,18 @@ def _replacing(
     already replacing goes on."""
     info = scan.info(time.time(), 0.0)
     mine = any(r.run == ctx.run for r in scan.runs)
-    if not info.complete or (mine and info.run != ctx.run):
+    done_by, how = (info.run, f"{info.done} mini-batches of run {info.run}") if info.complete else _summarized(scan)
+    if done_by is None or (mine and done_by != ctx.run):
         return scan
     if not overwrite:
         raise StepCompleteError(
-            f"step {step} is complete ({info.done} mini-batches of run {info.run}) at "
-            f"{storage.key_path(step_path)}; pass overwrite=True to replace it"
+            f"step {step} is complete ({how}) at {storage.key_path(step_path)}; pass overwrite=True to replace it"
         )
-    if info.run != ctx.run:
+    if done_by != ctx.run:
         logger.warning(
             "overwrite: step %d (run %s) at %s is replaced once this run (%s) completes it",
             step,
-            info.run,
+            done_by,
             storage.key_path(step_path),
             ctx.run,
         )
@@ -396,6 +398,17 @@ def _replacing(
     logger.warning("overwrite: deleting step %d, completed by this run, at %s", step, storage.key_path(step_path))
     delete_step(storage, step_path)
     return scan_step(storage, experiment, step)
+
+
+def _summarized(scan: StepScan) -> tuple[str | None, str]:
+    """The run the summary of a damaged step names, and what it says: such a step reads (the
+    summary names its mini-batches), though its records no longer show it complete (a lost or
+    edited run record, an unreadable record), so a write takes it for complete, not for an
+    empty step to fill; (None, "") for any other step."""
+    if scan.summary is None or not scan.damaged:
+        return None, ""
+    run, expected = str(scan.summary["run"]), scan.summary["expected"]
+    return run, f"its summary: {expected} mini-batches of run {run}; damaged, see `zarr-skip verify`"
 
 
 def _record_run(
