@@ -15,13 +15,16 @@ or (``--as-remote``) through the Store path S3 takes, and prints
 - untyped exceptions: errors outside the ``ZarrSkipError`` tree (must be 0).
 
 With ``--gc``, gc runs after each damage instead (strays removed at any age), and the script
-counts the damages after which gc took a read that was right before it (must be 0).
+counts the damages after which gc took a read that was right before it (must be 0). With
+``--write``, a new run writes every step (two mini-batches, without ``overwrite``) after each
+damage, counted the same way: a write replaces or removes no step that read right.
 
 Format 2 records do not name their place: a chunk or record swapped there may read wrong
 unnoticed, on steps ``verify()`` lists as unbound. Such trials are counted apart (``excused``)
 and do not fail the run; the detection rate counts them as missed.
 
-    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked] [--as-remote | --gc]
+    .venv/bin/python scripts/adversarial_sweep.py [--corruptions 120] [--seed 0] [--cache blocked] \\
+        [--as-remote | --gc | --write]
 
 Exit status 1 when any of the three figures is off (format 2: beyond its excused swaps).
 """
@@ -50,12 +53,15 @@ def main() -> int:
         "--as-remote", action="store_true", help="read through the Store path S3 takes (ranged gets across holes)"
     )
     parser.add_argument("--gc", action="store_true", help="run gc after each damage; count the reads it took")
+    parser.add_argument(
+        "--write", action="store_true", help="a new run writes every step after each damage; count the reads it took"
+    )
     parser.add_argument("--verbose", action="store_true", help="print every damage and what it did")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # every damage is logged as it is found; the figures say it all
     start = time.perf_counter()
-    if args.gc:
-        return gc_figures(args.corruptions, args.seed, args.cache, start)
+    if args.gc or args.write:
+        return then_figures(args.corruptions, args.seed, args.cache, "gc" if args.gc else "write", start)
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
         figures = sweep(Path(tmp), args.corruptions, args.seed, args.cache, args.as_remote)
     kinds: collections.Counter[str] = collections.Counter(t.damage.split(" ")[0] for t in figures.trials)
@@ -77,16 +83,17 @@ def main() -> int:
     return 1 if figures.failed else 0
 
 
-def gc_figures(n: int, seed: int, kind: str, start: float) -> int:
-    """``--gc``: damage, gc (strays at any age), and count the damages after which gc took a
-    read that was right before it (must be 0)."""
+def then_figures(n: int, seed: int, kind: str, then: str, start: float) -> int:
+    """``--gc`` / ``--write``: damage, then gc (strays at any age) or a new run's writes of
+    every step (without overwrite), and count the damages after which it took a read that was
+    right before it (must be 0)."""
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        trials = gc_sweep(Path(tmp), n, seed, kind)
+        trials = gc_sweep(Path(tmp), n, seed, kind, then)
     lost = [(damage, reads) for damage, reads in trials if reads]
     for damage, reads in lost:
-        print(f"{damage}: gc took {len(reads)} read(s) that were right, such as {reads[0]}")
-    print(f"corruptions, then gc:   {n}")
-    print(f"reads taken by gc:      {len(lost)} corruptions after which gc took a read that was right")
+        print(f"{damage}: {then} took {len(reads)} read(s) that were right, such as {reads[0]}")
+    print(f"corruptions, then {then}: {n}")
+    print(f"reads taken by {then}:    {len(lost)} corruptions after which {then} took a read that was right")
     print(f"time:                   {time.perf_counter() - start:.1f} s")
     return 1 if lost else 0
 
