@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _adversary import KINDS, gc_sweep, sweep  # noqa: E402
+from _adversary import KINDS, sweep, then_sweep  # noqa: E402
 
 
 def main() -> int:
@@ -88,12 +88,12 @@ def then_figures(n: int, seed: int, kind: str, then: str, start: float) -> int:
     every step (without overwrite), and count the damages after which it took a read that was
     right before it (must be 0)."""
     with tempfile.TemporaryDirectory(prefix="zarr-skip-sweep-") as tmp:
-        trials = gc_sweep(Path(tmp), n, seed, kind, then)
+        trials = then_sweep(Path(tmp), n, seed, kind, then)
     lost = [(damage, reads) for damage, reads in trials if reads]
     for damage, reads in lost:
         print(f"{damage}: {then} took {len(reads)} read(s) that were right, such as {reads[0]}")
-    print(f"corruptions, then {then}: {n}")
-    print(f"reads taken by {then}:    {len(lost)} corruptions after which {then} took a read that was right")
+    print(f"{f'corruptions, then {then}:':<24}{n}")
+    print(f"{f'reads taken by {then}:':<24}{len(lost)} corruptions after which {then} took a read that was right")
     print(f"time:                   {time.perf_counter() - start:.1f} s")
     return 1 if lost else 0
 

@@ -40,7 +40,6 @@ import shutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +216,16 @@ def _right(root: Path, expected: dict[tuple[int, str, str], Any]) -> set[tuple[i
     return right
 
 
-def gc_attack(
+#: what :func:`then_attack` does after a damage, given the cache's steps and a new handle
+#: (a new run): gc with no grace for strays, or that run's writes of every step
+THEN: dict[str, Callable[[list[int], zs.Cache], object]] = {
+    "gc": lambda steps, cache: cache.gc(partial_age=0.0),
+    "write": lambda steps, cache: _write_steps(steps, cache),
+}
+
+
+def then_attack(
+    then: str,
     pristine: Path,
     work: Path,
     expected: dict[tuple[int, str, str], Any],
@@ -225,26 +233,20 @@ def gc_attack(
     kind: str,
     damage_fn: Callable[[random.Random, Path], str | None] | None = None,
 ) -> tuple[str, list[tuple[int, str, str]]]:
-    """Copy ``pristine`` to ``work``, damage it once, run ``gc`` with no grace for strays:
-    the damage, and the reads that gave what was written before gc and no longer do (what
-    gc took from a damaged cache: must be none)."""
-    return _then(pristine, work, expected, rng, kind, damage_fn, lambda cache: cache.gc(partial_age=0.0))
-
-
-def write_attack(
-    pristine: Path,
-    work: Path,
-    expected: dict[tuple[int, str, str], Any],
-    rng: random.Random,
-    kind: str,
-    damage_fn: Callable[[random.Random, Path], str | None] | None = None,
-) -> tuple[str, list[tuple[int, str, str]]]:
-    """Copy ``pristine`` to ``work``, damage it once, then a new run writes every step (two
-    mini-batches each, without ``overwrite``): the damage, and the reads that gave what was
-    written before and no longer do (what a write replaced or removed without being asked to
-    overwrite: must be none; a step that did not read right may be written anew)."""
-    steps = sorted({step for step, _, _ in expected})
-    return _then(pristine, work, expected, rng, kind, damage_fn, partial(_write_steps, steps))
+    """Copy ``pristine`` to ``work``, damage it once, then ``then`` (:data:`THEN`: ``gc``, or
+    ``write``: a new run writes every step, without ``overwrite``): the damage, and the reads
+    that gave what was written before and no longer do (what gc, or writes not asked to
+    overwrite, took from a damaged cache: must be none; a step that did not read right may be
+    removed, or written anew). A typed error from opening the cache or from ``then`` counts
+    as nothing done."""
+    damage = _damaged_copy(pristine, work, rng, damage_fn)
+    before = _right(work, expected)
+    fingerprint = fx.FINGERPRINT if kind.startswith("format") else FINGERPRINT
+    try:
+        THEN[then](sorted({step for step, _, _ in expected}), zs.open_cache(work, fingerprint))
+    except zs.ZarrSkipError:
+        pass  # refused: nothing done
+    return damage, sorted(before - _right(work, expected))
 
 
 def _write_steps(steps: list[int], cache: zs.Cache) -> None:
@@ -256,28 +258,6 @@ def _write_steps(steps: list[int], cache: zs.Cache) -> None:
                 cache.write(step, _batch(step, 7 + i, blocked=False), expected=2)
             except zs.ZarrSkipError:
                 pass
-
-
-def _then(
-    pristine: Path,
-    work: Path,
-    expected: dict[tuple[int, str, str], Any],
-    rng: random.Random,
-    kind: str,
-    damage_fn: Callable[[random.Random, Path], str | None] | None,
-    act: Callable[[zs.Cache], object],
-) -> tuple[str, list[tuple[int, str, str]]]:
-    """The damage done to a copy of ``pristine``, and the reads right before ``act`` (given a
-    new handle of the cache, a new run) that are not after it. A typed error from opening
-    the cache or from ``act`` counts as nothing done."""
-    damage = _damaged_copy(pristine, work, rng, damage_fn)
-    before = _right(work, expected)
-    fingerprint = fx.FINGERPRINT if kind.startswith("format") else FINGERPRINT
-    try:
-        act(zs.open_cache(work, fingerprint))
-    except zs.ZarrSkipError:
-        pass  # refused: nothing done
-    return damage, sorted(before - _right(work, expected))
 
 
 # -- the damages: each returns what it did (None: nothing of its kind to damage) ------------
@@ -665,17 +645,15 @@ class Figures:
         return 1.0 - len(self.missed) / self.changed if self.changed else 1.0
 
 
-def gc_sweep(
+def then_sweep(
     base: Path, n: int, seed: int = 0, kind: str = "plain", then: str = "gc"
 ) -> list[tuple[str, list[tuple[int, str, str]]]]:
-    """``n`` random damages of the pristine cache of ``kind``, each followed by gc
-    (:func:`gc_attack`) or, ``then="write"``, by a new run's writes (:func:`write_attack`):
-    each damage, and the reads that were right and no longer are."""
+    """``n`` random damages of the pristine cache of ``kind``, each followed by ``then``
+    (:func:`then_attack`): each damage, and the reads that were right and no longer are."""
     pristine = base / "pristine"
     expected = build(pristine, kind)
     rng = random.Random(seed)
-    act = gc_attack if then == "gc" else write_attack
-    return [act(pristine, base / "work", expected, rng, kind) for _ in range(n)]
+    return [then_attack(then, pristine, base / "work", expected, rng, kind) for _ in range(n)]
 
 
 def sweep(base: Path, n: int, seed: int = 0, kind: str = "plain", remote: bool = False) -> Figures:

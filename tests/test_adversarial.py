@@ -3,8 +3,8 @@ to a cache never gives a wrong read or an untyped error, and verify() reports ev
 that changes what a reader gets. The same holds for a cache whose token ids a read of a few rows
 takes by the block, for the checked-in format 3 cache, and for caches read as an object store
 is read; and neither gc nor a new run's writes after a damage take anything that still reads
-right. Format 2 records do not name their place: there a moved or swapped chunk or record may read wrong unnoticed, and verify() lists
-such steps as unbound; nothing else is missed."""
+right. Format 2 records do not name their place: there a moved or swapped chunk or record
+may read wrong unnoticed, and verify() lists such steps as unbound; nothing else is missed."""
 
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ from _adversary import (
     attack,
     build,
     edit_index,
-    gc_attack,
     holds,
     sweep,
-    write_attack,
+    then_attack,
 )
 
 import zarr_skip as zs
@@ -97,33 +96,21 @@ def test_every_kind_of_damage_is_caught(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_gc_takes_nothing_that_reads_right_from_a_damaged_cache(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+@pytest.mark.parametrize(("then", "times"), [("gc", 4), ("write", 3)])
+def test_gc_and_writes_take_nothing_that_reads_right_from_a_damaged_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, then: str, times: int
 ) -> None:
-    """gc after each kind of damage (four times each), strays at any age: every read right
-    before it is right after it. A lost run record made gc remove its complete step; a format
-    2 run record edited to expect another count, the step or its last mini-batch."""
+    """gc (strays at any age), or a new run writing every step without ``overwrite``, after
+    each kind of damage (``times`` each): every read right before is right after. gc removed a
+    complete step whose run record was lost and, in format 2, one whose run record was edited
+    to expect another count; a write replaced a complete step whose run record was lost or
+    unreadable, and deleted one whose run record was edited or swapped."""
     caplog.set_level(logging.ERROR, logger="zarr_skip")
     expected = build(tmp_path / "pristine", kind)
     lost = []
     for fn in DAMAGES:
         rng = random.Random(fn.__name__)
-        lost += [gc_attack(tmp_path / "pristine", tmp_path / "work", expected, rng, kind, fn) for _ in range(4)]
-    assert not [(damage, reads) for damage, reads in lost if reads]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_new_runs_writes_take_nothing_that_reads_right_from_a_damaged_cache(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
-) -> None:
-    """A new run writing every step after each kind of damage (three times each), without
-    ``overwrite``: every read right before is right after. A complete step whose run record
-    was lost was replaced by the new run; one whose run record was edited, deleted."""
-    caplog.set_level(logging.ERROR, logger="zarr_skip")
-    expected = build(tmp_path / "pristine", kind)
-    lost = []
-    for fn in DAMAGES:
-        rng = random.Random(fn.__name__)
-        lost += [write_attack(tmp_path / "pristine", tmp_path / "work", expected, rng, kind, fn) for _ in range(3)]
+        lost += [
+            then_attack(then, tmp_path / "pristine", tmp_path / "work", expected, rng, kind, fn) for _ in range(times)
+        ]
     assert not [(damage, reads) for damage, reads in lost if reads]
