@@ -92,8 +92,8 @@ def then_figures(n: int, seed: int, kind: str, then: str, start: float) -> int:
     lost = [(damage, reads) for damage, reads in trials if reads]
     for damage, reads in lost:
         print(f"{damage}: {then} took {len(reads)} read(s) that were right, such as {reads[0]}")
-    print(f"{f'corruptions, then {then}:':<24}{n}")
-    print(f"{f'reads taken by {then}:':<24}{len(lost)} corruptions after which {then} took a read that was right")
+    print(f"{f'corruptions, then {then}:':<23} {n}")
+    print(f"{f'reads taken by {then}:':<23} {len(lost)} corruptions after which {then} took a read that was right")
     print(f"time:                   {time.perf_counter() - start:.1f} s")
     return 1 if lost else 0
 
