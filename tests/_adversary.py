@@ -15,6 +15,10 @@ and the trial records:
 - ``flagged``: ``verify()`` reported a problem, or opening the cache raised a typed error;
 - ``untyped``: an exception outside the ``ZarrSkipError`` tree (must never happen).
 
+Or, after the damage, gc runs (strays at any age), or a new run writes every step without
+``overwrite`` (:func:`then_attack`), and every read right before must be right after: what
+either took from a damaged cache is lost data nobody asked to delete or replace.
+
 A second pristine cache (``blocked``) stores its token ids as a read of a few rows takes
 them in part: ``Compression("auto", blocksize=...)``, longer rows in chunks of many small
 blosc blocks, so that the reads fetch, check and decode some blocks of a chunk alone
