@@ -38,6 +38,8 @@ Used by ``tests/test_adversarial.py`` (a short run) and ``scripts/adversarial_sw
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 import shutil
@@ -262,6 +264,49 @@ def _write_steps(steps: list[int], cache: zs.Cache) -> None:
                 cache.write(step, _batch(step, 7 + i, blocked=False), expected=2)
             except zs.ZarrSkipError:
                 pass
+
+
+#: zarr-skip's commands, run on a damaged cache by :func:`cli_attack` (``{cache}``: its path,
+#: ``{out}``: a directory for the files they write)
+COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("ls", "{cache}"),
+    ("ls", "{cache}", "--json"),
+    ("show", "{cache}", "latest", "--rows", "3"),
+    ("show", "{cache}", "latest", "--row", "1"),
+    ("show", "{cache}", "latest", "--text"),
+    ("verify", "{cache}", "--json"),
+    ("export", "{cache}", "all", "{out}/rollouts.jsonl"),
+    ("export", "{cache}", "all", "{out}/rollouts.parquet"),
+    ("report", "{cache}", "-o", "{out}/report.html"),
+    ("compare", "{cache}", "{cache}"),
+)
+
+
+def cli_attack(
+    pristine: Path, work: Path, out: Path, rng: random.Random, damage_fn: Callable[[random.Random, Path], str | None]
+) -> list[str]:
+    """Copy ``pristine`` to ``work``, damage it once, and run every command of
+    :data:`COMMANDS` in this process with ``-v``: what a user should never see. ``zarr-skip``
+    answers a typed error with its message and status 1 or 2, and any other exception with
+    its type and first line, status 1 (``-v`` raises it instead, with its traceback): a
+    failure the library did not type, or an exit status other than 0, 1 and 2."""
+    from zarr_skip.cli.main import main
+
+    damage = _damaged_copy(pristine, work, rng, damage_fn)
+    seen = []
+    for command in COMMANDS:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        argv = [*(arg.format(cache=work, out=out) for arg in command), "-v"]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                status = main(argv)
+        except Exception:  # noqa: BLE001 - what escapes is the finding
+            seen.append(f"{damage}: {' '.join(command)}: {traceback.format_exc(limit=-3)}")
+            continue
+        if status not in (0, 1, 2):
+            seen.append(f"{damage}: {' '.join(command)}: exit status {status}")
+    return seen
 
 
 # -- the damages: each returns what it did (None: nothing of its kind to damage) ------------
