@@ -46,6 +46,7 @@ import shutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,60 @@ def cli_attack(
             continue
         if status not in (0, 1, 2):
             seen.append(f"{damage}: {' '.join(command)}: exit status {status}")
+    return seen
+
+
+def _views(cache: zs.Cache, step: int) -> list[object]:
+    """What a notebook makes of ``step``: the step's text and HTML, its pandas frame, messages,
+    TensorDict and jagged lengths, and its rollout, group, find and page views as text and HTML."""
+    view = cache.load(step)
+    shown: list[Any] = [
+        view.rollout(1),
+        view.group(row=0),
+        view.find(longest=3),
+        view.find(best=2),
+        view.page(0, size=4),
+    ]
+    jagged = [col.lengths() for col in view.values() if col.ndim > 1 and col.shape[1] is None]
+    return [repr(view), view._repr_html_(), view.to_pandas(), view.messages(), view.to_tensordict(), jagged] + [
+        f(x) for x in shown for f in (repr, lambda x: x._repr_html_())
+    ]
+
+
+def _datasets(location: Path) -> list[object]:
+    """Items of the torch datasets over ``location``: two, a batch of three, and an epoch."""
+    from zarr_skip.data import RolloutDataset, RolloutIterableDataset
+
+    items = RolloutDataset(location)
+    return [items[0], items[5], items.__getitems__([0, 3, 7]), list(RolloutIterableDataset(location))]
+
+
+def api_attack(
+    pristine: Path, work: Path, rng: random.Random, damage_fn: Callable[[random.Random, Path], str | None]
+) -> list[str]:
+    """Copy ``pristine`` to ``work``, damage it once, then use it as a notebook or a trainer
+    does (``status``, ``table`` with and without ``reduce``, each step's views, the torch
+    datasets): every failure that is not a typed error (must be none)."""
+    damage = _damaged_copy(pristine, work, rng, damage_fn)
+    uses: list[tuple[str, Callable[[], object]]] = [
+        ("status", lambda: zs.open_cache(work).status()),
+        ("table", lambda: zs.open_cache(work).table()),
+        ("table(reduce)", lambda: zs.open_cache(work).table(reduce={"responses": "mean"})),
+        ("datasets", lambda: _datasets(work)),
+    ]
+    try:
+        steps = zs.open_cache(work).steps()
+    except zs.ZarrSkipError:
+        steps = []
+    uses += [(f"step {step}", partial(lambda step: _views(zs.open_cache(work), step), step)) for step in steps]
+    seen = []
+    for name, use in uses:
+        try:
+            use()
+        except zs.ZarrSkipError:
+            continue
+        except Exception:  # noqa: BLE001 - what escapes is the finding
+            seen.append(f"{damage}: {name}: {traceback.format_exc(limit=-3)}")
     return seen
 
 
