@@ -391,6 +391,8 @@ def test_a_damaged_complete_step_refuses_writes_unless_overwrite(location: Any, 
     record = f"{old.experiment}/2/{old.run_id}/zarr.json"
     if damage == "lost":
         keys.delete(record)
+        (problem,) = old.verify().problems  # what verify says to do about it
+        assert problem.error.endswith("a write replaces it only with overwrite=True (`zarr-skip rm` deletes it)")
     else:
         doc = json.loads(keys.read(record))
         run = doc["attributes"]["zarr_skip.run"]

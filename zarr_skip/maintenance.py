@@ -194,7 +194,8 @@ def _unrecorded_problem(storage: Storage, scan: StepScan, run: str) -> Problem:
     path = storage.key_path(layout.meta_key(layout.join(scan.path, run)))
     why = (
         f"run record missing: the step's summary names run {run}, whose record is gone (deleted, or "
-        "left out of a copy); its mini-batches still read, and gc removes nothing of this step"
+        "left out of a copy); its mini-batches still read, gc removes nothing of this step, and a "
+        "write replaces it only with overwrite=True (`zarr-skip rm` deletes it)"
     )
     return Problem(scan.step, None, None, path, why, "metadata")
 
