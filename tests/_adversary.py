@@ -223,11 +223,22 @@ def _right(root: Path, expected: dict[tuple[int, str, str], Any]) -> set[tuple[i
     return right
 
 
+def _write_steps(steps: list[int], cache: zs.Cache) -> None:
+    """Each of ``steps`` written by ``cache``'s run in two mini-batches, each write refused
+    (a typed error) or not on its own."""
+    for step in steps:
+        for i in range(2):
+            try:
+                cache.write(step, _batch(step, 7 + i, blocked=False), expected=2)
+            except zs.ZarrSkipError:
+                pass
+
+
 #: what :func:`then_attack` does after a damage, given the cache's steps and a new handle
 #: (a new run): gc with no grace for strays, or that run's writes of every step
 THEN: dict[str, Callable[[list[int], zs.Cache], object]] = {
     "gc": lambda steps, cache: cache.gc(partial_age=0.0),
-    "write": lambda steps, cache: _write_steps(steps, cache),
+    "write": _write_steps,
 }
 
 
@@ -254,17 +265,6 @@ def then_attack(
     except zs.ZarrSkipError:
         pass  # refused: nothing done
     return damage, sorted(before - _right(work, expected))
-
-
-def _write_steps(steps: list[int], cache: zs.Cache) -> None:
-    """Each of ``steps`` written by ``cache``'s run in two mini-batches, each write refused
-    (a typed error) or not on its own."""
-    for step in steps:
-        for i in range(2):
-            try:
-                cache.write(step, _batch(step, 7 + i, blocked=False), expected=2)
-            except zs.ZarrSkipError:
-                pass
 
 
 #: zarr-skip's commands, run on a damaged cache by :func:`cli_attack` (``{cache}``: its path,
