@@ -471,7 +471,7 @@ class Cache:
         if not scan.exists:
             raise StepNotFoundError(self._missing(step))
         info = scan.info(time.time(), self.lease)
-        if not info.complete and scan.summary is not None and scan.summary.get("run") == info.run:
+        if not info.complete and scan.summary is not None and scan.summary_run == info.run:
             lost = [
                 self._storage.key_path(layout.meta_key(layout.join(path, run, name)))
                 for run, name in scan.broken + scan.missing

@@ -70,6 +70,11 @@ class StepScan:
         return bool(self.unreadable or self.unrecorded or self.broken or self.misplaced)
 
     @property
+    def summary_run(self) -> str | None:
+        """The run the step's summary names (None: no summary, or one ignored as damaged)."""
+        return None if self.summary is None else str(self.summary["run"])
+
+    @property
     def exists(self) -> bool:
         """Whether a run ever recorded itself here (object stores list deleted 'directories')."""
         return bool(self.runs) or self.summary is not None
@@ -143,8 +148,7 @@ def _unrecorded(scan: StepScan, name: str, blob: bytes | None) -> list[str]:
     (a crashed creation, debris, or an object store's ghost)."""
     if blob is not None:
         return scan.unreadable
-    named = scan.summary is not None and scan.summary.get("run") == name
-    return scan.unrecorded if named else scan.strays
+    return scan.unrecorded if scan.summary_run == name else scan.strays
 
 
 def delete_step(storage: Storage, step_path: str) -> None:
@@ -188,7 +192,7 @@ def _check_summarized_run(scan: StepScan, storage: Storage) -> None:
         scan.strays += scan.unrecorded
         scan.unrecorded.clear()
     for rec in scan.runs:
-        if rec.run == summary.get("run") and rec.expected != summary.get("expected"):
+        if rec.run == scan.summary_run and rec.expected != summary.get("expected"):
             where = storage.key_path(layout.meta_key(layout.join(scan.path, rec.run)))
             scan.misplaced.append(
                 (

@@ -350,9 +350,8 @@ def _take_over(
     # only recorded, older runs are removed: a directory without a readable record may be a
     # run being created right now, or a stale view through a shared mount (gc handles debris);
     # a complete run stays until this run completes the step (it replaces it then), and so
-    # does the run the summary names, which completed it once (damaged: see _summarized)
-    named = None if scan.summary is None else scan.summary["run"]
-    stale_runs = [r for r in scan.runs if r.run not in (ctx.run, named) and not completed(r, scan.parts)]
+    # does the run the summary names, which completed it once (damaged: see _complete_by_summary)
+    stale_runs = [r for r in scan.runs if r.run not in (ctx.run, scan.summary_run) and not completed(r, scan.parts)]
     for stale in stale_runs:
         n_parts = sum(1 for p in scan.parts if p.run == stale.run)
         logger.warning(
@@ -379,7 +378,9 @@ def _replacing(
     already replacing goes on."""
     info = scan.info(time.time(), 0.0)
     mine = any(r.run == ctx.run for r in scan.runs)
-    done_by, how = (info.run, f"{info.done} mini-batches of run {info.run}") if info.complete else _summarized(scan)
+    done_by, how = (
+        (info.run, f"{info.done} mini-batches of run {info.run}") if info.complete else _complete_by_summary(scan)
+    )
     if done_by is None or (mine and done_by != ctx.run):
         return scan
     if not overwrite:
@@ -400,14 +401,14 @@ def _replacing(
     return scan_step(storage, experiment, step)
 
 
-def _summarized(scan: StepScan) -> tuple[str | None, str]:
+def _complete_by_summary(scan: StepScan) -> tuple[str | None, str]:
     """The run the summary of a damaged step names, and what it says: such a step reads (the
     summary names its mini-batches), though its records no longer show it complete (a lost or
     edited run record, an unreadable record), so a write takes it for complete, not for an
     empty step to fill; (None, "") for any other step."""
     if scan.summary is None or not scan.damaged:
         return None, ""
-    run, expected = str(scan.summary["run"]), scan.summary["expected"]
+    run, expected = scan.summary_run, scan.summary["expected"]
     return run, f"its summary: {expected} mini-batches of run {run}; damaged, see `zarr-skip verify`"
 
 
