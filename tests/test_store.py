@@ -394,11 +394,7 @@ def test_a_damaged_complete_step_refuses_writes_unless_overwrite(location: Any, 
         (problem,) = old.verify().problems  # what verify says to do about it
         assert problem.error.endswith("a write replaces it only with overwrite=True (`zarr-skip rm` deletes it)")
     else:
-        doc = json.loads(keys.read(record))
-        run = doc["attributes"]["zarr_skip.run"]
-        run["expected"] = 2
-        run["checksum"] = layout.doc_checksum(run)
-        keys.write(record, json.dumps(doc).encode())
+        keys.edit(record, layout.RUN_ATTR, lambda run: run.update(expected=2))
     for writer in (zs.open_cache(location, fingerprint), old):  # another run, and the same one
         complete = rf"step 2 is complete \(its summary: 1 mini-batches of run {old.run_id}; damaged"
         with pytest.raises(zs.StepCompleteError, match=complete):
