@@ -3,12 +3,12 @@
 A pristine cache (three steps of two mini-batches, every column kind, small chunks so that
 arrays are shards of several chunks and many chunk files have equal sizes) is copied for every
 trial and damaged once: bit flips of any file or of a chunk, truncations and deletions of any
-file, deletions of a record, swaps of chunks, mini-batch records, run records, data groups, mini-batch and step
-directories, records edited with their checksums recomputed, forged lengths chunks with their
-records updated, one-byte edits of the experiment record, and the indexes a record keeps for
-reads of a few rows (block tables, ``first_rows``) edited with its checksum recomputed. Then
-every step is read (whole, one row, a slice, chosen rows), ``status()`` and ``verify()`` run,
-and the trial records:
+file, deletions of a record, swaps of chunks, mini-batch records, run records, data groups,
+mini-batch and step directories, records edited with their checksums recomputed, forged
+lengths chunks with their records updated, one-byte edits of the experiment record, and the
+indexes a record keeps for reads of a few rows (block tables, ``first_rows``) edited with its
+checksum recomputed. Then every step is read (whole, one row, a slice, chosen rows),
+``status()`` and ``verify()`` run, and the trial records:
 
 - ``wrong``: a read returned something else than what was written (must never happen);
 - ``changed``: some read raised or was wrong (the damage changes what a reader gets);
