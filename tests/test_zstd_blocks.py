@@ -120,6 +120,21 @@ def test_a_damaged_stream_is_refused_not_decoded() -> None:
         chunks.decode_into(body, np.empty_like(data), codec, stored_size=len(body), where="x")
 
 
+def test_a_zstd_frame_claiming_more_than_its_block_is_refused_naming_the_block() -> None:
+    import zstandard
+
+    data = _data("tokens", 20 * 2048)  # 20 blocks of 8 KiB: decoded through zstandard
+    plain, ours = _codecs("shuffle", 8192)
+    frame = bytes(plain.encode(data))
+    head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
+    assert head is not None and starts is not None and head.blocks >= zstd_blocks.MIN_BLOCKS
+    bodies = [frame[a:b] for a, b in zip(starts, (*starts[1:], len(frame)), strict=True)]
+    big = zstandard.ZstdCompressor(level=1).compress(bytes(64 << 20))  # claims 64 MiB in 2 KiB
+    bodies[1] = len(big).to_bytes(4, "little") + big
+    with pytest.raises(ValueError, match=f"block 1: a zstd frame of {64 << 20} bytes for a block of 8192"):
+        ours.decode(blosc_frames.gathered_frame(head, range(head.blocks), bodies))
+
+
 def test_the_codec_encodes_and_describes_itself_as_numcodecs_blosc() -> None:
     codec = chunks.Compression("blosc-zstd", 1, "shuffle", 8192).codec()
     assert isinstance(codec, zstd_blocks.Blosc)
