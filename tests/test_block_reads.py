@@ -20,7 +20,7 @@ from zarr.storage import MemoryStore
 
 import zarr_skip as zs
 from zarr_skip.errors import ChecksumError, MetadataError, MissingDataError
-from zarr_skip.format import block_tables, blosc_frames, chunks, layout
+from zarr_skip.format import block_tables, blosc_frames, chunks, layout, zstd_blocks
 from zarr_skip.store import blockreads, fetching, reads, storage
 
 #: small blocks and chunks, so that small batches make chunks of several blocks
@@ -307,6 +307,33 @@ def test_a_damaged_block_is_a_checksum_error(small_blocks: None) -> None:
     _same(col[np.array([other])], [want[other]])  # a block not read is not checked
     with pytest.raises(ChecksumError):
         col[:]
+
+
+@pytest.mark.parametrize("decoder", ["blosc", "zstandard"])
+def test_a_block_forged_with_its_checksum_that_does_not_decode_is_a_checksum_error(
+    small_blocks: None, monkeypatch: pytest.MonkeyPatch, decoder: str
+) -> None:
+    """Block 2's zstd stream broken (its length kept) and its recorded crc32c made to match:
+    every byte read has the checksum its record names, and the block still does not decode,
+    whether blosc or zstandard decodes the blocks read (here 2 and 5)."""
+    calls: list[int] = []
+    decompressed = zstd_blocks.decompressed
+    monkeypatch.setattr(zstd_blocks, "decompressed", lambda h, s: calls.append(len(s)) or decompressed(h, s))
+    monkeypatch.setattr(zstd_blocks, "MIN_BLOCKS", 2 if decoder == "zstandard" else 10**9)
+    location, keys, part, view, want = _damaged()
+    a = part.arrays["responses"]["values"]
+    rows = np.array([_row_of_block(view, 2), _row_of_block(view, 5)])
+    region = keys.region(part.path, "responses/values")
+    blob = bytearray(region.read_bytes())
+    start, end = a.blocks[0][2], a.blocks[0][3]
+    blob[start + 4 : start + 8] = bytes(4)  # the stream's zstd magic, after its length
+    region.write_bytes(bytes(blob))
+    _forge(keys, part, lambda e: e["block_crc32c"][0].__setitem__(3, chunks.crc32c(bytes(blob[start:end]))))
+    col = _column(location)
+    with pytest.raises(ChecksumError, match=r"blocks \[2, 5\] do not decode"):
+        col[rows]
+    assert calls == ([2] if decoder == "zstandard" else [])
+    _same(col[rows[1:]], [want[rows[1]]])  # block 5 alone decodes
 
 
 def test_a_forged_table_in_the_data_file_is_a_checksum_error(small_blocks: None) -> None:
