@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import zarr
 from helpers import assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
@@ -174,15 +175,45 @@ def test_token_ids_in_small_blocks_aim_for_larger_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "error"),
+    ("value", "level", "error"),
     [
-        ("brotli", "compression: expected one of"),
-        ("blosc-zstd:12", "blosc levels run from 0 to 9"),
+        ("brotli", None, "compression: expected one of"),
+        ("blosc-zstd:12", None, "blosc levels run from 0 to 9"),
+        ("zstd:30", None, "zstd levels run from -7 to 22"),
+        ("zstd:x", None, "bad level in 'zstd:x'"),
+        ("zstd", "3", "level: expected an int, got '3'"),
+        ("blosc-zstd", 1.5, "level: expected an int, got 1.5"),
+        ("zstd", True, "level: expected an int, got True"),
     ],
 )
-def test_bad_compression_is_refused(tmp_path: Path, fingerprint: dict, value: str, error: str) -> None:
+def test_bad_compression_is_refused(tmp_path: Path, fingerprint: dict, value: str, level: Any, error: str) -> None:
     with pytest.raises(zs.ConfigError, match=error):
-        zs.open_cache(str(tmp_path), fingerprint, compression=value)
+        zs.open_cache(str(tmp_path), fingerprint, compression=value, level=level)
+    assert not (tmp_path / "zarr.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("gzip",), "compression: expected one of"),
+        (("zstd", "3"), "level: expected an int"),
+        (("blosc-zstd", 1, "bytes"), "shuffle: expected one of"),
+    ],
+)
+def test_a_bad_compression_setting_is_a_config_error(args: tuple[Any, ...], error: str) -> None:
+    with pytest.raises(zs.ConfigError, match=error):
+        Compression(*args)
+
+
+def test_compression_none_stores_chunks_uncompressed(tmp_path: Path, fingerprint: dict) -> None:
+    cache = zs.open_cache(str(tmp_path), fingerprint, compression=None)
+    assert cache.compression == Compression("none", 0)
+    batch = make_batch(6)
+    cache.write(1, batch)
+    view = zs.open_cache(str(tmp_path)).load(1)
+    for name, arrays in view._parts[0].arrays.items():
+        assert {a.compression for a in arrays.values()} == {Compression("none", 0)}, name
+    assert torch.equal(view["input_ids"][:], batch["input_ids"])
 
 
 def test_blocksize_must_be_a_byte_count() -> None:

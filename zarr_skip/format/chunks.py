@@ -84,6 +84,8 @@ class Compression:
     def __post_init__(self) -> None:
         if self.name not in _NAMES:
             raise ConfigError(f"compression: expected one of {', '.join(map(repr, _NAMES))}, got {self.name!r}")
+        if isinstance(self.level, bool) or not isinstance(self.level, int):
+            raise ConfigError(f"level: expected an int, got {self.level!r}")
         if self.name == "zstd" and not -7 <= self.level <= 22:
             raise ConfigError(f"level: zstd levels run from -7 to 22, got {self.level}")
         if self.name in _BLOSC and not 0 <= self.level <= 9:
