@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import assert_equal, concat, make_batch, unpack_to_tree, zarr_array
+from helpers import Keys, assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
 import zarr_skip as zs
 from zarr_skip.format import blosc_frames, chunks, layout
@@ -203,6 +203,20 @@ def test_bad_compression_is_refused(tmp_path: Path, fingerprint: dict, value: st
 def test_a_bad_compression_setting_is_a_config_error(args: tuple[Any, ...], error: str) -> None:
     with pytest.raises(zs.ConfigError, match=error):
         Compression(*args)
+
+
+@pytest.mark.parametrize("level", ["3", 1.5, True])
+def test_a_record_whose_codec_level_is_not_an_int_is_malformed(tmp_path: Path, fingerprint: dict, level: Any) -> None:
+    zs.open_cache(str(tmp_path), fingerprint).write(1, make_batch(6))
+    view = zs.open_cache(str(tmp_path)).load(1)
+    part = view._parts[0].path
+
+    def edit(record: dict[str, Any]) -> None:
+        record["columns"]["input_ids"]["arrays"]["data"]["codec"]["level"] = level
+
+    Keys(tmp_path).edit(f"{part}/zarr.json", layout.PART_ATTR, edit)
+    with pytest.raises(zs.MetadataError, match="column 'input_ids': malformed metadata"):
+        zs.open_cache(str(tmp_path)).load(1)["input_ids"][:]
 
 
 def test_compression_none_stores_chunks_uncompressed(tmp_path: Path, fingerprint: dict) -> None:
