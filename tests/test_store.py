@@ -633,3 +633,39 @@ def test_loading_a_complete_step_reads_its_summary_and_records_only(fingerprint:
     store.reads.clear()
     assert_equal(cache.load(4).to_dict(), concat(parts))
     assert f"{step_path}/{info.run}/zarr.json" in store.reads
+
+
+@pytest.mark.parametrize("value", ["false", "no", 0, 1, None, [True]])
+def test_a_flag_that_is_not_a_bool_is_refused_and_changes_nothing(
+    tmp_path: Path, fingerprint: dict[str, Any], value: Any
+) -> None:
+    """``overwrite="false"`` replaced a complete step and ``allow_pickle="no"`` let pickles
+    run (any truthy value counted as True): each flag that deletes, replaces or unpickles is
+    True or False, else a ConfigTypeError naming it, before anything is read or written."""
+    from zarr_skip.legacy.transfer import export_steps, import_legacy
+
+    root = tmp_path / "cache"
+    written = make_batch(6, seed=1)
+    zs.open_cache(root, fingerprint).write(1, written)
+    other = zs.open_cache(root, fingerprint)  # another run
+    calls = {
+        "overwrite": [
+            lambda: other.write(1, make_batch(6, seed=2), overwrite=value),
+            lambda: import_legacy(tmp_path / "no-dump", other, overwrite=value),
+            lambda: export_steps(other, [1], tmp_path / "out", overwrite=value),
+        ],
+        "allow_pickle": [
+            lambda: other.write(2, make_batch(6, seed=2), allow_pickle=value),
+            lambda: other.load(1, allow_pickle=value),
+            lambda: import_legacy(tmp_path / "no-dump", other, allow_pickle=value),
+        ],
+        "coerce_meta": [lambda: import_legacy(tmp_path / "no-dump", other, coerce_meta=value)],
+        "dry_run": [lambda: other.gc(keep_last=0, dry_run=value)],
+    }
+    for name, tried in calls.items():
+        for call in tried:
+            with pytest.raises(zs.ConfigTypeError, match=f"{name}: expected True or False"):
+                call()
+    view = zs.open_cache(root).load(1)
+    assert_equal(view.to_dict(), written)
+    assert zs.open_cache(root).steps() == [1] and not (tmp_path / "out").exists()

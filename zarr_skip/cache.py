@@ -25,7 +25,7 @@ from zarr_skip.errors import (
     ReadOnlyCacheError,
     StepNotFoundError,
 )
-from zarr_skip.format import checks, chunks, layout, writetokens
+from zarr_skip.format import args, checks, chunks, layout, writetokens
 from zarr_skip.format.columns import encode_batch
 from zarr_skip.format.state import PartRecord, ResolveAction, StepInfo, resolve
 from zarr_skip.lazy import StepView
@@ -379,6 +379,7 @@ class Cache:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
         layout.step_name(step)
         checks.check_whole(expected, "expected", maximum=checks.MAX_EXPECTED)
+        overwrite, allow_pickle = args.flag(overwrite, "overwrite"), args.flag(allow_pickle, "allow_pickle")
         checks.check_mapping(meta_info, "meta_info")
         token = writetokens.check_token(token)
         # the pool compresses the large arrays while the rest is encoded, then every chunk
@@ -457,6 +458,7 @@ class Cache:
             The step exists but is not complete.
         """
         step, exp = _step(step), self._exp()
+        allow_pickle = args.flag(allow_pickle, "allow_pickle")
         path = layout.join(exp, layout.step_name(step))
         if not exp:
             raise StepNotFoundError(self._missing(step))
@@ -637,6 +639,7 @@ class Cache:
     ) -> GcReport:
         """Remove abandoned mini-batches, temp files and steps past retention: see
         :func:`zarr_skip.maintenance.gc` (its policy: :func:`zarr_skip.maintenance.plan_gc`)."""
+        dry_run = args.flag(dry_run, "dry_run")
         if self.read_only and not dry_run:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; gc needs a writable handle")
         return maintenance.gc(

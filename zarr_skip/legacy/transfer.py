@@ -30,6 +30,7 @@ from zarr_skip.errors import (
     StorageError,
     UnsupportedColumnError,
 )
+from zarr_skip.format import args
 from zarr_skip.format import layout as _layout
 
 if TYPE_CHECKING:
@@ -240,10 +241,7 @@ def import_legacy(
     """
     from zarr_skip.legacy.dumps import scan_legacy
 
-    if trust_pickle is not None:
-        warn_renamed("import_legacy(trust_pickle=...)", "import_legacy(allow_pickle=...)")
-        allow_pickle = allow_pickle or trust_pickle
-
+    allow_pickle, overwrite, coerce_meta = _import_flags(allow_pickle, overwrite, coerce_meta, trust_pickle)
     root = Path(dump_dir).expanduser()
     if not root.is_dir():
         raise ConfigError(f"dump_dir: {root} is not a directory")
@@ -268,6 +266,16 @@ def import_legacy(
         )
     loc = caches[next(iter(caches))].location if caches else str(location)
     return ImportReport(loc, tuple(caches), tuple(results), tuple(warnings))
+
+
+def _import_flags(allow_pickle: Any, overwrite: Any, coerce_meta: Any, trust_pickle: Any) -> tuple[bool, bool, bool]:
+    """:func:`import_legacy`'s flags, each True or False (ConfigTypeError naming another),
+    ``trust_pickle`` (deprecated) taken as ``allow_pickle``."""
+    allow = args.flag(allow_pickle, "allow_pickle")
+    if trust_pickle is not None:
+        warn_renamed("import_legacy(trust_pickle=...)", "import_legacy(allow_pickle=...)")
+        allow = allow or args.flag(trust_pickle, "trust_pickle")
+    return allow, args.flag(overwrite, "overwrite"), args.flag(coerce_meta, "coerce_meta")
 
 
 def _import_steps(
@@ -461,6 +469,7 @@ def export_steps(
     from zarr_skip.legacy.dumps import legacy_experiment_dir
     from zarr_skip.views.export import check_outside
 
+    overwrite = args.flag(overwrite, "overwrite")
     check_outside(cache, dest)
     fp, wanted = _checked_export(cache, steps, layout)
     exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
