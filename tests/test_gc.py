@@ -104,6 +104,27 @@ def test_retention_keep_last_and_pin(cache: zs.Cache) -> None:
         cache.gc(keep_last=-1)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"pin": ["1"]}, "pin: expected an int, got str '1'"),  # a pin of "1" kept nothing
+        ({"pin": 1.0}, "pin: expected a step"),
+        ({"pin": [-1]}, "pin: expected non-negative ints"),
+        ({"partial_age": "0"}, "partial_age: expected seconds as a number"),
+        ({"partial_age": -1}, "partial_age: must be a finite number of seconds >= 0"),
+        ({"partial_age": float("nan")}, "partial_age: must be a finite number"),
+    ],
+)
+def test_bad_pins_and_ages_are_refused_before_anything_is_removed(
+    cache: zs.Cache, kwargs: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(zs.ConfigError, match=error):
+        cache.gc(keep_last=1, **kwargs)
+    assert cache.steps() == [1, 2, 3, 4]
+    cache.gc(keep_last=1, pin=1)  # one step, as an int
+    assert cache.steps() == [1, 4]
+
+
 def test_gc_removes_displaced_runs_leftovers(location: Any, fingerprint: dict) -> None:
     old = zs.open_cache(location, fingerprint)
     new = zs.open_cache(location, fingerprint)

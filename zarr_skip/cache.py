@@ -633,7 +633,7 @@ class Cache:
         self,
         *,
         keep_last: int | None = None,
-        pin: Iterable[int] = (),
+        pin: int | Iterable[int] = (),
         dry_run: bool = False,
         partial_age: float | None = None,
     ) -> GcReport:

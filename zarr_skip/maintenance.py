@@ -524,7 +524,7 @@ def gc(
     *,
     lease: float,
     keep_last: int | None = None,
-    pin: Iterable[int] = (),
+    pin: int | Iterable[int] = (),
     dry_run: bool = False,
     partial_age: float | None = None,
     only: Collection[str] | None = None,
@@ -533,16 +533,18 @@ def gc(
 
     Applies :func:`plan_gc` to the experiment's steps, with the records of runs that never
     recorded themselves and the temp files (``*.partial``) of killed writers older than
-    ``partial_age`` seconds (default: the lease); with ``dry_run`` only reports. ``only``: the
-    paths of an earlier report that were shown and confirmed; what the plan finds now beyond
-    them (a step completed meanwhile moves retention) is left alone.
+    ``partial_age`` seconds (default: the lease); with ``dry_run`` only reports. ``pin``: a
+    step or steps kept whatever ``keep_last`` says. ``only``: the paths of an earlier report
+    that were shown and confirmed; what the plan finds now beyond them (a step completed
+    meanwhile moves retention) is left alone.
     """
     if storage.read_only and not dry_run:
         raise ReadOnlyCacheError(f"{storage.where}: opened read-only; gc needs a writable handle")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
         raise ConfigError(f"keep_last: expected a non-negative int, got {keep_last!r}")
+    pin = checks.check_steps(pin, one=True, what="pin") or []
     now = time.time()
-    age = lease if partial_age is None else partial_age
+    age = lease if partial_age is None else checks.check_seconds(partial_age, "partial_age", zero=True)
     scans = scan_steps(storage, experiment, list_steps(storage, experiment)) if experiment else []
     plan = plan_gc(scans, now=now, lease=lease, keep_last=keep_last, pins=pin)
     # a brand-new run's record may not be visible yet: strays only once old

@@ -89,20 +89,21 @@ def check_location(value: Any) -> None:
         raise ConfigError("location: empty path")
 
 
-def check_steps(steps: Any, *, one: bool = False, unique: bool = False) -> list[int] | None:
+def check_steps(steps: Any, *, one: bool = False, unique: bool = False, what: str = "steps") -> list[int] | None:
     """``steps`` (None, or an iterable of step numbers; with ``one``, a single step too) as a
     list of ints, every step checked: Python or numpy integers, each a valid step number; with
-    ``unique``, each once (where first named), as the CLI reads ``3 3`` or ``1-3 2``."""
+    ``unique``, each once (where first named), as the CLI reads ``3 3`` or ``1-3 2``. Errors
+    name the argument ``what``."""
     if steps is None:
         return None
     if one and isinstance(steps, (int, np.integer)) and not isinstance(steps, (bool, np.bool_)):
         steps = [steps]
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
         wanted = "a step (an int), steps or None" if one else "an iterable of ints or None"
-        raise ConfigTypeError(f"steps: expected {wanted}, got {type(steps).__name__} {steps!r:.60}")
-    out = [args.whole(step, "steps") for step in steps]
+        raise ConfigTypeError(f"{what}: expected {wanted}, got {type(steps).__name__} {steps!r:.60}")
+    out = [args.whole(step, what) for step in steps]
     for step in out:
         if step < 0:
-            raise ConfigError(f"steps: expected non-negative ints, got {step}")
+            raise ConfigError(f"{what}: expected non-negative ints, got {step}")
         step_name(step)
     return list(dict.fromkeys(out)) if unique else out
