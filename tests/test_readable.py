@@ -242,3 +242,27 @@ def test_attributes_merge_survive_reopening_and_need_a_writer(tmp_path: Path) ->
     assert again.attributes == {"model": "/models/a", "tokenizer": "/models/a/tok"}
     with pytest.raises(zs.ReadOnlyCacheError):
         zs.open_cache(tmp_path / "c").set_attributes({"model": "x"})
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        (None, "values: expected a mapping"),
+        ([("model", "x")], "values: expected a mapping"),
+        ({1: "x"}, "values: keys must be str"),  # JSON would store "1", the handle kept 1
+        ({"score": float("nan")}, "values: not strict JSON"),  # NaN: no JSON reader takes it
+        ({"tokenizer": b"/tok"}, "values: not strict JSON"),
+        ({"model": object()}, "values: not strict JSON"),
+    ],
+)
+def test_attributes_that_json_does_not_hold_are_refused_before_anything_is_written(
+    tmp_path: Path, values: Any, error: str
+) -> None:
+    cache = zs.open_cache(tmp_path / "c", FP)
+    with pytest.raises(zs.ConfigError, match=error):
+        cache.set_attributes(values)
+    assert not (tmp_path / "c").exists()  # not even the experiment a first record creates
+    cache.set_attributes({"model": "/models/a"})
+    with pytest.raises(zs.ConfigError, match=error):
+        cache.set_attributes(values)
+    assert zs.open_cache(tmp_path / "c").attributes == {"model": "/models/a"}

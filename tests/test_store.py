@@ -669,3 +669,26 @@ def test_a_flag_that_is_not_a_bool_is_refused_and_changes_nothing(
     view = zs.open_cache(root).load(1)
     assert_equal(view.to_dict(), written)
     assert zs.open_cache(root).steps() == [1] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", ["x", 5, [print]])
+def test_a_progress_that_is_not_callable_and_a_dump_dir_that_is_not_a_path_are_refused(
+    tmp_path: Path, fingerprint: dict[str, Any], value: Any
+) -> None:
+    """They raised untyped TypeErrors once the work was under way (``verify``), or never
+    (``import_legacy`` of no step); now a ConfigTypeError naming them, first."""
+    from zarr_skip.legacy.transfer import export_steps, import_legacy
+
+    cache = zs.open_cache(tmp_path / "cache", fingerprint)
+    cache.write(1, make_batch(6, seed=1))
+    for call in (
+        lambda: cache.verify(progress=value),
+        lambda: import_legacy(tmp_path, cache, progress=value),
+        lambda: export_steps(cache, [1], tmp_path / "out", progress=value),
+    ):
+        with pytest.raises(zs.ConfigTypeError, match="progress: expected a callable or None"):
+            call()
+    if not isinstance(value, str):
+        with pytest.raises(zs.ConfigTypeError, match="dump_dir: expected a path"):
+            import_legacy(value, cache)
+    assert not (tmp_path / "out").exists()

@@ -324,10 +324,12 @@ class Cache:
         return dict(self._attributes)
 
     def set_attributes(self, values: Mapping[str, Any]) -> None:
-        """Record ``values`` (JSON-able) in the experiment's attributes, merged over those stored
-        (writers recording the same values may race; of different values the last one wins)."""
+        """Record ``values`` (str keys, strict JSON values) in the experiment's attributes, merged
+        over those stored (writers recording the same values may race; of different values the
+        last one wins). Anything else is a ConfigError, before anything is written."""
         if self.read_only or self.experiment is None:
             raise ReadOnlyCacheError(f"{self.location}: opened read-only; pass a fingerprint to open_cache to write")
+        values = checks.check_json_mapping(values, "values")
         self._create()  # opening wrote nothing: like a write, recording creates the experiment
         self._attributes = update_experiment_info(self._storage, self.experiment, values)
 
@@ -622,6 +624,7 @@ class Cache:
             if steps is not None:
                 raise ConfigError("verify: pass steps= only (step= is its deprecated name)")
             steps = step
+        progress = args.maybe_callable(progress, "progress")
         damaged = self.damaged_experiments()
         exp = self._exp() if not damaged else self.experiment or ""
         wanted = checks.check_steps([steps] if isinstance(steps, int) else steps)

@@ -90,6 +90,13 @@ def maybe_flag(value: Any, name: str, where: str = "") -> bool | None:
     return None if value is None else flag(value, name, where)
 
 
+def maybe_callable(value: Any, name: str, where: str = "") -> Any:
+    """``value`` if it is callable, or None (a progress callback, say)."""
+    if value is not None and not callable(value):
+        raise ConfigTypeError(f"{_at(where)}{name}: expected a callable or None, got {_shown(value)}")
+    return value
+
+
 def number(value: Any, name: str, *, finite: bool = False, where: str = "") -> float:
     """``value`` as a float (a Python or numpy number, not a bool); with ``finite``, neither NaN
     nor infinite."""

@@ -6,6 +6,7 @@ A wrong type raises :class:`~zarr_skip.errors.ConfigTypeError` (a ``TypeError``)
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -56,6 +57,21 @@ def check_mapping(value: Any, what: str) -> Mapping[str, Any] | None:
     if value is not None and not isinstance(value, Mapping):
         raise ConfigTypeError(f"{what}: expected a mapping (dict) or None, got {type(value).__name__}")
     return value
+
+
+def check_json_mapping(value: Any, what: str) -> dict[str, Any]:
+    """``value`` as a dict of str keys whose values strict JSON holds (no NaN or infinities,
+    no bytes, objects or other types JSON has not)."""
+    if not isinstance(value, Mapping):
+        raise ConfigTypeError(f"{what}: expected a mapping (dict), got {type(value).__name__}")
+    keys = [k for k in value if not isinstance(k, str)]
+    if keys:
+        raise ConfigTypeError(f"{what}: keys must be str, got {type(keys[0]).__name__} {keys[0]!r:.60}")
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"{what}: not strict JSON ({exc})") from None
+    return dict(value)
 
 
 def check_open(

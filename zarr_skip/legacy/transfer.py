@@ -242,7 +242,8 @@ def import_legacy(
     from zarr_skip.legacy.dumps import scan_legacy
 
     allow_pickle, overwrite, coerce_meta = _import_flags(allow_pickle, overwrite, coerce_meta, trust_pickle)
-    root = Path(dump_dir).expanduser()
+    progress = args.maybe_callable(progress, "progress")
+    root = Path(args.path(dump_dir, "dump_dir")).expanduser()
     if not root.is_dir():
         raise ConfigError(f"dump_dir: {root} is not a directory")
     location = _location_of(location_or_cache)
@@ -469,7 +470,7 @@ def export_steps(
     from zarr_skip.legacy.dumps import legacy_experiment_dir
     from zarr_skip.views.export import check_outside
 
-    overwrite = args.flag(overwrite, "overwrite")
+    overwrite, progress = args.flag(overwrite, "overwrite"), args.maybe_callable(progress, "progress")
     check_outside(cache, dest)
     fp, wanted = _checked_export(cache, steps, layout)
     exp_dir = legacy_experiment_dir(dest, **{k: fp[k] for k in _layout.VERL_KEYS})
