@@ -1,5 +1,6 @@
 """A generated table of bad calls to the reading API: every public method with bad rows,
-columns, steps, criteria, dtypes, paths and tokenizers (issue 26, point 7).
+columns, steps, criteria, dtypes, paths and tokenizers (issue 26, point 7); and to the calls
+that write, replace, delete or unpickle: bad flags, pins, ages, attributes and callbacks.
 
 :func:`bad_calls` lists ``(name, argument, call)``; :func:`run` makes every call and sorts the
 outcomes: ``typed`` (a ``ZarrSkipError`` that also subclasses a builtin), ``untyped`` (any
@@ -62,6 +63,8 @@ BAD_TOKENIZERS: tuple[Any, ...] = (3, "/nonexistent/tok.json", "/etc/passwd", "/
 BAD_MAX_LENGTH: tuple[Any, ...] = (-1, "10", 1.5, 10**20, object(), [1], math.nan)
 BAD_STEPS: tuple[Any, ...] = (-1, "1", 1.5, 10**20, None, 99, True, [1], object(), math.nan, b"1")
 BAD_INTS: tuple[Any, ...] = (-1, "a", 1.5, 10**20, None, object(), [1], math.nan, True)
+#: flags (only True or False is taken: "false" or 1 are refused, not read as truthy)
+BAD_FLAGS: tuple[Any, ...] = ("yes", "false", "no", 0, 1, None, object(), [True])
 BAD_DTYPES: tuple[Any, ...] = ("nope", "int4", object(), 3.5, "U", [("a", "f4")], "bfloat16", torch.float32)
 BAD_CRITERIA: tuple[tuple[str, Any], ...] = (
     ("nope", 1),
@@ -180,6 +183,7 @@ def _other_calls(cache: zs.Cache, view: Any, step: int, root: Path) -> Iterator[
     yield from _path_calls(cache, root)
     yield from _training_calls(cache, root)
     yield from _dataset_calls(root)
+    yield from write_calls(cache, step, root)
     for depth in (1100, 3000, 20000):
         yield f"write(nested {depth})", "", lambda d=depth: cache.write(step + 1, {"x": [_nested(d)]})
     for v in BAD_INTS:
@@ -195,6 +199,40 @@ def _other_calls(cache: zs.Cache, view: Any, step: int, root: Path) -> Iterator[
             "skip_special_tokens",
             lambda sk=sk: view.text(rows=0, skip_special_tokens=sk),
         )
+
+
+BAD_PINS: tuple[Any, ...] = ("1", 1.5, [-1], ["1"], [object()], object())
+BAD_AGES: tuple[Any, ...] = ("0", -1, math.nan, math.inf, object())
+BAD_ATTRIBUTES: tuple[Any, ...] = (None, "x", [("a", 1)], {1: "x"}, {"a": math.nan}, {"a": b"x"}, {"a": object()})
+
+
+def write_calls(cache: zs.Cache, step: int, root: Path) -> Iterator[Call]:
+    """Bad calls that would write, replace, delete or unpickle: each must be refused before
+    anything happens (the test checks that the step is still there, whole)."""
+    from zarr_skip.legacy.transfer import export_steps, import_legacy
+
+    batch = {"x": torch.zeros(2)}
+    nowhere, out = root.parent / "no-dumps", root.parent / "legacy-out"
+    for v in BAD_FLAGS:
+        tag = f"{v!r:.20}"
+        yield f"write(overwrite={tag})", "overwrite", lambda v=v: cache.write(step, batch, overwrite=v)
+        yield f"write(allow_pickle={tag})", "allow_pickle", lambda v=v: cache.write(step + 1, batch, allow_pickle=v)
+        yield f"load(allow_pickle={tag})", "allow_pickle", lambda v=v: cache.load(step, allow_pickle=v)
+        yield f"gc(dry_run={tag})", "dry_run", lambda v=v: cache.gc(keep_last=0, dry_run=v)
+        yield f"import_legacy(overwrite={tag})", "overwrite", lambda v=v: import_legacy(nowhere, cache, overwrite=v)
+        yield f"export_steps(overwrite={tag})", "overwrite", lambda v=v: export_steps(cache, [step], out, overwrite=v)
+    for v in BAD_PINS:
+        yield f"gc(pin={v!r:.20})", "pin", lambda v=v: cache.gc(keep_last=0, pin=v)
+    for v in BAD_AGES:
+        yield f"gc(partial_age={v!r:.20})", "partial_age", lambda v=v: cache.gc(partial_age=v)
+    for v in BAD_ATTRIBUTES:
+        yield f"set_attributes({v!r:.20})", "values", lambda v=v: cache.set_attributes(v)
+    for v in ("x", 5, [print]):
+        yield f"verify(progress={v!r:.20})", "progress", lambda v=v: cache.verify(progress=v)
+        yield f"import_legacy(progress={v!r:.20})", "progress", lambda v=v: import_legacy(nowhere, cache, progress=v)
+        yield f"export_steps(progress={v!r:.20})", "progress", lambda v=v: export_steps(cache, [step], out, progress=v)
+    for v in (5, None, [".."], object()):
+        yield f"import_legacy({v!r:.20})", "dump_dir", lambda v=v: import_legacy(v, cache)
 
 
 def _column_calls(cache: zs.Cache, view: Any) -> Iterator[Call]:
@@ -265,7 +303,6 @@ def _path_calls(cache: zs.Cache, root: Path) -> Iterator[Call]:
 
 BAD_SCORES: tuple[Any, ...] = ("1", True, math.nan, math.inf, [1], object(), b"1", None)
 BAD_NAMES: tuple[Any, ...] = (3, "", b"score", ["score"], object(), None, "nope")
-BAD_FLAGS: tuple[Any, ...] = ("yes", 1, None, object(), [True])
 
 
 def _training_calls(cache: zs.Cache, root: Path) -> Iterator[Call]:

@@ -1,5 +1,6 @@
 """Bad calls to the reading API are typed errors naming the argument (issue 26, point 7): a
-generated table of more than 600 calls (``tests/_bad_calls.py``), 0 untyped."""
+generated table of more than 600 calls (``tests/_bad_calls.py``), 0 untyped; and calls that
+write, replace, delete or unpickle refuse bad values before acting, none taken."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _bad_calls import bad_calls, run
+from _bad_calls import bad_calls, run, write_calls
 
 import zarr_skip as zs
 from zarr_skip.synthetic import TOKENIZER_PATH, text_rollouts
@@ -36,6 +37,16 @@ def test_bad_calls_are_typed_errors_naming_the_argument(cache: tuple[zs.Cache, P
     assert out.unnamed == [], f"{len(out.unnamed)} unnamed:\n" + "\n".join(out.unnamed)
     assert len(out.typed) > 0.8 * out.calls
     assert handle.steps() == [1] and len(handle.load(1)) == 16  # nothing stored changed
+
+
+def test_calls_that_write_delete_or_unpickle_refuse_bad_values_before_acting(cache: tuple[zs.Cache, Path]) -> None:
+    handle, root = cache
+    out = run(list(write_calls(handle, 1, root)))
+    assert out.calls >= 60, out.calls
+    assert out.ok == [], f"taken: {out.ok}"
+    assert out.untyped == [] and out.unnamed == [], out.untyped + out.unnamed
+    assert handle.steps() == [1] and len(handle.load(1)) == 16
+    assert not (root.parent / "legacy-out").exists()
 
 
 def test_the_cases_the_issue_names(cache: tuple[zs.Cache, Path]) -> None:
