@@ -69,6 +69,23 @@ def test_the_tables_benchmark_runs(tmp_path: object) -> None:
     assert "Cache.table on local disk" in (out / "tables.md").read_text()
 
 
+def test_imports_are_timed_from_compiled_bytecode(tmp_path: Path) -> None:
+    """A shell that says not to write bytecode would time zarr_skip compiling its modules
+    against zarr's compiled wheel: the timed imports write and read theirs in a prefix."""
+    import subprocess
+    import sys
+
+    from benchmarks.bench_tables import import_env
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "probe_module.py").write_text("VALUE = 1\n")
+    env = import_env({**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path / "lib")},
+                     str(tmp_path / "pycache"))  # fmt: skip
+    subprocess.run([sys.executable, "-c", "import probe_module"], env=env, check=True)
+    assert list((tmp_path / "pycache").rglob("probe_module*.pyc"))
+    assert not (tmp_path / "lib" / "__pycache__").exists()
+
+
 @pytest.mark.slow
 def test_the_write_floor_benchmark_times_each_part_of_a_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import baseline, write_floor
