@@ -305,8 +305,8 @@ def summary_problem(scan: StepScan, run: str) -> str | None:
     if scan.summary_problem is not None or scan.summary is None:
         return scan.summary_problem
     parts = [p for p in scan.parts if p.run == run and p.complete]
-    if scan.summary.get("run") != run or scan.summary.get("expected") != len(parts):
-        return f"the summary names run {scan.summary.get('run')} with {scan.summary.get('expected')} mini-batches"
+    if scan.summary_run != run or scan.summary.get("expected") != len(parts):
+        return f"the summary names run {scan.summary_run} with {scan.summary.get('expected')} mini-batches"
     return _disagrees(scan.summary, parts)
 
 
