@@ -642,9 +642,6 @@ class Cache:
     ) -> GcReport:
         """Remove abandoned mini-batches, temp files and steps past retention: see
         :func:`zarr_skip.maintenance.gc` (its policy: :func:`zarr_skip.maintenance.plan_gc`)."""
-        dry_run = args.flag(dry_run, "dry_run")
-        if self.read_only and not dry_run:
-            raise ReadOnlyCacheError(f"{self.location}: opened read-only; gc needs a writable handle")
         return maintenance.gc(
             self._storage,
             self._exp(),

@@ -22,7 +22,7 @@ from zarr_skip.errors import (
     OutsideCacheError,
     ReadOnlyCacheError,
 )
-from zarr_skip.format import checks, chunks, layout, records
+from zarr_skip.format import args, checks, chunks, layout, records
 from zarr_skip.format.state import (
     ABANDONED,
     COMPLETE,
@@ -538,6 +538,7 @@ def gc(
     that were shown and confirmed; what the plan finds now beyond them (a step completed
     meanwhile moves retention) is left alone.
     """
+    dry_run = args.flag(dry_run, "dry_run")
     if storage.read_only and not dry_run:
         raise ReadOnlyCacheError(f"{storage.where}: opened read-only; gc needs a writable handle")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
