@@ -82,6 +82,38 @@ def test_the_frames_of_many_blocks_a_read_gathers_decode_to_their_blocks() -> No
         assert bytes(ours.decode(gathered)) == bytes(plain.decode(gathered)) == want
 
 
+@pytest.mark.parametrize("kind", ["tokens", "mixed"])
+def test_some_blocks_decode_from_their_bodies_as_their_gathered_frame_does(kind: str) -> None:
+    """``decode_blocks``: the blocks a read of some rows fetched, decoded from their stored
+    bodies into the caller's buffer, as blosc decodes the frame gathered from them; blocks it
+    leaves to blosc (a few, larger, a length field off) are left untouched, and a stream that
+    does not decompress to its block is a ValueError."""
+    data = _data(kind, 40 * 2048 + 300)  # 41 blocks of 8 KiB (u4; u8: 81), the last one short
+    plain, ours = _codecs("shuffle", 8192)
+    frame = bytes(plain.encode(data))
+    head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
+    assert head is not None and starts is not None
+    bodies = [np.frombuffer(frame, np.uint8)[a:b] for a, b in zip(starts, (*starts[1:], len(frame)), strict=True)]
+    for pick, through in (([k for k in range(head.blocks) if k % 3], True), ([1, 3, 4], False)):
+        want = bytes(plain.decode(blosc_frames.gathered_frame(head, pick, [bodies[k] for k in pick])))
+        out = np.zeros(head.gathered_bytes(pick), np.uint8)
+        assert zstd_blocks.decode_blocks(ours, head, pick, [bodies[k] for k in pick], out) is through
+        assert out.tobytes() == (want if through else bytes(len(want)))
+    many = list(range(zstd_blocks.MIN_BLOCKS))
+    out = np.zeros(head.gathered_bytes(many), np.uint8)
+    cut = [bodies[k] for k in many]
+    cut[3] = cut[3][:-1]  # its length field no longer its length: left to blosc
+    assert not zstd_blocks.decode_blocks(ours, head, many, cut, out)
+    assert not zstd_blocks.decode_blocks(
+        numcodecs.Blosc("lz4", 5, 1, 8192), head._replace(flags=head.flags & 0x1F), many, cut, out
+    )
+    if kind == "tokens":  # every block compressed: one swapped for another's stream of another size
+        last = head.blocks - 1
+        swapped = [*(bodies[k] for k in many[:-1]), bodies[last]]
+        with pytest.raises(ValueError):
+            zstd_blocks.decode_blocks(ours, head, many, swapped, out)
+
+
 def test_other_frames_are_left_to_blosc() -> None:
     data = _data("tokens", 64 << 10)
     frames = {

@@ -70,6 +70,12 @@ class Header(NamedTuple):
         size, nbytes = self.blocksize, self.nbytes
         return [min(size, nbytes - k * size) for k in blocks]
 
+    def gathered(self, blocks: Sequence[int]) -> Header:
+        """The header of the frame of blocks ``blocks`` of this frame back to back (as
+        :func:`gathered_frame` writes it, but for ``cbytes``: 0, unknown)."""
+        total = self.gathered_bytes(blocks)
+        return self._replace(nbytes=total, blocksize=self.blocksize if len(blocks) > 1 else total, cbytes=0)
+
     def gathered_bytes(self, blocks: Sequence[int]) -> int:
         """The bytes blocks ``blocks`` (rising, of this frame) decode to: all but the frame's
         last block are whole (ValueError for blocks that are not rising or not in the frame)."""
@@ -106,7 +112,7 @@ def block_starts(frame: bytes | memoryview) -> tuple[int, ...] | None:
     return starts
 
 
-def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[bytes | memoryview]) -> bytes:
+def gathered_frame(head: Header, blocks: Sequence[int], bodies: Sequence[Any]) -> bytes:
     """One frame of blocks ``blocks`` (rising) of a frame with header ``head`` (of several blocks,
     each one stream: see :func:`block_starts`), whose compressed bytes are ``bodies``: blosc
     decodes it in one call (one context for all of them) to those blocks' bytes back to back.

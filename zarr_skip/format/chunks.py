@@ -53,9 +53,9 @@ def is_compression_name(name: object) -> TypeGuard[CompressionName]:
     return isinstance(name, str) and name in _NAMES
 
 
-def crc32c(data: bytes | memoryview) -> int:
-    """The crc32c of ``data`` (google-crc32c takes bytes or a read-only buffer, not a memoryview)."""
-    return int(google_crc32c.value(data if isinstance(data, bytes) else np.frombuffer(data, np.uint8)))
+def crc32c(data: bytes | memoryview | np.ndarray) -> int:
+    """The crc32c of ``data`` (google-crc32c takes bytes or a contiguous array, not a memoryview)."""
+    return int(google_crc32c.value(data if isinstance(data, (bytes, np.ndarray)) else np.frombuffer(data, np.uint8)))
 
 
 @dataclass(frozen=True, slots=True)

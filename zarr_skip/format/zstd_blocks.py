@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numcodecs
@@ -72,12 +73,39 @@ def small_block_streams(frame: bytes | memoryview) -> tuple[blosc_frames.Header,
     if starts is None or len(starts) < MIN_BLOCKS:
         return None
     view = memoryview(frame)
+    streams = _streams([view[start:end] for start, end in zip(starts, (*starts[1:], head.cbytes), strict=True)])
+    return None if streams is None else (head, streams)
+
+
+def decode_blocks(
+    codec: numcodecs.Blosc, head: blosc_frames.Header, blocks: Sequence[int], bodies: Sequence[Any], out: Any
+) -> bool:
+    """Blocks ``blocks`` (rising) of the frame of ``head`` decoded into ``out``, their bytes back
+    to back, from ``bodies`` (each block's stored bytes, its length field first), as
+    :meth:`Blosc.decode` decodes their :func:`~blosc_frames.gathered_frame`, without building
+    that frame and walking it again (a read of some rows' blocks); False, ``out`` untouched,
+    for blocks it leaves to blosc (the frames :func:`small_block_streams` leaves). ValueError
+    for a stream that does not decompress to its block (as :func:`decompressed`)."""
+    if head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES or len(blocks) < MIN_BLOCKS:
+        return False
+    streams = _streams([memoryview(body) for body in bodies])
+    if streams is None:
+        return False
+    gathered = head.gathered(blocks)
+    frame = blosc_frames.stored_frame(gathered, range(len(blocks)), decompressed(gathered, streams))
+    numcodecs.Blosc.decode(codec, frame, out)
+    return True
+
+
+def _streams(bodies: Sequence[memoryview]) -> list[memoryview] | None:
+    """The zstd stream of each block's bytes (``bodies``: a length field, then that many
+    bytes), or None when a length field is not its block's."""
     streams = []
-    for start, end in zip(starts, (*starts[1:], head.cbytes), strict=True):
-        if end - start < _LENGTH.size or _LENGTH.unpack_from(view, start)[0] != end - start - _LENGTH.size:
+    for body in bodies:
+        if len(body) < _LENGTH.size or _LENGTH.unpack_from(body)[0] != len(body) - _LENGTH.size:
             return None
-        streams.append(view[start + _LENGTH.size : end])
-    return head, streams
+        streams.append(body[_LENGTH.size :])
+    return streams
 
 
 def decompressed(head: blosc_frames.Header, streams: list[memoryview]) -> list[Any]:
