@@ -104,9 +104,15 @@ def test_some_blocks_decode_from_their_bodies_as_their_gathered_frame_does(kind:
     cut = [bodies[k] for k in many]
     cut[3] = cut[3][:-1]  # its length field no longer its length: left to blosc
     assert not zstd_blocks.decode_blocks(ours, head, many, cut, out)
-    assert not zstd_blocks.decode_blocks(
-        numcodecs.Blosc("lz4", 5, 1, 8192), head._replace(flags=head.flags & 0x1F), many, cut, out
-    )
+    whole = [bodies[k] for k in many]
+    for other in (
+        head._replace(flags=head.flags & 0x1F),  # blosclz streams
+        head._replace(flags=head.flags & ~blosc_frames.DONT_SPLIT),  # blocks split by byte
+        head._replace(flags=head.flags | blosc_frames.MEMCPYED),  # stored as one copy
+        head._replace(version=3),
+    ):
+        assert not zstd_blocks.decode_blocks(ours, other, many, whole, out)
+    assert not out.any()
     if kind == "tokens":  # every block compressed: one swapped for another's stream of another size
         last = head.blocks - 1
         swapped = [*(bodies[k] for k in many[:-1]), bodies[last]]

@@ -86,7 +86,9 @@ def decode_blocks(
     that frame and walking it again (a read of some rows' blocks); False, ``out`` untouched,
     for blocks it leaves to blosc (the frames :func:`small_block_streams` leaves). ValueError
     for a stream that does not decompress to its block (as :func:`decompressed`)."""
-    if head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES or len(blocks) < MIN_BLOCKS:
+    one_stream = head.version == 2 and not head.flags & blosc_frames.MEMCPYED and head.flags & blosc_frames.DONT_SPLIT
+    small = head.compressor == blosc_frames.ZSTD and 0 < head.blocksize <= SMALL_BLOCK_BYTES
+    if not one_stream or not small or len(blocks) < MIN_BLOCKS:
         return False
     streams = _streams([memoryview(body) for body in bodies])
     if streams is None:
