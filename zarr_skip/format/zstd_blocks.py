@@ -6,15 +6,17 @@ block as such (a 512 KiB block decodes at ~1.2 GB/s, 8 KiB ones at ~0.45 GB/s). 
 (the zstd library's own Python binding) decompresses the same streams in ~8 us each. So a frame
 of many small zstd blocks (:data:`MIN_BLOCKS` or more, of :data:`SMALL_BLOCK_BYTES` or less:
 the chunks ``Compression("auto", blocksize=...)`` writes for token ids, read whole, and the
-frames of many blocks a read of some rows gathers, :func:`blosc_frames.gathered_frame`) is
-decoded here in two steps: zstandard decompresses every block's stream in one call (without
-the interpreter lock), then blosc takes them as a frame of blocks stored uncompressed
+many blocks a read of some rows fetches, :func:`decode_blocks`, which takes them as they were
+fetched rather than as their :func:`blosc_frames.gathered_frame`) is decoded here in two
+steps: zstandard decompresses every block's stream in one call (without the interpreter
+lock), then blosc takes them as a frame of blocks stored uncompressed
 (:func:`blosc_frames.stored_frame`), which it copies and unshuffles at its own speed. Other
 frames (larger blocks, a few blocks, other compressors, split streams, stored uncompressed)
 are decoded by blosc alone, as zarr would.
 
 Every frame is walked as :func:`blosc_frames.block_starts` checks it (blocks in order, inside
-the frame, each one stream); a frame this walk does not take is left to blosc, which refuses
+the frame, each one stream; the blocks :func:`decode_blocks` takes, by their header's flags and
+each block's length field); a frame this walk does not take is left to blosc, which refuses
 what it cannot decode. A stream decompressing to another size than its block's is a
 ValueError, as blosc's own failure is a RuntimeError.
 """
