@@ -57,6 +57,12 @@ class Header(NamedTuple):
         return -(-self.nbytes // self.blocksize) if self.blocksize > 0 else 0
 
     @property
+    def one_stream_per_block(self) -> bool:
+        """Whether each block of the frame is stored apart, as one stream (so that it decodes
+        alone): a blosc 1 frame, not stored as one copy, its blocks not split by byte."""
+        return self.version == 2 and not self.flags & MEMCPYED and bool(self.flags & DONT_SPLIT)
+
+    @property
     def compressor(self) -> int:
         """The compressor of the frame's streams (:data:`ZSTD`, ...)."""
         return self.flags >> 5
@@ -101,7 +107,7 @@ def block_starts(frame: bytes | memoryview) -> tuple[int, ...] | None:
     (so that each decodes alone: :func:`gathered_frame`); None for another frame (one block,
     stored uncompressed, split streams, or a layout this does not know)."""
     head = parse_header(frame)
-    if head is None or head.version != 2 or head.flags & MEMCPYED or not head.flags & DONT_SPLIT:
+    if head is None or not head.one_stream_per_block:
         return None
     count = head.blocks
     if count < 2 or head.cbytes != len(frame) or head.cbytes < table_bytes(count):

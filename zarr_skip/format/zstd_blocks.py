@@ -69,7 +69,7 @@ def small_block_streams(frame: bytes | memoryview) -> tuple[blosc_frames.Header,
     :data:`SMALL_BLOCK_BYTES` each, each one stream of the length its field gives; None for any
     other frame (for blosc)."""
     head = blosc_frames.parse_header(frame)
-    if head is None or head.compressor != blosc_frames.ZSTD or not 0 < head.blocksize <= SMALL_BLOCK_BYTES:
+    if head is None or not _small_zstd(head):
         return None
     starts = blosc_frames.block_starts(frame)
     if starts is None or len(starts) < MIN_BLOCKS:
@@ -88,9 +88,7 @@ def decode_blocks(
     that frame and walking it again (a read of some rows' blocks); False, ``out`` untouched,
     for blocks it leaves to blosc (the frames :func:`small_block_streams` leaves). ValueError
     for a stream that does not decompress to its block (as :func:`decompressed`)."""
-    one_stream = head.version == 2 and not head.flags & blosc_frames.MEMCPYED and head.flags & blosc_frames.DONT_SPLIT
-    small = head.compressor == blosc_frames.ZSTD and 0 < head.blocksize <= SMALL_BLOCK_BYTES
-    if not one_stream or not small or len(blocks) < MIN_BLOCKS:
+    if not head.one_stream_per_block or not _small_zstd(head) or len(blocks) < MIN_BLOCKS:
         return False
     streams = _streams([memoryview(body) for body in bodies])
     if streams is None:
@@ -99,6 +97,11 @@ def decode_blocks(
     frame = blosc_frames.stored_frame(gathered, range(len(blocks)), decompressed(gathered, streams))
     numcodecs.Blosc.decode(codec, frame, out)
     return True
+
+
+def _small_zstd(head: blosc_frames.Header) -> bool:
+    """Whether the frame of ``head`` holds zstd blocks of at most :data:`SMALL_BLOCK_BYTES`."""
+    return head.compressor == blosc_frames.ZSTD and 0 < head.blocksize <= SMALL_BLOCK_BYTES
 
 
 def _streams(bodies: Sequence[memoryview]) -> list[memoryview] | None:

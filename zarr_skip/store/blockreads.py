@@ -221,9 +221,7 @@ def _checked_header(a: ArrayPart, c: int, piece: Any, where: str) -> blosc_frame
     starts = a.blocks[c]  # type: ignore[index]
     fits = (
         head is not None
-        and head.version == 2
-        and not head.flags & blosc_frames.MEMCPYED
-        and head.flags & blosc_frames.DONT_SPLIT
+        and head.one_stream_per_block
         and head.typesize == a.dtype.itemsize
         and head.nbytes == a.chunk_bytes
         and head.blocksize == a.compression.blocksize
