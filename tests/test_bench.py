@@ -617,7 +617,7 @@ def test_stored_sizes_are_read_in_one_place_whichever_names_the_library_uses() -
 
 @pytest.mark.parametrize(
     "name", ["bench", "bench_data", "bench_peers", "bench_s3", "bench_shared", "bench_tables", "few_rows", "load",
-             "suite", "summary", "write_floor", "fuse_race", "block_decode"],
+             "suite", "summary", "write_floor", "fuse_race", "block_decode", "take_phases"],
 )  # fmt: skip
 def test_every_benchmark_prints_its_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
@@ -639,6 +639,46 @@ def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
     assert got["nbytes_stored"]["lz4"]["column"] > got["nbytes_stored"]["default"]["column"]
     assert "| small | auto-8k |" in (tmp_path / "few_rows.md").read_text()
     assert not list(tmp_path.glob(".bench-tmp-rows-*"))
+
+
+def test_the_take_phases_benchmark_splits_both_reads_by_phase_cold_and_warm(tmp_path: Path) -> None:
+    from benchmarks import take_phases
+
+    argv = ["--preset", "small", "--reps", "1", "--rows", "8", "--out", str(tmp_path)]
+    assert take_phases.main(argv) == 0
+    r = json.loads((tmp_path / "take_phases_small.json").read_text())
+    assert list(r["samples_s"]) == list(take_phases.READS)
+    for read, states in r["samples_s"].items():
+        assert set(states) == {"cold", "warm"}
+        for phases in states.values():
+            assert list(phases) == list(take_phases.PHASES[read])
+            assert all(len(v) == 1 and v[0] > 0 for v in phases.values())
+    md = (tmp_path / "take_phases_small.md").read_text()
+    assert "| zarr_skip | rows |" in md and "| lance | take |" in md and "| lance | **total** |" in md
+    assert not list(tmp_path.glob(".bench-tmp-take-*"))
+
+
+def test_the_read_without_a_codec_gets_zeros_for_every_zstd_block_then_the_codec_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``take_phases.no_codec``: the bound it times is a read whose zstd blocks are not
+    decompressed (their values zeros), and the read after it is right again."""
+    import torch
+
+    from benchmarks import take_phases
+    from zarr_skip.format import zstd_blocks
+
+    monkeypatch.setattr(zstd_blocks, "MIN_BLOCKS", 1)  # the small step's few blocks through zstandard
+    batch = as_mapping(jagged_payload("small", 0, payload="realistic"))
+    zs.open_cache(tmp_path, {"t": 1}, compression=zs.Compression("auto", blocksize=8 << 10)).write(1, dict(batch))
+    rows = np.arange(0, 64, 4)
+    want = [batch["responses"].unbind()[int(i)] for i in rows]
+    with take_phases.no_codec():
+        got = zs.open_cache(tmp_path).load(1)["responses"][rows].unbind()
+    assert [int(t.abs().sum()) for t in got] == [0] * len(rows)
+    assert [len(t) for t in got] == [len(t) for t in want]
+    got = zs.open_cache(tmp_path).load(1)["responses"][rows].unbind()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.slow
