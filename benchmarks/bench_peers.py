@@ -19,7 +19,9 @@ token ids, masks and log-probs (NestedTensors), per-row lengths, strings and per
   speed of a cold read, on the same step in the same run (``benchmarks/README.md``);
 * ``zarr_skip_8k``: zarr_skip written with ``Compression("auto", blocksize=8 << 10)`` (token ids
   in 8 KiB blosc blocks, which a read of a few rows fetches and decodes alone): the setting for
-  caches read a few rows at a time, beside Lance's ``take()``.
+  caches read a few rows at a time, beside Lance's ``take()``;
+* ``zarr_skip_lz4_8k``: ``Compression("lz4", blocksize=8 << 10)``: every array in 8 KiB lz4
+  blocks (:mod:`zarr_skip.format.lz4_blocks`), faster to decode than zstd, for more bytes.
 
 Building the Table is part of the timed write, as the conversion of the TransferQueue payload
 is part of zarr_skip's write in ``bench.py``. Operations, each timed (the open included) after
@@ -64,13 +66,23 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 STEP = 1
 COLUMN = "responses"
 ROWS = 64
-FORMATS = ("zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k")
+FORMATS = (
+    "zarr_skip",
+    "parquet",
+    "lance",
+    "plain_dump",
+    "zarr_skip_lz4",
+    "zarr_skip_none",
+    "zarr_skip_8k",
+    "zarr_skip_lz4_8k",
+)
 #: zarr_skip with other compressions than the default (name, blosc block bytes of the token ids;
 #: 0: the default's): the bytes / cold-read trade-off, and the few-row setting
 VARIANTS: dict[str, tuple[str | None, int]] = {
     "zarr_skip_lz4": ("lz4", 0),
     "zarr_skip_none": (None, 0),
     "zarr_skip_8k": ("auto", 8 << 10),
+    "zarr_skip_lz4_8k": ("lz4", 8 << 10),
 }
 OPS = ("write", "read", "column", "rows64")
 OP_LABEL = {

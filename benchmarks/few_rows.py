@@ -13,9 +13,10 @@ verl's ``parameter_sync_step=4`` does) once per setting of :data:`SETTINGS`:
 * ``lz4``: ``Compression("lz4", 5)``: every array wider than a byte in blosc-lz4, which decodes
   several times faster than zstd but stores more bytes. Its blocks are blosc's own: blosc makes
   lz4 blocks of at least 64 KiB (a block size asked is multiplied by the type's size), split by
-  byte, so reads decode lz4 chunks whole and a cache is not written with an lz4 ``blocksize``
-  (:meth:`zarr_skip.Compression.writable`; runs before 2026-12-04 timed ``lz4-32k`` and
-  ``lz4-8k``, whose blocks were 128 and 64 KiB).
+  byte, so reads decode lz4 chunks whole (runs before 2026-12-04 timed ``lz4-32k`` and
+  ``lz4-8k`` of blosc's making, whose blocks were 128 and 64 KiB);
+* ``lz4-8k``: ``Compression("lz4", 5, "shuffle", 8 << 10)``: every array in lz4 blocks of 8 KiB
+  that zarr_skip writes itself (:mod:`zarr_skip.format.lz4_blocks`), read block by block.
 
 Then, ``--reps`` times, settings in a rotated order: the step's files are evicted from the page
 cache (``posix_fadvise(DONTNEED)``), the cache opened, and ``--rows`` random rows of
@@ -53,6 +54,7 @@ SETTINGS: dict[str, Any] = {
     "auto-32k": zs.Compression("auto", blocksize=32 << 10),
     "auto-8k": zs.Compression("auto", blocksize=8 << 10),
     "lz4": zs.Compression("lz4", 5),
+    "lz4-8k": zs.Compression("lz4", 5, "shuffle", 8 << 10),
 }
 
 

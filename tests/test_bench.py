@@ -401,11 +401,12 @@ def test_the_few_row_variant_of_the_peer_benchmark_stores_token_ids_in_8_kib_blo
 
     preset = PRESETS["small"]
     mapping = as_mapping(jagged_payload(preset, 0, step=1, payload="realistic"))
-    for name, blocksize in (("zarr_skip_8k", 8 << 10), ("zarr_skip", AUTO_BLOCK_BYTES)):
+    for name, blocksize in (("zarr_skip_8k", 8 << 10), ("zarr_skip_lz4_8k", 8 << 10), ("zarr_skip", AUTO_BLOCK_BYTES)):
         peer = ZarrSkipPeer(preset, *VARIANTS.get(name, ("auto", 0)))
         peer.write(mapping, tmp_path / name)
         view = zs.open_cache(str(tmp_path / name), fingerprint=peer.fp).load(1)
-        assert view._parts[0].arrays[COLUMN]["values"].compression.blocksize == blocksize
+        values = view._parts[0].arrays[COLUMN]["values"]
+        assert values.compression.blocksize == blocksize and (values.blocks is not None) is (blocksize == 8 << 10)
         assert view[COLUMN][[3, 90]][1].tolist() == mapping[COLUMN][90].tolist()
 
 
@@ -427,14 +428,14 @@ def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: 
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads((out / "peers_small.json").read_text())
     assert r["formats"] == list(bench_peers.FORMATS)
-    assert r["formats"][-3:] == ["zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k"]
+    assert r["formats"][-4:] == ["zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k", "zarr_skip_lz4_8k"]
     for f in r["formats"]:  # one kept sample of every operation (the warm-up dropped), bytes, files
         assert all(len(r["samples_s"][f][op]) == 1 for op in bench_peers.OPS)
         assert r["disk"][f]["files"] >= 1 and r["disk"][f]["bytes_allocated"] > 0
     assert r["disk"]["parquet"]["files"] == 1 and r["summary"]["vs_zarr_skip"]["zarr_skip"]["write"] == 1.0
     assert r["load"]["verdict"] and r["cold_method"] == "fadvise"
     md = (out / "peers_small.md").read_text()
-    names = ["zarr_skip", "parquet", "lance", "plain_dump", "zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k"]
+    names = [*bench_peers.FORMATS]
     assert "| metric | " + " | ".join(names) + " | parquet / zarr_skip |" in md
     # the compression variants trade bytes for speed: none stores more than lz4, lz4 more than the default
     b = {f: r["disk"][f]["bytes_allocated"] for f in r["formats"]}

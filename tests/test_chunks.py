@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 import torch
@@ -13,7 +14,7 @@ import zarr
 from helpers import Keys, assert_equal, concat, make_batch, unpack_to_tree, zarr_array
 
 import zarr_skip as zs
-from zarr_skip.format import blosc_frames, chunks, layout
+from zarr_skip.format import blosc_frames, chunks, layout, lz4_blocks
 from zarr_skip.format.chunks import (
     AUTO_BLOCK_BYTES,
     Compression,
@@ -236,26 +237,45 @@ def test_blocksize_must_be_a_byte_count() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["u1", "<u2", "<u4", "<f4", "<i8"])
-def test_blosc_lz4_does_not_keep_a_block_size_and_blosc_zstd_does(dtype: str) -> None:
-    # why a cache is not written with an lz4 blocksize: blosc makes lz4 blocks of at least
-    # 64 KiB (the size asked times the type's size above that), split by byte
+def test_blosc_lz4_does_not_keep_a_block_size_so_zarr_skip_writes_its_lz4_blocks(dtype: str) -> None:
+    # blosc makes lz4 blocks of at least 64 KiB (the size asked times the type's size above
+    # that), split by byte; zarr_skip's lz4 codec writes blocks of the size asked, each one
+    # stream, which blosc (numcodecs, zarr) decodes as any frame
     values = np.random.default_rng(0).integers(0, 200, 1 << 18).astype(dtype)
     for asked in (8 << 10, 32 << 10):
-        lz4 = blosc_frames.parse_header(Compression("lz4", 5, "shuffle", asked).codec().encode(values))  # type: ignore[union-attr]
+        blosc = blosc_frames.parse_header(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, asked).encode(values))
+        frame = bytes(Compression("lz4", 5, "shuffle", asked).codec().encode(values))  # type: ignore[union-attr]
+        ours = blosc_frames.parse_header(frame)
         zstd = blosc_frames.parse_header(Compression("blosc-zstd", 1, "shuffle", asked).codec().encode(values))  # type: ignore[union-attr]
-        assert lz4 is not None and zstd is not None
-        assert lz4.blocksize == max(64 << 10, asked * values.dtype.itemsize) != asked
-        assert not lz4.flags & blosc_frames.DONT_SPLIT
-        assert zstd.blocksize == asked and zstd.flags & blosc_frames.DONT_SPLIT
+        assert blosc is not None and ours is not None and zstd is not None
+        assert blosc.blocksize == max(64 << 10, asked * values.dtype.itemsize) != asked
+        assert not blosc.flags & blosc_frames.DONT_SPLIT
+        for head in (ours, zstd):
+            assert head.blocksize == asked and head.flags & blosc_frames.DONT_SPLIT
+        assert ours.compressor == lz4_blocks.LZ4 and blosc_frames.block_starts(frame) is not None
+        assert bytes(numcodecs.Blosc().decode(frame)) == values.tobytes()
 
 
-def test_a_cache_is_not_written_with_an_lz4_blocksize(tmp_path: Path, fingerprint: dict) -> None:
+def test_a_cache_written_with_an_lz4_blocksize_reads_a_few_rows_by_its_blocks(
+    tmp_path: Path, fingerprint: dict
+) -> None:
     root = tmp_path / "cache"
-    for asked in (Compression("lz4", 5, "shuffle", 8 << 10), Compression("lz4", 1, "noshuffle", 1 << 20)):
-        with pytest.raises(zs.ConfigError, match=r"blocksize: blosc-lz4 does not keep .*\('auto', blocksize="):
-            zs.open_cache(str(root), fingerprint, compression=asked)
-        assert not root.exists()  # refused before anything is created
-    assert zs.open_cache(str(root), fingerprint, compression=Compression("lz4", 5)).compression.blocksize == 0
+    with pytest.raises(zs.ConfigError, match=r"shuffle: lz4 in blocks of 8192 bytes is written byte-shuffled or not"):
+        zs.open_cache(str(root), fingerprint, compression=Compression("lz4", 5, "bitshuffle", 8 << 10))
+    assert not root.exists()  # refused before anything is created
+    batch: dict[str, Any] = make_batch(64, seed=5)
+    offsets = torch.arange(0, 64 * 300 + 1, 300)
+    batch["responses"] = torch.nested.nested_tensor_from_jagged(torch.randint(0, 151936, (64 * 300,)), offsets)
+    codec = Compression("lz4", 5, "shuffle", 1 << 10)
+    zs.open_cache(str(root), fingerprint, compression=codec, chunk_bytes=8 << 10).write(1, batch)
+    view = zs.open_cache(str(root)).load(1)
+    assert_equal(view.to_dict(), batch)
+    values = view._parts[0].arrays["responses"]["values"]
+    assert values.compression == codec and values.blocks is not None and all(len(s) > 1 for s in values.blocks)
+    rows = [3, 40, 41]
+    want = [batch["responses"].unbind()[i].tolist() for i in rows]
+    assert [r.tolist() for r in view["responses"][rows].unbind()] == want
+    assert zs.open_cache(str(root)).verify().ok
 
 
 @pytest.mark.parametrize(
@@ -278,14 +298,15 @@ def test_a_cache_is_not_written_with_a_blocksize_blosc_would_change(
         assert zs.open_cache(str(tmp_path / "ok"), fingerprint, compression=fine).compression == fine
 
 
-def test_a_cache_written_with_an_lz4_blocksize_still_reads(
+def test_a_cache_written_with_blosc_lz4_frames_and_a_blocksize_still_reads(
     tmp_path: Path, fingerprint: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # written before blocksizes were refused for lz4: its records name one, and read as any
+    # written before blocksizes were refused for lz4 (blosc's own frames of 64 KiB split
+    # blocks): its records name one, and read as any
     batch: dict[str, Any] = make_batch(9, seed=3)
     codec = Compression("lz4", 5, "shuffle", 8 << 10)
     with monkeypatch.context() as m:
-        m.setattr(Compression, "writable", lambda self: self)
+        m.setattr(lz4_blocks.Blosc, "encode", numcodecs.Blosc.encode)
         zs.open_cache(str(tmp_path), fingerprint, compression=codec, chunk_bytes=64).write(1, batch)
     view = zs.open_cache(str(tmp_path), fingerprint).load(1)
     assert_equal(view.to_dict(), batch)

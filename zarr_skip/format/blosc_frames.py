@@ -28,6 +28,9 @@ from typing import Any, NamedTuple
 
 _HEADER = struct.Struct("<BBBBIII")
 _START = struct.Struct("<I")
+#: flags: each block's bytes were byte-shuffled before compression (when the type is wider than
+#: a byte): every element's first bytes, then their second bytes, ...
+SHUFFLE = 0x01
 #: flags: the buffer is stored uncompressed, right after the header
 MEMCPYED = 0x02
 #: flags: each block is compressed as one stream (not split by byte significance); only then is

@@ -20,7 +20,7 @@ import numcodecs
 import numpy as np
 
 from zarr_skip.errors import ChecksumError, ConfigError, MissingDataError
-from zarr_skip.format import blosc_frames, zstd_blocks
+from zarr_skip.format import blosc_frames, lz4_blocks, zstd_blocks
 
 #: raw bytes per chunk aimed for; a column smaller than this is one chunk per mini-batch, a
 #: larger one a shard (one file) of such chunks
@@ -116,7 +116,9 @@ class Compression:
         if self.name == "zstd":
             return numcodecs.Zstd(level=self.level)
         if self.name in _BLOSC:
-            return zstd_blocks.Blosc(  # numcodecs' Blosc; small zstd blocks decoded by zstandard
+            # numcodecs' Blosc; small zstd blocks decoded by zstandard, small lz4 blocks written here
+            kind = lz4_blocks.Blosc if self.name == "lz4" and self.blocksize else zstd_blocks.Blosc
+            return kind(
                 cname=_BLOSC[self.name],
                 clevel=self.level,
                 shuffle=_SHUFFLES[self.shuffle],
@@ -177,17 +179,17 @@ class Compression:
 
         A ``blocksize`` is one blosc keeps for every array: from :data:`MIN_BLOCK_BYTES` on, a
         multiple of :data:`BLOCK_ALIGN` (blosc raises a smaller one and rounds one down to a
-        multiple of the item size, so a record's block size would not be the frames'). And
-        blosc-lz4 does not keep a ``blocksize``: blosc makes its blocks at least 64 KiB, the size
-        asked times the type's size above that (8 KiB of token ids: 64 KiB blocks, 32 KiB:
-        128 KiB), each split in one stream per byte of the type, which zarr_skip does not index:
-        a few-row read of lz4 chunks decodes them whole whatever the size asked.
-        Records of caches already written keep theirs (they are read with the constructor).
+        multiple of the item size, so a record's block size would not be the frames'). blosc-lz4
+        does not keep one (it makes blocks of at least 64 KiB, split by byte): zarr_skip writes
+        lz4 frames of such blocks itself (:mod:`zarr_skip.format.lz4_blocks`), byte-shuffled or
+        not, so lz4 with a ``blocksize`` takes no bit shuffle. Records of caches already
+        written keep theirs (they are read with the constructor).
 
         Raises
         ------
         ConfigError
-            A ``blocksize`` blosc would change, ``lz4`` with one, or ``zstd`` and ``none`` with one.
+            A ``blocksize`` blosc would change, ``lz4`` with one and a bit shuffle, or ``zstd``
+            and ``none`` with one.
         """
         if self.blocksize and not self.is_blosc and self.name != "auto":
             raise ConfigError(f"blocksize: {self.name} has no blocks (blosc-zstd, lz4 and auto do); leave it at 0")
@@ -197,12 +199,10 @@ class Compression:
                 f"{MIN_BLOCK_BYTES} and rounds one down to a multiple of each array's item size); use 0 "
                 f"(blosc's choice) or a multiple of {BLOCK_ALIGN} from {MIN_BLOCK_BYTES} on, such as 8 << 10"
             )
-        if self.name == "lz4" and self.blocksize:
+        if self.name == "lz4" and self.blocksize and self.shuffle == "bitshuffle":
             raise ConfigError(
-                f"blocksize: blosc-lz4 does not keep a block size of {self.blocksize} bytes (blosc makes its "
-                "blocks at least 64 KiB, the size asked times the type's size above that, split by byte, "
-                "which reads decode only whole); for small blocks use "
-                f"Compression('auto', blocksize={self.blocksize}) (blosc-zstd), for lz4 leave blocksize at 0"
+                f"shuffle: lz4 in blocks of {self.blocksize} bytes is written byte-shuffled or not "
+                "('shuffle' or 'noshuffle'); for a bit shuffle leave blocksize at 0 (blosc's own blocks)"
             )
         return self
 
