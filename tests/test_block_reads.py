@@ -263,12 +263,12 @@ def test_a_few_rows_on_an_object_store_fetch_each_data_file_in_one_request(
         assert col._storage.hole_bytes == storage.REMOTE_HOLE_BYTES and spans == [1, 1]
 
 
-def _damaged() -> tuple[Any, Keys, Any, zs.StepView, list[torch.Tensor]]:
+def _damaged(codec: Any = "auto") -> tuple[Any, Keys, Any, zs.StepView, list[torch.Tensor]]:
     """A cache of one mini-batch of short rows (several per block): its location, keys, the
     mini-batch, the step and the rows written."""
     location = MemoryStore()
     batches = [_batch(np.random.default_rng(1).integers(20, 100, 300).tolist(), 151936, 0)]
-    view = _write(location, batches)
+    view = _write(location, batches, codec)
     return location, Keys(location), view._parts[0], view, _rows(batches, "responses")
 
 
@@ -292,9 +292,11 @@ def _row_of_block(view: zs.StepView, k: int) -> int:
     raise AssertionError(f"no row within block {k}")
 
 
-def test_a_damaged_block_is_a_checksum_error(small_blocks: None) -> None:
-    location, keys, part, view, want = _damaged()
+@pytest.mark.parametrize("codec", ["auto", zs.Compression("lz4", 1, "shuffle", BLOCK)])  # zstd's blocks, lz4's
+def test_a_damaged_block_is_a_checksum_error(small_blocks: None, codec: Any) -> None:
+    location, keys, part, view, want = _damaged(codec)
     a = part.arrays["responses"]["values"]
+    assert a.compression.name == ("lz4" if codec != "auto" else "blosc-zstd") and a.blocks is not None
     row = _row_of_block(view, 2)
     region = keys.region(part.path, "responses/values")
     blob = bytearray(region.read_bytes())

@@ -70,10 +70,14 @@ class Compression:
     ``benchmarks/README.md``). Explicit choices:
     ``zstd`` (level -7..22), ``blosc-zstd`` (level 0..9), ``lz4`` (blosc-lz4, level 0..9), both
     blosc ones with ``shuffle`` and ``blocksize`` (bytes, 0 = blosc's choice; a cache is written
-    only with one blosc keeps, never with an lz4 one: :meth:`writable`), or ``none``.
+    only with one blosc keeps: :meth:`writable`), or ``none``.
     ``auto`` with a ``blocksize`` stores the token ids (integer values of jagged columns) in
-    blocks of that size, which reads of a few rows fetch and decode alone: for caches sampled
-    row by row (data loaders), at the cost of slower whole reads (:func:`array_codec`).
+    blosc-zstd blocks of that size, which reads of a few rows fetch and decode alone: for caches
+    sampled row by row (data loaders), at the cost of slower whole reads (:func:`array_codec`).
+    ``lz4`` with a ``blocksize`` stores every array in lz4 blocks of that size, which zarr_skip
+    writes itself (:mod:`~zarr_skip.format.lz4_blocks`; blosc would make them 64 KiB or more):
+    the fastest reads of a few rows and whole reads as fast as the default, for ~1.25x its
+    bytes (``benchmarks/README.md``).
     """
 
     name: CompressionName = "auto"
