@@ -10,8 +10,8 @@ a few rows fetch and decode their blocks alone (:mod:`zarr_skip.store.blockreads
 
 lz4 decodes an 8 KiB block of shuffled token ids several times faster than zstd (no entropy
 stage), for more bytes: on the realistic medium step, 64 random rows of ``responses`` read cold
-in 0.92-0.94x the time of Lance's ``take()`` in lz4 blocks against 1.10-1.12x in zstd ones,
-for 1.25x the step's bytes (``benchmarks/README.md``).
+in 0.92x the time of Lance's ``take()`` in lz4 blocks against 1.10-1.14x in zstd ones, for
+1.25x the step's bytes (quiet peer runs; ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from zarr_skip.format import blosc_frames, zstd_blocks
 LZ4 = 1
 #: the version of lz4's format blosc 1 writes in a header
 _VERSIONLZ = 1
-#: lz4's acceleration: 1, its best ratio (blosc's levels choose block sizes, not this)
+#: lz4's acceleration: 1, its best ratio, for every level from 1 (the level is recorded as given)
 ACCELERATION = 1
 _HEADER = struct.Struct("<BBBBIII")
 _LENGTH = struct.Struct("<i")
@@ -79,7 +79,9 @@ def _shuffled(raw: np.ndarray, typesize: int, blocksize: int) -> np.ndarray:
 class Blosc(zstd_blocks.Blosc):
     """numcodecs' Blosc codec of lz4 with a ``blocksize``: a chunk larger than one block is
     written as :func:`frame` writes it (blocks of that size, each one stream), which blosc
-    does not; others, and decoding, as :class:`zstd_blocks.Blosc` (blosc's own)."""
+    does not; a chunk of one block, level 0 (stored as one copy), a bit shuffle or a block
+    size that is not a multiple of the element's, and decoding, as :class:`zstd_blocks.Blosc`
+    (blosc's own)."""
 
     def encode(self, buf: Any) -> Any:
         data = ensure_contiguous_ndarray(buf)
