@@ -6,7 +6,8 @@ file, swaps of chunks, records, data groups, mini-batch and step directories, re
 with their checksums recomputed, forged lengths chunks, one-byte edits of the experiment
 record, edited block tables and ``first_rows``), each on a fresh copy of the same cache
 (``--cache``: ``plain``; ``blocked``, whose token ids reads of a few rows take by the block;
-or the checked-in caches of older formats, ``format2`` and ``format3``), read as local files
+``lz4``, every array in small lz4 blocks; or the checked-in caches of older formats,
+``format2`` and ``format3``), read as local files
 or (``--as-remote``) through the Store path S3 takes, and prints
 
 - silently wrong reads: a read that returned other data than was written (must be 0);

@@ -90,9 +90,10 @@ def _batch(step: int, i: int, blocked: bool) -> dict[str, Any]:
     return batch
 
 
-#: the pristine caches a sweep can attack: written now (``plain``, and ``blocked``: token ids
-#: in small blocks), or the checked-in caches of older formats (``tests/fixtures``)
-KINDS = ("plain", "blocked", "format2", "format3")
+#: the pristine caches a sweep can attack: written now (``plain``; ``blocked``: token ids in
+#: small zstd blocks; ``lz4``: every array in small lz4 blocks, which carry no checksum or magic
+#: of their own), or the checked-in caches of older formats (``tests/fixtures``)
+KINDS = ("plain", "blocked", "lz4", "format2", "format3")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -102,13 +103,13 @@ def build(root: Path, kind: str = "plain") -> dict[tuple[int, str, str], Any]:
     if kind.startswith("format"):
         shutil.copytree(FIXTURES / kind, root)
         return _reads(zs.open_cache(root), fx.STEPS)
-    if kind == "blocked":
-        compression = zs.Compression("auto", blocksize=BLOCK_BYTES)
+    if kind in ("blocked", "lz4"):
+        compression = zs.Compression("auto" if kind == "blocked" else "lz4", blocksize=BLOCK_BYTES)
         cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=BLOCKED_CHUNK_BYTES, compression=compression)
     else:
         cache = zs.open_cache(root, FINGERPRINT, chunk_bytes=48)
     for step in STEPS:
-        batches = [_batch(step, i, kind == "blocked") for i in range(2)]
+        batches = [_batch(step, i, kind in ("blocked", "lz4")) for i in range(2)]
         for b in batches:
             cache.write(step, b, expected=2)
         assert_equal(cache.load(step).to_dict(), concat(batches), f"step {step}")

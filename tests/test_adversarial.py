@@ -1,7 +1,8 @@
 """A short adversarial sweep (``scripts/adversarial_sweep.py`` runs it at size): random damage
 to a cache never gives a wrong read or an untyped error, and verify() reports every damage
 that changes what a reader gets. The same holds for a cache whose token ids a read of a few rows
-takes by the block, for the checked-in format 3 cache, and for caches read as an object store
+takes by the block (zstd blocks, or lz4 ones, which carry no checksum of their own), for the
+checked-in format 3 cache, and for caches read as an object store
 is read; and neither gc nor a new run's writes after a damage take anything that still reads
 right. Format 2 records do not name their place: there a moved or swapped chunk or record
 may read wrong unnoticed, and verify() lists such steps as unbound; nothing else is missed."""
@@ -41,7 +42,7 @@ def test_a_short_adversarial_sweep(tmp_path: Path, caplog: pytest.LogCaptureFixt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["plain", "blocked"])
+@pytest.mark.parametrize("kind", ["plain", "blocked", "lz4"])
 def test_a_short_adversarial_sweep_read_as_an_object_store_is(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
