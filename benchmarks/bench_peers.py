@@ -76,8 +76,9 @@ FORMATS = (
     "zarr_skip_8k",
     "zarr_skip_lz4_8k",
 )
-#: zarr_skip with other compressions than the default (name, blosc block bytes of the token ids;
-#: 0: the default's): the bytes / cold-read trade-off, and the few-row setting
+#: zarr_skip with other compressions than the default (name, blosc block bytes: of the token
+#: ids under ``auto``, of every array for ``lz4``; 0: the default's, or blosc's own): the bytes /
+#: cold-read trade-off, and the few-row settings
 VARIANTS: dict[str, tuple[str | None, int]] = {
     "zarr_skip_lz4": ("lz4", 0),
     "zarr_skip_none": (None, 0),
