@@ -139,8 +139,16 @@ def stored_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) ->
     sizes = head.block_sizes(blocks)
     if [len(s) for s in streams] != sizes:
         raise ValueError(f"streams of {[len(s) for s in streams]} bytes for blocks of {sizes} bytes")
-    pieces = [piece for n, s in zip(sizes, streams, strict=True) for piece in (_START.pack(n), s)]
-    return _frame(head, blocks, pieces, [_START.size + n for n in sizes])
+    return streams_frame(head, blocks, streams)
+
+
+def streams_frame(head: Header, blocks: Sequence[int], streams: Sequence[Any]) -> bytes:
+    """The frame of blocks ``blocks`` of a frame with header ``head`` whose blocks' streams
+    (each block's stored bytes without its length field: compressed, or as long as the block
+    when stored as it is) are ``streams``; each gets its length field. Blocks ``range(n)`` of
+    a header make that whole frame (:mod:`zarr_skip.format.lz4_blocks` writes its frames so)."""
+    pieces = [piece for s in streams for piece in (_START.pack(len(s)), s)]
+    return _frame(head, blocks, pieces, [_START.size + len(s) for s in streams])
 
 
 def _frame(head: Header, blocks: Sequence[int], pieces: Sequence[Any], lengths: Sequence[int]) -> bytes:
