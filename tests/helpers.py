@@ -474,3 +474,28 @@ def worker_state(items: list[dict[str, Any]]) -> dict[str, Any]:
     if os.getpid() not in _REFAULTS:
         _REFAULTS[os.getpid()] = refaults()
     return {"frozen": gc.get_freeze_count(), "refaults": _REFAULTS[os.getpid()], "rows": len(items)}
+
+
+def block_values(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` values of a kind blosc's blocks hold: ``tokens`` (uint32 ids), ``logprobs``
+    (float32), ``lengths`` (uint16), ``mask`` (uint8, mostly ones), ``noise`` (uint64 that no
+    compressor shrinks: blosc stores each block as it is) or ``mixed`` (uint64, blocks of zeros
+    beside blocks of noise)."""
+    rng = np.random.default_rng(seed)
+    if kind == "tokens":
+        return rng.integers(0, 151936, n).astype("<u4")
+    if kind == "logprobs":
+        return rng.normal(-1, 1, n).astype("<f4")
+    if kind == "lengths":
+        return rng.integers(1, 4000, n).astype("<u2")
+    if kind == "mask":
+        return (rng.random(n) < 0.9).astype("u1")
+    noisy = rng.integers(0, 2**63, n, dtype=np.uint64)
+    if kind == "noise":
+        return noisy
+    if kind != "mixed":
+        raise ValueError(f"no values of kind {kind!r}")
+    out = np.zeros(n, dtype="<u8")
+    noise = (np.arange(n) // 2048) % 2 == 1  # every other 16 KiB
+    out[noise] = noisy[noise]
+    return out

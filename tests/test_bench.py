@@ -410,22 +410,26 @@ def test_the_few_row_variant_of_the_peer_benchmark_stores_token_ids_in_8_kib_blo
         assert view[COLUMN][[3, 90]][1].tolist() == mapping[COLUMN][90].tolist()
 
 
-@pytest.mark.slow
-def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
+def _run_apart(name: str, argv: list[str]) -> None:
+    """``python -m benchmarks.<name> *argv`` in its own process, which must exit 0: once lance is
+    imported, every later fork of the test process warns ("lance is not fork-safe"), which the
+    suite's warnings-as-errors would turn into failures."""
     import subprocess
     import sys
 
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *argv], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_peer_benchmark_compares_parquet_and_lance_with_zarr_skip(tmp_path: Path) -> None:
     from benchmarks import bench_peers
 
     out = tmp_path / "new"
-    # in its own process: once lance is imported, every later fork of the test process warns
-    # ("lance is not fork-safe"), which the suite's warnings-as-errors would turn into failures
-    argv = ["--preset", "small", "--reps", "1", "--cold", "fadvise", "--out", str(out)]
-    root = Path(bench_peers.__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_peers", *argv], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    _run_apart("bench_peers", ["--preset", "small", "--reps", "1", "--cold", "fadvise", "--out", str(out)])
     r = json.loads((out / "peers_small.json").read_text())
     assert r["formats"] == list(bench_peers.FORMATS)
     assert r["formats"][-4:] == ["zarr_skip_lz4", "zarr_skip_none", "zarr_skip_8k", "zarr_skip_lz4_8k"]
@@ -644,18 +648,10 @@ def test_the_few_rows_benchmark_compares_every_setting(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_take_phases_benchmark_splits_both_reads_by_phase_cold_and_warm(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     from benchmarks import take_phases
 
-    # in its own process, as the peer benchmark's test: lance must not be imported in this one
     argv = ["--preset", "small", "--reps", "1", "--rows", "8", "--cold", "fadvise", "--out", str(tmp_path)]
-    root = Path(take_phases.__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "benchmarks.take_phases", *argv], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    _run_apart("take_phases", argv)
     r = json.loads((tmp_path / "take_phases_small.json").read_text())
     assert list(r["samples_s"]) == list(take_phases.READS)
     for read, states in r["samples_s"].items():

@@ -10,30 +10,17 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import FINGERPRINT
+from helpers import FINGERPRINT, block_values
 
 import zarr_skip as zs
 from zarr_skip.format import blosc_frames, lz4_blocks
-
-
-def _data(kind: str, n: int) -> np.ndarray:
-    rng = np.random.default_rng(n)
-    if kind == "tokens":
-        return rng.integers(0, 151936, n).astype("<u4")
-    if kind == "logprobs":
-        return rng.normal(-1, 1, n).astype("<f4")
-    if kind == "mask":
-        return (rng.random(n) < 0.9).astype("u1")
-    if kind == "noise":  # lz4 makes no block smaller: each stored as it is
-        return rng.integers(0, 2**63, n, dtype=np.uint64)
-    return rng.integers(1, 4000, n).astype("<u2")
 
 
 @pytest.mark.parametrize("kind", ["tokens", "logprobs", "mask", "noise", "lengths"])
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("extra", [0, 300])  # whole blocks, or a short last one
 def test_frames_of_small_lz4_blocks_decode_with_blosc_block_by_block(kind: str, shuffle: bool, extra: int) -> None:
-    data = _data(kind, 20 * 8192 // np.dtype(_data(kind, 1).dtype).itemsize + extra)
+    data = block_values(kind, 20 * 8192 // np.dtype(block_values(kind, 1).dtype).itemsize + extra)
     frame = lz4_blocks.frame(data, 8192, shuffle)
     head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
     assert head is not None and starts is not None  # one stream per block: indexed, read block by block
@@ -56,7 +43,7 @@ def test_frames_of_small_lz4_blocks_decode_with_blosc_block_by_block(kind: str, 
 
 
 def test_the_codec_writes_its_blocks_only_where_they_hold_and_leaves_the_rest_to_blosc() -> None:
-    tokens = _data("tokens", 8 * 2048)
+    tokens = block_values("tokens", 8 * 2048)
     ours = zs.Compression("lz4", 5, "shuffle", 8192).codec()
     assert isinstance(ours, lz4_blocks.Blosc)
     frame = bytes(ours.encode(tokens))

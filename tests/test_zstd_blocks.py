@@ -12,7 +12,7 @@ import numcodecs
 import numpy as np
 import pytest
 import torch
-from helpers import FINGERPRINT
+from helpers import FINGERPRINT, block_values
 
 import zarr_skip as zs
 from zarr_skip.errors import ChecksumError
@@ -25,22 +25,6 @@ SHUFFLES = {
 }
 
 
-def _data(kind: str, n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "tokens":
-        return rng.integers(0, 151936, n).astype("<u4")
-    if kind == "logprobs":
-        return rng.normal(-1, 1, n).astype("<f4")
-    if kind == "lengths":
-        return rng.integers(1, 4000, n).astype("<u2")
-    # blocks of zeros beside blocks of noise: blosc stores the noise blocks as they are
-    out = np.zeros(n, dtype="<u8")
-    noisy = rng.integers(0, 2**63, n, dtype=np.uint64)
-    noise = (np.arange(n) // 2048) % 2 == 1  # every other 16 KiB
-    out[noise] = noisy[noise]
-    return out
-
-
 def _codecs(shuffle: str, block: int) -> tuple[numcodecs.Blosc, zstd_blocks.Blosc]:
     args = {"cname": "zstd", "clevel": 1, "shuffle": SHUFFLES[shuffle], "blocksize": block}
     return numcodecs.Blosc(**args), zstd_blocks.Blosc(**args)
@@ -50,7 +34,7 @@ def _codecs(shuffle: str, block: int) -> tuple[numcodecs.Blosc, zstd_blocks.Blos
 @pytest.mark.parametrize("block", [4096, 8192, 16384])
 @pytest.mark.parametrize("shuffle", ["shuffle", "noshuffle", "bit"])
 def test_small_zstd_blocks_decode_to_what_blosc_gives(kind: str, block: int, shuffle: str) -> None:
-    data = _data(kind, (zstd_blocks.MIN_BLOCKS + 1) * block // 2 + 7)  # over MIN_BLOCKS, the last one short
+    data = block_values(kind, (zstd_blocks.MIN_BLOCKS + 1) * block // 2 + 7)  # over MIN_BLOCKS, the last one short
     plain, ours = _codecs(shuffle, block)
     frame = bytes(plain.encode(data))
     found = zstd_blocks.small_block_streams(frame)
@@ -67,7 +51,7 @@ def test_small_zstd_blocks_decode_to_what_blosc_gives(kind: str, block: int, shu
 
 
 def test_the_frames_of_many_blocks_a_read_gathers_decode_to_their_blocks() -> None:
-    data = _data("tokens", 40 * 2048 + 300)
+    data = block_values("tokens", 40 * 2048 + 300)
     plain, ours = _codecs("shuffle", 8192)
     frame = bytes(plain.encode(data))
     head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
@@ -88,7 +72,7 @@ def test_some_blocks_decode_from_their_bodies_as_their_gathered_frame_does(kind:
     bodies into the caller's buffer, as blosc decodes the frame gathered from them; blocks it
     leaves to blosc (a few, larger, a length field off) are left untouched, and a stream that
     does not decompress to its block is a ValueError."""
-    data = _data(kind, 40 * 2048 + 300)  # 41 blocks of 8 KiB (u4; u8: 81), the last one short
+    data = block_values(kind, 40 * 2048 + 300)  # 41 blocks of 8 KiB (u4; u8: 81), the last one short
     plain, ours = _codecs("shuffle", 8192)
     frame = bytes(plain.encode(data))
     head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
@@ -121,7 +105,7 @@ def test_some_blocks_decode_from_their_bodies_as_their_gathered_frame_does(kind:
 
 
 def test_other_frames_are_left_to_blosc() -> None:
-    data = _data("tokens", 64 << 10)
+    data = block_values("tokens", 64 << 10)
     frames = {
         "one block per chunk": numcodecs.Blosc("zstd", 1, 1, 0).encode(data[: 128 << 10 // 4]),
         "32 KiB blocks": numcodecs.Blosc("zstd", 1, 1, 32 << 10).encode(data),
@@ -142,7 +126,7 @@ def test_other_frames_are_left_to_blosc() -> None:
 
 
 def test_a_damaged_stream_is_refused_not_decoded() -> None:
-    data = _data("tokens", 20 * 2048)
+    data = block_values("tokens", 20 * 2048)
     plain, ours = _codecs("shuffle", 8192)
     frame = bytearray(plain.encode(data))
     starts = blosc_frames.block_starts(bytes(frame))
@@ -161,7 +145,7 @@ def test_a_damaged_stream_is_refused_not_decoded() -> None:
 def test_a_zstd_frame_claiming_more_than_its_block_is_refused_naming_the_block() -> None:
     import zstandard
 
-    data = _data("tokens", 20 * 2048)  # 20 blocks of 8 KiB: decoded through zstandard
+    data = block_values("tokens", 20 * 2048)  # 20 blocks of 8 KiB: decoded through zstandard
     plain, ours = _codecs("shuffle", 8192)
     frame = bytes(plain.encode(data))
     head, starts = blosc_frames.parse_header(frame), blosc_frames.block_starts(frame)
@@ -177,7 +161,7 @@ def test_the_codec_encodes_and_describes_itself_as_numcodecs_blosc() -> None:
     codec = chunks.Compression("blosc-zstd", 1, "shuffle", 8192).codec()
     assert isinstance(codec, zstd_blocks.Blosc)
     plain = numcodecs.Blosc("zstd", 1, numcodecs.Blosc.SHUFFLE, 8192)
-    data = _data("tokens", 5000)
+    data = block_values("tokens", 5000)
     assert bytes(codec.encode(data)) == bytes(plain.encode(data))
     assert codec.get_config() == plain.get_config()
     again = pickle.loads(pickle.dumps(codec))
